@@ -1,0 +1,242 @@
+//! The command line: every command, flag and default, in one place so `--help` and the docs
+//! agree with what runs.
+
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+fn duration(s: &str) -> Result<Duration, String> {
+    homing::time::parse_duration(s)
+}
+
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("'{s}' is not a positive whole number")),
+    }
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "homing",
+    version,
+    about = "Crash-safe background jobs: no job lost, no job completed twice.",
+    long_about = "Crash-safe background jobs: no job lost, no job completed twice.\n\n\
+        Start with `homing up`: one process with the HTTP API, a worker and the rescuer, on an \
+        embedded SQLite file in ./homing-data. In another terminal, in the same directory, \
+        `homing enqueue builtin.sleep --args '{\"ms\": 1000}' --wait` runs a job."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Global {
+    /// Where messages travel: sqlite://PATH (embedded default).
+    #[arg(long, global = true, env = "HOMING_BROKER", default_value = homing::DEFAULT_URL, hide_env_values = true)]
+    pub broker: String,
+    /// Where job records live: sqlite://PATH (embedded default).
+    #[arg(long, global = true, env = "HOMING_STORE", default_value = homing::DEFAULT_URL, hide_env_values = true)]
+    pub store: String,
+    /// Log format: human or json. The level comes from HOMING_LOG (e.g. `info`, `homing=debug`).
+    #[arg(long, global = true, env = "HOMING_LOG_FORMAT", default_value = "human", value_parser = ["human", "json"])]
+    pub log_format: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run everything in one process: API, dashboard, a worker and the rescuer, on the embedded default.
+    Up(UpArgs),
+    /// Run the API, dashboard and maintenance loops (rescuer, scheduler, reconciler), no worker.
+    Server(ServerArgs),
+    /// Run a worker on one or more queues.
+    Worker(WorkerArgs),
+    /// Enqueue a job and print its id (with --wait, the final record as JSON).
+    Enqueue(EnqueueArgs),
+    /// Look at and steer jobs.
+    Jobs {
+        #[command(subcommand)]
+        command: JobsCommand,
+    },
+    /// Show each queue's jobs by state and the broker's message counts.
+    Queues(OutputArgs),
+    /// Show workers: live, stopped and lost, with what each is running.
+    Workers(WorkersArgs),
+    /// Measure throughput and latency: enqueue N no-op jobs and drain them with W worker processes.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct OutputArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WorkerTuning {
+    /// Handlers that run at once.
+    #[arg(long, default_value_t = 8, value_parser = positive)]
+    pub concurrency: usize,
+    /// Messages reserved at once (default: the concurrency).
+    #[arg(long, value_parser = positive)]
+    pub prefetch: Option<usize>,
+    /// How often the worker's heartbeat is refreshed; it expires after 3 intervals.
+    #[arg(long, default_value = "2s", value_parser = duration)]
+    pub heartbeat_interval: Duration,
+    /// On SIGTERM/SIGINT, how long running jobs may take before they are released to other workers.
+    #[arg(long, default_value = "25s", value_parser = duration)]
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Address of the API and dashboard.
+    #[arg(long, env = "HOMING_LISTEN", default_value = "127.0.0.1:8787")]
+    pub listen: SocketAddr,
+    /// Queues the built-in worker runs (repeatable).
+    #[arg(long = "queue", default_values_t = vec!["default".to_string()])]
+    pub queues: Vec<String>,
+    #[command(flatten)]
+    pub tuning: WorkerTuning,
+}
+
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    /// Address of the API and dashboard.
+    #[arg(long, env = "HOMING_LISTEN", default_value = "127.0.0.1:8787")]
+    pub listen: SocketAddr,
+    /// How often the rescuer looks for lost workers.
+    #[arg(long, default_value = "2s", value_parser = duration)]
+    pub rescue_interval: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// A queue to run (repeatable).
+    #[arg(long = "queue", required = true)]
+    pub queues: Vec<String>,
+    #[command(flatten)]
+    pub tuning: WorkerTuning,
+    /// Do not run the rescuer, scheduler and reconciler in this process (a server runs them).
+    #[arg(long)]
+    pub no_maintenance: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct EnqueueArgs {
+    /// The task's name, e.g. builtin.sleep.
+    pub task: String,
+    /// Queue (default: the task's own queue, else `default`).
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// The task's input as JSON; `@FILE` reads a file, `-` reads standard input.
+    #[arg(long, default_value = "{}")]
+    pub args: String,
+    /// A second enqueue with the same key returns the first job instead of a new one.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Run no earlier than this from now (e.g. 30s, 5m).
+    #[arg(long, value_parser = duration)]
+    pub countdown: Option<Duration>,
+    /// Retries after a handler error (default: the task's own, else 3).
+    #[arg(long)]
+    pub max_retries: Option<u32>,
+    /// A fixed delay between retries (default: exponential, 10s × 2ⁿ ± 10 %).
+    #[arg(long, value_parser = duration)]
+    pub retry_delay: Option<Duration>,
+    /// Cancel the handler if it runs longer than this (default: the task's own, else 1h).
+    #[arg(long, value_parser = duration)]
+    pub time_limit: Option<Duration>,
+    /// Deliveries lost with their worker before the job is dead (default 3).
+    #[arg(long)]
+    pub max_crashes: Option<u32>,
+    /// Enqueue even if no worker has ever registered this task.
+    #[arg(long)]
+    pub allow_unknown_task: bool,
+    /// Wait for the job to finish and print its record as JSON; exit 1 unless it succeeded.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: give up waiting after this long.
+    #[arg(long, value_parser = duration)]
+    pub timeout: Option<Duration>,
+    /// Print the job as JSON instead of its id.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobsCommand {
+    /// Show one job.
+    Get {
+        id: String,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+    /// List jobs, newest first.
+    List {
+        /// Only jobs in this state (scheduled, queued, running, succeeded, failed, dead, cancelled).
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        queue: Option<String>,
+        #[arg(long)]
+        task: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Continue after this cursor (printed as next_cursor by the previous page).
+        #[arg(long)]
+        cursor: Option<String>,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+    /// Put a failed, dead or cancelled job back in its queue.
+    Retry {
+        id: String,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+    /// Cancel a queued, scheduled or running job.
+    Cancel {
+        id: String,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct WorkersArgs {
+    /// Include workers not heard of in the last hour.
+    #[arg(long)]
+    pub all: bool,
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Jobs to enqueue.
+    #[arg(long, default_value_t = 20_000, value_parser = positive)]
+    pub jobs: usize,
+    /// Worker processes.
+    #[arg(long, default_value_t = 2, value_parser = positive)]
+    pub workers: usize,
+    /// Concurrency of each worker.
+    #[arg(long, default_value_t = 32, value_parser = positive)]
+    pub concurrency: usize,
+    /// Jobs sent one by one to idle workers to measure enqueue→start latency without load.
+    #[arg(long, default_value_t = 200)]
+    pub idle_samples: usize,
+    /// What each job does: `noop`, or a sleep such as `10ms`.
+    #[arg(long, default_value = "noop")]
+    pub work: String,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep the benchmark's database instead of deleting it (when it is a temporary one).
+    #[arg(long)]
+    pub keep: bool,
+}

@@ -1,0 +1,94 @@
+//! `homing enqueue`: one job from the command line, optionally waiting for its end.
+
+use anyhow::Context as _;
+use std::io::Read;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use super::open;
+use crate::cli::{EnqueueArgs, Global};
+use crate::{output, tasks};
+use homing::{Client, EnqueueRequest, JobOptions, JobState, RetryPolicy};
+
+fn read_args(raw: &str) -> anyhow::Result<serde_json::Value> {
+    let text = if raw == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("cannot read --args from standard input")?;
+        s
+    } else if let Some(path) = raw.strip_prefix('@') {
+        std::fs::read_to_string(path).with_context(|| format!("cannot read --args file {path}"))?
+    } else {
+        raw.to_string()
+    };
+    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("--args is not valid JSON: {e}"))
+}
+
+pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
+    let args = read_args(&a.args)?;
+    let backends = open(g, false).await?;
+    let registry = tasks::registry();
+    homing::client::validate_name("task", &a.task)?;
+    if !a.allow_unknown_task && registry.get(&a.task).is_none() {
+        let known = backends.store.known_tasks().await?;
+        if !known.contains(&a.task) {
+            let mut all = registry.names();
+            all.extend(known);
+            all.sort();
+            all.dedup();
+            anyhow::bail!(
+                "no worker has registered task '{}' (known: {}); start a worker that runs it, or pass --allow-unknown-task",
+                a.task,
+                all.join(", ")
+            );
+        }
+    }
+    let client =
+        Client::new(backends.broker.clone(), backends.store.clone()).with_registry(registry);
+    let req = EnqueueRequest {
+        task: a.task,
+        args,
+        options: JobOptions {
+            queue: a.queue,
+            idempotency_key: a.idempotency_key,
+            countdown: a.countdown,
+            max_retries: a.max_retries,
+            retry_policy: a.retry_delay.map(RetryPolicy::fixed),
+            max_crashes: a.max_crashes,
+            time_limit: a.time_limit,
+            on_success: None,
+            on_failure: None,
+        },
+    };
+    let inserted = client.enqueue(req).await?;
+    if inserted.existed {
+        eprintln!("note: idempotency key matched existing job {}", inserted.id);
+    }
+    if !a.wait {
+        if a.json {
+            output::json(&client.get(inserted.id).await?);
+        } else {
+            println!("{}", inserted.id);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let timeout = a.timeout.unwrap_or(Duration::from_secs(365 * 24 * 3600));
+    let job = client.wait(inserted.id, timeout).await?;
+    output::json(&job);
+    match job.state {
+        JobState::Succeeded => Ok(ExitCode::SUCCESS),
+        st if st.is_terminal() => {
+            eprintln!(
+                "error: job {} ended {st}: {}",
+                job.id,
+                job.error.as_deref().unwrap_or("no reason recorded")
+            );
+            Ok(ExitCode::FAILURE)
+        }
+        st => {
+            eprintln!("error: gave up waiting; job {} is still {st}", job.id);
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! `homing jobs …`, `homing queues`, `homing workers`: read and steer from the terminal.
+
+use std::process::ExitCode;
+
+use super::open;
+use crate::cli::{Global, JobsCommand, OutputArgs, WorkersArgs};
+use crate::{output, tasks, views};
+use homing::store::JobFilter;
+use homing::time::rfc3339;
+use homing::{Client, JobId, JobState};
+
+fn parse_id(s: &str) -> anyhow::Result<JobId> {
+    s.parse()
+        .map_err(|_| anyhow::anyhow!("'{s}' is not a job id (a UUID)"))
+}
+
+pub async fn jobs(g: &Global, cmd: JobsCommand) -> anyhow::Result<ExitCode> {
+    let b = open(g, false).await?;
+    let client = Client::new(b.broker.clone(), b.store.clone()).with_registry(tasks::registry());
+    let (job, out) = match cmd {
+        JobsCommand::Get { id, out } => (client.get(parse_id(&id)?).await?, out),
+        JobsCommand::Retry { id, out } => (client.retry(parse_id(&id)?).await?, out),
+        JobsCommand::Cancel { id, out } => (client.cancel(parse_id(&id)?).await?, out),
+        JobsCommand::List {
+            state,
+            queue,
+            task,
+            limit,
+            cursor,
+            out,
+        } => {
+            if limit == 0 || limit > 1000 {
+                anyhow::bail!("--limit must be between 1 and 1000");
+            }
+            let state = state
+                .map(|s| s.parse::<JobState>())
+                .transpose()
+                .map_err(anyhow::Error::msg)?;
+            let page = client
+                .list(&JobFilter { state, queue, task }, cursor.as_deref(), limit)
+                .await?;
+            if out.json {
+                output::json(&page);
+            } else {
+                let rows = page
+                    .jobs
+                    .iter()
+                    .map(|j| {
+                        vec![
+                            j.id.to_string(),
+                            j.task.clone(),
+                            j.queue.clone(),
+                            j.state.to_string(),
+                            j.attempts.to_string(),
+                            j.crashes.to_string(),
+                            rfc3339(j.created_at),
+                        ]
+                    })
+                    .collect();
+                output::table(
+                    &[
+                        "id", "task", "queue", "state", "attempts", "crashes", "created",
+                    ],
+                    rows,
+                );
+                if let Some(c) = page.next_cursor {
+                    println!("more: --cursor {c}");
+                }
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    if out.json {
+        output::json(&job);
+    } else {
+        output::job(&job);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn queues(g: &Global, out: OutputArgs) -> anyhow::Result<ExitCode> {
+    let b = open(g, false).await?;
+    let qs = views::queues(&b).await?;
+    if out.json {
+        output::json(&serde_json::json!({ "queues": qs }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows = qs
+        .iter()
+        .map(|q| {
+            let j = &q.jobs;
+            vec![
+                j.queue.clone(),
+                j.scheduled.to_string(),
+                j.queued.to_string(),
+                j.running.to_string(),
+                j.succeeded.to_string(),
+                j.failed.to_string(),
+                j.dead.to_string(),
+                j.cancelled.to_string(),
+                q.broker.dead_letters.to_string(),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "queue",
+            "scheduled",
+            "queued",
+            "running",
+            "succeeded",
+            "failed",
+            "dead",
+            "cancelled",
+            "dead letters",
+        ],
+        rows,
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn workers(g: &Global, a: WorkersArgs) -> anyhow::Result<ExitCode> {
+    let b = open(g, false).await?;
+    let since = if a.all {
+        0
+    } else {
+        homing::time::now() - 3600 * 1_000_000
+    };
+    let ws = views::workers(&b, since).await?;
+    if a.out.json {
+        output::json(&serde_json::json!({ "workers": ws }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows = ws
+        .iter()
+        .map(|w| {
+            let r = &w.record;
+            vec![
+                r.info.id.clone(),
+                if w.alive {
+                    "live".into()
+                } else if r.status == "live" {
+                    "unresponsive".into()
+                } else {
+                    r.status.clone()
+                },
+                r.info.queues.join(","),
+                r.info.concurrency.to_string(),
+                r.running.len().to_string(),
+                format!("{:.1}s ago", w.last_seen_age_s),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "worker",
+            "status",
+            "queues",
+            "concurrency",
+            "running",
+            "last seen",
+        ],
+        rows,
+    );
+    Ok(ExitCode::SUCCESS)
+}

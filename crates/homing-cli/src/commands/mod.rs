@@ -1,0 +1,51 @@
+//! One module per command; this one opens backends and routes.
+
+mod bench;
+mod enqueue;
+mod inspect;
+mod serve;
+
+use anyhow::Context as _;
+use std::process::ExitCode;
+
+use crate::cli::{Cli, Command, Global};
+use homing::backend::redact_url;
+use homing::Backends;
+
+/// Opens the broker and store. Commands that only read or enqueue refuse to create an embedded
+/// database that does not exist yet, so a typo in the directory is an error, not an empty system.
+pub async fn open(g: &Global, create: bool) -> anyhow::Result<Backends> {
+    if !create {
+        for url in [&g.store, &g.broker] {
+            if let Some(path) = homing::sqlite::path_from_url(url) {
+                if !path.exists() {
+                    anyhow::bail!(
+                        "no homing database at {} (start `homing up` in this directory first, or pass --store/--broker)",
+                        path.display()
+                    );
+                }
+            }
+        }
+    }
+    Backends::open(&g.broker, &g.store).await.with_context(|| {
+        format!(
+            "cannot open broker {} / store {}",
+            redact_url(&g.broker),
+            redact_url(&g.store)
+        )
+    })
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let g = cli.global;
+    match cli.command {
+        Command::Up(a) => serve::up(&g, a).await,
+        Command::Server(a) => serve::server(&g, a).await,
+        Command::Worker(a) => serve::worker(&g, a).await,
+        Command::Enqueue(a) => enqueue::run(&g, a).await,
+        Command::Jobs { command } => inspect::jobs(&g, command).await,
+        Command::Queues(a) => inspect::queues(&g, a).await,
+        Command::Workers(a) => inspect::workers(&g, a).await,
+        Command::Bench(a) => bench::run(&g, a).await,
+    }
+}

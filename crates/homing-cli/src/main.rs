@@ -1,0 +1,51 @@
+//! The `homing` binary: server, worker and command-line tool over the `homing` library.
+
+mod api;
+mod cli;
+mod commands;
+mod output;
+mod signals;
+mod tasks;
+mod views;
+
+use clap::Parser;
+
+fn init_tracing(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HOMING_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.with_target(false).init();
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = cli::Cli::parse();
+    init_tracing(&cli.global.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            let mut msg = e.to_string();
+            for cause in e.chain().skip(1) {
+                msg.push_str(": ");
+                msg.push_str(&cause.to_string());
+            }
+            eprintln!("error: {msg}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Human output: aligned tables and one-line job summaries; `--json` bypasses all of it.
+
+use homing::time::rfc3339;
+use homing::Job;
+
+/// Prints rows as a table with a header, columns padded to their widest cell.
+pub fn table(header: &[&str], rows: Vec<Vec<String>>) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            if i < widths.len() {
+                widths[i] = widths[i].max(c.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{:<w$}  ", c, w = widths[i]));
+            }
+        }
+        println!("{}", s.trim_end());
+    };
+    line(header.iter().map(|h| h.to_uppercase()).collect());
+    for r in rows {
+        line(r);
+    }
+}
+
+pub fn opt_time(t: Option<i64>) -> String {
+    t.map(rfc3339).unwrap_or_else(|| "-".into())
+}
+
+/// A job in human form, one field per line.
+pub fn job(j: &Job) {
+    let fields: Vec<(&str, String)> = vec![
+        ("id", j.id.to_string()),
+        ("task", j.task.clone()),
+        ("queue", j.queue.clone()),
+        ("state", j.state.to_string()),
+        ("attempts", j.attempts.to_string()),
+        ("crashes", j.crashes.to_string()),
+        ("epoch", j.epoch.to_string()),
+        (
+            "max_retries",
+            j.max_retries
+                .map(|n| n.to_string())
+                .unwrap_or_else(|| "task default".into()),
+        ),
+        (
+            "idempotency_key",
+            j.idempotency_key.clone().unwrap_or_else(|| "-".into()),
+        ),
+        ("worker", j.worker.clone().unwrap_or_else(|| "-".into())),
+        ("args", j.args.to_string()),
+        (
+            "result",
+            j.result
+                .as_ref()
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "-".into()),
+        ),
+        ("error", j.error.clone().unwrap_or_else(|| "-".into())),
+        (
+            "progress",
+            j.progress
+                .as_ref()
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "-".into()),
+        ),
+        ("created_at", rfc3339(j.created_at)),
+        ("scheduled_at", opt_time(j.scheduled_at)),
+        ("started_at", opt_time(j.started_at)),
+        ("finished_at", opt_time(j.finished_at)),
+    ];
+    for (k, v) in fields {
+        println!("{k:<16} {v}");
+    }
+}
+
+pub fn json(v: &impl serde::Serialize) {
+    match serde_json::to_string_pretty(v) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("error: cannot print JSON: {e}"),
+    }
+}

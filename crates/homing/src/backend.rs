@@ -1,0 +1,115 @@
+//! Chooses backends from URLs (`--broker`, `--store`, `HOMING_BROKER`, `HOMING_STORE`), so every
+//! command and embedding program selects them the same way. Two URLs naming the same SQLite file
+//! share one open database.
+
+use std::sync::Arc;
+
+use crate::broker::Broker;
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+/// The embedded default for both broker and store.
+pub const DEFAULT_URL: &str = "sqlite://homing-data/homing.db";
+
+/// The broker and store a process works with.
+#[derive(Clone)]
+pub struct Backends {
+    pub broker: Arc<dyn Broker>,
+    pub store: Arc<dyn Store>,
+}
+
+impl std::fmt::Debug for Backends {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backends")
+            .field("broker", &self.broker.kind())
+            .field("store", &self.store.kind())
+            .finish()
+    }
+}
+
+/// Removes a password from a URL so it can be logged.
+pub fn redact_url(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((creds, host)) = rest.split_once('@') {
+            let user = creds.split(':').next().unwrap_or("");
+            return format!("{scheme}://{user}:***@{host}");
+        }
+    }
+    url.to_string()
+}
+
+impl Backends {
+    /// Opens the broker and store named by two URLs.
+    pub async fn open(broker_url: &str, store_url: &str) -> Result<Backends> {
+        #[cfg(feature = "sqlite")]
+        let mut sqlite: Option<(std::path::PathBuf, Arc<crate::sqlite::Db>)> = None;
+        #[cfg(feature = "sqlite")]
+        let mut open_sqlite = |url: &str| -> Result<Option<Arc<crate::sqlite::Db>>> {
+            let Some(path) = crate::sqlite::path_from_url(url) else {
+                return Ok(None);
+            };
+            if let Some((p, db)) = &sqlite {
+                if *p == path {
+                    return Ok(Some(db.clone()));
+                }
+            }
+            let db = crate::sqlite::Db::open(&path)?;
+            sqlite = Some((path, db.clone()));
+            Ok(Some(db))
+        };
+
+        let store: Arc<dyn Store> = if store_url.starts_with("sqlite:") {
+            #[cfg(feature = "sqlite")]
+            {
+                let db = open_sqlite(store_url)?.ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "invalid store URL '{store_url}': expected sqlite://PATH"
+                    ))
+                })?;
+                Arc::new(crate::store::sqlite::SqliteStore::new(db))
+            }
+            #[cfg(not(feature = "sqlite"))]
+            return Err(Error::Invalid("this build has no SQLite support".into()));
+        } else {
+            return Err(Error::Invalid(format!(
+                "unsupported store URL '{}': expected sqlite://PATH",
+                redact_url(store_url)
+            )));
+        };
+
+        let broker: Arc<dyn Broker> = if broker_url.starts_with("sqlite:") {
+            #[cfg(feature = "sqlite")]
+            {
+                let db = open_sqlite(broker_url)?.ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "invalid broker URL '{broker_url}': expected sqlite://PATH"
+                    ))
+                })?;
+                Arc::new(crate::broker::sqlite::SqliteBroker::new(db))
+            }
+            #[cfg(not(feature = "sqlite"))]
+            return Err(Error::Invalid("this build has no SQLite support".into()));
+        } else {
+            return Err(Error::Invalid(format!(
+                "unsupported broker URL '{}': expected sqlite://PATH",
+                redact_url(broker_url)
+            )));
+        };
+        Ok(Backends { broker, store })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("redis://:s3cret@host:6379/0"),
+            "redis://:***@host:6379/0"
+        );
+        assert_eq!(redact_url("postgres://u:p@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact_url("sqlite://a.db"), "sqlite://a.db");
+    }
+}

@@ -1,0 +1,116 @@
+//! The broker: moves messages that name jobs from producers to workers, and knows which workers
+//! are alive. It holds no job state: if it loses its data, the store's records let homing
+//! publish every unfinished job again (DESIGN.md section 1, guarantee 9).
+//!
+//! A message is reserved by one consumer (a worker process) at a time and stays owned by it until
+//! acknowledged (late ack) or put back by the rescuer. Each method says what a crash in the middle
+//! leaves behind; [`crate::conformance::broker`] checks every implementation against it.
+
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::job::JobId;
+use crate::store::Dispatch;
+
+/// One reserved message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The broker's handle for the message (a row id, a stream entry id).
+    pub tag: String,
+    pub queue: String,
+    /// The job the message names, or why it could not be decoded (garbage in the broker).
+    pub job: std::result::Result<JobId, String>,
+}
+
+/// A message that could not be delivered, kept for an operator to look at.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    pub queue: String,
+    pub payload: String,
+    pub reason: String,
+    #[serde(with = "crate::time::as_rfc3339")]
+    pub at: crate::time::Micros,
+}
+
+/// What the broker holds for one queue.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueDepth {
+    pub queue: String,
+    /// Messages waiting for a worker.
+    pub ready: u64,
+    /// Messages reserved by a worker and not yet acknowledged.
+    pub reserved: u64,
+    pub dead_letters: u64,
+}
+
+#[async_trait]
+pub trait Broker: Send + Sync + 'static {
+    /// A short name for logs and errors (`sqlite`, `redis`).
+    fn kind(&self) -> &'static str;
+
+    /// Appends one message per job to its queue.
+    ///
+    /// Crash contract: a crash may publish a prefix of the batch; the store still lists the
+    /// rest as undispatched, so the reconciler publishes them.
+    async fn publish(&self, jobs: &[Dispatch]) -> Result<()>;
+
+    /// Reserves up to `max` ready messages from `queues` for `consumer`, oldest first, waiting up
+    /// to `wait` for at least one. Reserved messages stay owned by `consumer` until acknowledged
+    /// or requeued.
+    ///
+    /// Crash contract: a message is either still ready or reserved by exactly one consumer.
+    async fn reserve(
+        &self,
+        consumer: &str,
+        queues: &[String],
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>>;
+
+    /// Removes messages for good (late ack: only after the store committed the job's new state).
+    ///
+    /// Crash contract: idempotent; acknowledging twice is harmless.
+    async fn ack(&self, deliveries: &[Delivery]) -> Result<()>;
+
+    /// Puts messages reserved by `consumer` back to ready, and returns how many were still owned
+    /// by `consumer` (only those are put back, so concurrent rescuers requeue each message once).
+    async fn requeue(&self, consumer: &str, deliveries: &[Delivery]) -> Result<usize>;
+
+    /// Moves one message out of its queue into the dead-letter list with a reason.
+    async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<()>;
+
+    /// Messages reserved by `consumer`, at most `limit`.
+    async fn pending(&self, consumer: &str, limit: usize) -> Result<Vec<Delivery>>;
+
+    /// Starts (or refreshes) a worker's liveness with time-to-live `ttl`.
+    async fn register(&self, worker: &str, ttl: Duration) -> Result<()>;
+
+    /// Refreshes a live worker's heartbeat. Returns `false` when the heartbeat had already
+    /// expired or been removed: the worker was presumed dead and must rejoin under a new name.
+    async fn heartbeat(&self, worker: &str, ttl: Duration) -> Result<bool>;
+
+    /// Removes a worker's heartbeat (graceful shutdown).
+    async fn unregister(&self, worker: &str) -> Result<()>;
+
+    async fn is_alive(&self, worker: &str) -> Result<bool>;
+
+    /// Consumers that own reserved messages (or are known to the broker) but whose heartbeat
+    /// has expired: the rescuer's work list.
+    async fn lost_consumers(&self) -> Result<Vec<String>>;
+
+    /// Forgets a consumer, only if it owns no message. Returns whether it was removed.
+    async fn remove_consumer(&self, consumer: &str) -> Result<bool>;
+
+    /// Checks the marker that proves the broker kept its data. Returns `true` when it was there;
+    /// `false` when it was missing (first start, or the broker lost its data) — it is set again.
+    async fn check_marker(&self) -> Result<bool>;
+
+    async fn depths(&self) -> Result<Vec<QueueDepth>>;
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>>;
+}

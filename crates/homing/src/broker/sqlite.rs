@@ -1,0 +1,386 @@
+//! The broker on the embedded SQLite file: a `messages` table in which a message is either ready
+//! (`consumer IS NULL`) or reserved by one consumer, and a `heartbeats` table of expiry times.
+//! SQLite cannot block on a read, so reservation polls briefly, and is woken at once by a publish
+//! made in the same process.
+
+use async_trait::async_trait;
+use rusqlite::{params, OptionalExtension};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::sqlite::Db;
+use crate::time::{micros, now};
+
+/// How often an idle reservation looks for new messages published by another process.
+const POLL: Duration = Duration::from_millis(5);
+
+#[derive(Debug, Clone)]
+pub struct SqliteBroker {
+    db: Arc<Db>,
+}
+
+impl SqliteBroker {
+    pub fn new(db: Arc<Db>) -> Self {
+        Self { db }
+    }
+
+    async fn try_reserve(
+        &self,
+        consumer: &str,
+        queues: &[String],
+        max: usize,
+    ) -> Result<Vec<Delivery>> {
+        let queues = queues.to_vec();
+        let qs = queues.clone();
+        // A cheap read first: an idle worker must not take the write lock every poll.
+        let any = self
+            .db
+            .read(move |c| {
+                let mut st = c.prepare_cached(
+                    "SELECT 1 FROM messages WHERE queue = ?1 AND consumer IS NULL LIMIT 1",
+                )?;
+                for q in &qs {
+                    if st.exists([q])? {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            })
+            .await?;
+        if !any {
+            return Ok(Vec::new());
+        }
+        let consumer = consumer.to_string();
+        self.db
+            .write(move |tx| {
+                let t = now();
+                let mut st = tx.prepare_cached(
+                    "UPDATE messages SET consumer = ?1, reserved_at = ?2 WHERE id IN \
+                     (SELECT id FROM messages WHERE queue = ?3 AND consumer IS NULL ORDER BY id LIMIT ?4) \
+                     RETURNING id, queue, payload",
+                )?;
+                let mut out = Vec::new();
+                for q in &queues {
+                    if out.len() >= max {
+                        break;
+                    }
+                    let rows = st.query_map(
+                        params![consumer, t, q, (max - out.len()) as i64],
+                        |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)),
+                    )?;
+                    for r in rows {
+                        let (id, queue, payload) = r?;
+                        out.push(delivery(id, queue, &payload));
+                    }
+                }
+                out.sort_by_key(|d: &Delivery| d.tag.parse::<i64>().unwrap_or(0));
+                Ok(out)
+            })
+            .await
+    }
+}
+
+fn delivery(id: i64, queue: String, payload: &str) -> Delivery {
+    let job = payload
+        .trim()
+        .parse::<JobId>()
+        .map_err(|e| format!("undecodable message {payload:?}: {e}"));
+    Delivery {
+        tag: id.to_string(),
+        queue,
+        job,
+    }
+}
+
+fn tags(deliveries: &[Delivery]) -> Vec<i64> {
+    deliveries
+        .iter()
+        .filter_map(|d| d.tag.parse().ok())
+        .collect()
+}
+
+#[async_trait]
+impl Broker for SqliteBroker {
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn publish(&self, jobs: &[Dispatch]) -> Result<()> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let jobs = jobs.to_vec();
+        self.db
+            .write(move |tx| {
+                let mut st =
+                    tx.prepare_cached("INSERT INTO messages (queue, payload) VALUES (?1, ?2)")?;
+                for j in &jobs {
+                    st.execute(params![j.queue, j.id.to_string()])?;
+                }
+                Ok(())
+            })
+            .await?;
+        self.db.published.notify_waiters();
+        Ok(())
+    }
+
+    async fn reserve(
+        &self,
+        consumer: &str,
+        queues: &[String],
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>> {
+        if max == 0 || queues.is_empty() {
+            tokio::time::sleep(wait).await;
+            return Ok(Vec::new());
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.db.published.notified();
+            let got = self.try_reserve(consumer, queues, max).await?;
+            if !got.is_empty() || tokio::time::Instant::now() >= deadline {
+                return Ok(got);
+            }
+            let nap = POLL.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep(nap) => {}
+            }
+        }
+    }
+
+    async fn ack(&self, deliveries: &[Delivery]) -> Result<()> {
+        let ids = tags(deliveries);
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.db
+            .write(move |tx| {
+                let mut st = tx.prepare_cached("DELETE FROM messages WHERE id = ?1")?;
+                for id in &ids {
+                    st.execute([id])?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn requeue(&self, consumer: &str, deliveries: &[Delivery]) -> Result<usize> {
+        let ids = tags(deliveries);
+        let consumer = consumer.to_string();
+        // A requeued message gets a new row (a new tag), as a stream entry would: a zombie that
+        // acknowledges its old tag can then never remove the message from its new owner.
+        let n = self
+            .db
+            .write(move |tx| {
+                let mut take = tx.prepare_cached(
+                    "DELETE FROM messages WHERE id = ?1 AND consumer = ?2 RETURNING queue, payload",
+                )?;
+                let mut put =
+                    tx.prepare_cached("INSERT INTO messages (queue, payload) VALUES (?1, ?2)")?;
+                let mut n = 0;
+                for id in &ids {
+                    let row = take
+                        .query_row(params![id, consumer], |r| {
+                            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                        })
+                        .optional()?;
+                    if let Some((queue, payload)) = row {
+                        put.execute(params![queue, payload])?;
+                        n += 1;
+                    }
+                }
+                Ok(n)
+            })
+            .await?;
+        if n > 0 {
+            self.db.published.notify_waiters();
+        }
+        Ok(n)
+    }
+
+    async fn dead_letter(&self, d: &Delivery, reason: &str) -> Result<()> {
+        let (tag, queue, reason) = (
+            d.tag.parse::<i64>().unwrap_or(-1),
+            d.queue.clone(),
+            reason.to_string(),
+        );
+        self.db
+            .write(move |tx| {
+                let payload: Option<String> = tx
+                    .query_row("DELETE FROM messages WHERE id = ?1 RETURNING payload", [tag], |r| r.get(0))
+                    .ok();
+                if let Some(payload) = payload {
+                    tx.execute(
+                        "INSERT INTO dead_letters (queue, payload, reason, at) VALUES (?1, ?2, ?3, ?4)",
+                        params![queue, payload, reason, now()],
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn pending(&self, consumer: &str, limit: usize) -> Result<Vec<Delivery>> {
+        let consumer = consumer.to_string();
+        self.db
+            .read(move |c| {
+                let mut st = c.prepare_cached(
+                    "SELECT id, queue, payload FROM messages WHERE consumer = ?1 ORDER BY id LIMIT ?2",
+                )?;
+                let rows = st.query_map(params![consumer, limit as i64], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+                })?;
+                rows.map(|r| r.map(|(id, q, p)| delivery(id, q, &p))).collect()
+            })
+            .await
+    }
+
+    async fn register(&self, worker: &str, ttl: Duration) -> Result<()> {
+        let worker = worker.to_string();
+        self.db
+            .write(move |tx| {
+                tx.execute(
+                    "INSERT OR REPLACE INTO heartbeats (worker, expires_at) VALUES (?1, ?2)",
+                    params![worker, now() + micros(ttl)],
+                )
+                .map(|_| ())
+            })
+            .await
+    }
+
+    async fn heartbeat(&self, worker: &str, ttl: Duration) -> Result<bool> {
+        let worker = worker.to_string();
+        self.db
+            .write(move |tx| {
+                let t = now();
+                tx.execute(
+                    "UPDATE heartbeats SET expires_at = ?2 WHERE worker = ?1 AND expires_at > ?3",
+                    params![worker, t + micros(ttl), t],
+                )
+                .map(|n| n == 1)
+            })
+            .await
+    }
+
+    async fn unregister(&self, worker: &str) -> Result<()> {
+        let worker = worker.to_string();
+        self.db
+            .write(move |tx| {
+                tx.execute("DELETE FROM heartbeats WHERE worker = ?1", [worker])
+                    .map(|_| ())
+            })
+            .await
+    }
+
+    async fn is_alive(&self, worker: &str) -> Result<bool> {
+        let worker = worker.to_string();
+        self.db
+            .read(move |c| {
+                c.prepare_cached("SELECT 1 FROM heartbeats WHERE worker = ?1 AND expires_at > ?2")?
+                    .exists(params![worker, now()])
+            })
+            .await
+    }
+
+    async fn lost_consumers(&self) -> Result<Vec<String>> {
+        self.db
+            .read(|c| {
+                let t = now();
+                let mut st = c.prepare_cached(
+                    "SELECT DISTINCT consumer FROM messages WHERE consumer IS NOT NULL AND consumer NOT IN \
+                     (SELECT worker FROM heartbeats WHERE expires_at > ?1) \
+                     UNION SELECT worker FROM heartbeats WHERE expires_at <= ?1",
+                )?;
+                let rows = st.query_map([t], |r| r.get::<_, String>(0))?;
+                rows.collect()
+            })
+            .await
+    }
+
+    async fn remove_consumer(&self, consumer: &str) -> Result<bool> {
+        let consumer = consumer.to_string();
+        self.db
+            .write(move |tx| {
+                let owns = tx
+                    .prepare_cached("SELECT 1 FROM messages WHERE consumer = ?1 LIMIT 1")?
+                    .exists([&consumer])?;
+                if owns {
+                    return Ok(false);
+                }
+                // Only an expired heartbeat is removed: a live worker is never forgotten.
+                tx.execute(
+                    "DELETE FROM heartbeats WHERE worker = ?1 AND expires_at <= ?2",
+                    params![consumer, now()],
+                )?;
+                Ok(true)
+            })
+            .await
+    }
+
+    async fn check_marker(&self) -> Result<bool> {
+        self.db
+            .write(|tx| {
+                let n = tx.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('broker_marker', ?1)",
+                    [now().to_string()],
+                )?;
+                Ok(n == 0)
+            })
+            .await
+    }
+
+    async fn depths(&self) -> Result<Vec<QueueDepth>> {
+        self.db
+            .read(|c| {
+                let mut st = c.prepare_cached(
+                    "SELECT queue, sum(consumer IS NULL), sum(consumer IS NOT NULL), 0 FROM messages GROUP BY queue \
+                     UNION ALL SELECT queue, 0, 0, count(*) FROM dead_letters GROUP BY queue",
+                )?;
+                let rows = st.query_map([], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?, r.get::<_, i64>(3)?))
+                })?;
+                let mut out: Vec<QueueDepth> = Vec::new();
+                for r in rows {
+                    let (queue, ready, reserved, dead) = r?;
+                    match out.iter_mut().find(|d| d.queue == queue) {
+                        Some(d) => {
+                            d.ready += ready as u64;
+                            d.reserved += reserved as u64;
+                            d.dead_letters += dead as u64;
+                        }
+                        None => out.push(QueueDepth {
+                            queue,
+                            ready: ready as u64,
+                            reserved: reserved as u64,
+                            dead_letters: dead as u64,
+                        }),
+                    }
+                }
+                out.sort_by(|a, b| a.queue.cmp(&b.queue));
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
+        self.db
+            .read(move |c| {
+                let mut st = c.prepare_cached(
+                    "SELECT queue, payload, reason, at FROM dead_letters ORDER BY id DESC LIMIT ?1",
+                )?;
+                let rows = st.query_map([limit as i64], |r| {
+                    Ok(DeadLetter {
+                        queue: r.get(0)?,
+                        payload: r.get(1)?,
+                        reason: r.get(2)?,
+                        at: r.get(3)?,
+                    })
+                })?;
+                rows.collect()
+            })
+            .await
+    }
+}

@@ -1,0 +1,288 @@
+//! The broker contract, case by case. Each case takes a fresh broker and panics on a violation.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::unique_queue;
+use crate::broker::*;
+use crate::job::{new_job_id, JobId};
+use crate::store::Dispatch;
+
+/// Generates one `#[tokio::test]` per broker case; `$make` is an expression whose value is a
+/// future of `Arc<dyn Broker>`, evaluated afresh for each case.
+#[macro_export]
+macro_rules! broker_conformance {
+    ($make:expr) => {
+        $crate::__conformance_cases!(broker, $make;
+            publish_reserve_ack_in_order, reserve_respects_max, reserved_messages_are_owned,
+            requeue_gives_a_new_tag, ack_is_idempotent, heartbeat_lifecycle, lost_consumers_and_removal,
+            dead_letter_moves_message, marker_detects_loss, several_queues, concurrent_reserve_is_exclusive,
+            reserve_waits_for_a_publish
+        );
+    };
+}
+
+fn dispatches(q: &str, n: usize) -> Vec<Dispatch> {
+    (0..n)
+        .map(|_| Dispatch {
+            id: new_job_id(),
+            queue: q.to_string(),
+        })
+        .collect()
+}
+
+fn ids(ds: &[Delivery]) -> Vec<JobId> {
+    ds.iter()
+        .map(|d| d.job.clone().expect("decodable"))
+        .collect()
+}
+
+const SHORT: Duration = Duration::from_millis(50);
+
+pub async fn publish_reserve_ack_in_order(b: Arc<dyn Broker>) {
+    let q = unique_queue("fifo");
+    let msgs = dispatches(&q, 3);
+    b.publish(&msgs).await.unwrap();
+    let got = b.reserve("c1", &[q.clone()], 10, SHORT).await.unwrap();
+    assert_eq!(
+        ids(&got),
+        msgs.iter().map(|m| m.id).collect::<Vec<_>>(),
+        "oldest first"
+    );
+    assert!(got.iter().all(|d| d.queue == q));
+    assert!(
+        b.reserve("c2", &[q.clone()], 10, SHORT)
+            .await
+            .unwrap()
+            .is_empty(),
+        "reserved messages are not handed out twice"
+    );
+    let depth = b
+        .depths()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|d| d.queue == q)
+        .unwrap();
+    assert_eq!((depth.ready, depth.reserved), (0, 3));
+    b.ack(&got).await.unwrap();
+    let depth = b.depths().await.unwrap().into_iter().find(|d| d.queue == q);
+    assert!(depth.map(|d| d.ready + d.reserved == 0).unwrap_or(true));
+    assert!(b.pending("c1", 10).await.unwrap().is_empty());
+}
+
+pub async fn reserve_respects_max(b: Arc<dyn Broker>) {
+    let q = unique_queue("max");
+    b.publish(&dispatches(&q, 5)).await.unwrap();
+    assert_eq!(
+        b.reserve("c", &[q.clone()], 2, SHORT).await.unwrap().len(),
+        2
+    );
+    assert_eq!(
+        b.reserve("c", &[q.clone()], 1, SHORT).await.unwrap().len(),
+        1
+    );
+    assert_eq!(
+        b.reserve("c", &[q.clone()], 10, SHORT).await.unwrap().len(),
+        2
+    );
+    assert_eq!(b.pending("c", 100).await.unwrap().len(), 5);
+}
+
+pub async fn reserved_messages_are_owned(b: Arc<dyn Broker>) {
+    let q = unique_queue("own");
+    b.publish(&dispatches(&q, 2)).await.unwrap();
+    let got = b.reserve("c1", &[q.clone()], 10, SHORT).await.unwrap();
+    assert_eq!(b.pending("c1", 10).await.unwrap().len(), 2);
+    assert!(b.pending("c2", 10).await.unwrap().is_empty());
+    assert_eq!(
+        b.requeue("c2", &got).await.unwrap(),
+        0,
+        "only the owner's messages are requeued"
+    );
+    assert_eq!(b.requeue("c1", &got).await.unwrap(), 2);
+    assert_eq!(
+        b.requeue("c1", &got).await.unwrap(),
+        0,
+        "requeue happens once"
+    );
+    let again = b.reserve("c2", &[q.clone()], 10, SHORT).await.unwrap();
+    assert_eq!(ids(&again), ids(&got));
+}
+
+pub async fn requeue_gives_a_new_tag(b: Arc<dyn Broker>) {
+    let q = unique_queue("tag");
+    b.publish(&dispatches(&q, 1)).await.unwrap();
+    let old = b.reserve("zombie", &[q.clone()], 1, SHORT).await.unwrap();
+    assert_eq!(b.requeue("zombie", &old).await.unwrap(), 1);
+    let new = b.reserve("fresh", &[q.clone()], 1, SHORT).await.unwrap();
+    assert_eq!(ids(&new), ids(&old));
+    assert_ne!(new[0].tag, old[0].tag);
+    // The zombie acknowledges its old tag: the new owner's message must survive.
+    b.ack(&old).await.unwrap();
+    assert_eq!(b.pending("fresh", 10).await.unwrap().len(), 1);
+}
+
+pub async fn ack_is_idempotent(b: Arc<dyn Broker>) {
+    let q = unique_queue("ack");
+    b.publish(&dispatches(&q, 2)).await.unwrap();
+    let got = b.reserve("c", &[q.clone()], 2, SHORT).await.unwrap();
+    b.ack(&got[..1]).await.unwrap();
+    b.ack(&got[..1]).await.unwrap();
+    let pending = b.pending("c", 10).await.unwrap();
+    assert_eq!(ids(&pending), ids(&got[1..]));
+}
+
+pub async fn heartbeat_lifecycle(b: Arc<dyn Broker>) {
+    let w = unique_queue("hb");
+    let ttl = Duration::from_millis(300);
+    assert!(!b.is_alive(&w).await.unwrap());
+    assert!(
+        !b.heartbeat(&w, ttl).await.unwrap(),
+        "an unregistered worker cannot heartbeat"
+    );
+    b.register(&w, ttl).await.unwrap();
+    assert!(b.is_alive(&w).await.unwrap());
+    assert!(b.heartbeat(&w, ttl).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert!(
+        !b.is_alive(&w).await.unwrap(),
+        "heartbeat must expire after its TTL"
+    );
+    assert!(
+        !b.heartbeat(&w, ttl).await.unwrap(),
+        "an expired worker learns it was presumed dead"
+    );
+    let w2 = unique_queue("hb");
+    b.register(&w2, ttl).await.unwrap();
+    b.unregister(&w2).await.unwrap();
+    assert!(!b.is_alive(&w2).await.unwrap());
+}
+
+pub async fn lost_consumers_and_removal(b: Arc<dyn Broker>) {
+    let q = unique_queue("lost");
+    let dead = unique_queue("dead-worker");
+    let live = unique_queue("live-worker");
+    b.register(&dead, Duration::from_millis(100)).await.unwrap();
+    b.register(&live, Duration::from_secs(30)).await.unwrap();
+    b.publish(&dispatches(&q, 2)).await.unwrap();
+    let d1 = b.reserve(&dead, &[q.clone()], 1, SHORT).await.unwrap();
+    let _d2 = b.reserve(&live, &[q.clone()], 1, SHORT).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let lost = b.lost_consumers().await.unwrap();
+    assert!(lost.contains(&dead), "{lost:?}");
+    assert!(!lost.contains(&live), "a live worker is never lost");
+    assert!(
+        !b.remove_consumer(&dead).await.unwrap(),
+        "a consumer holding messages is kept"
+    );
+    assert!(b.lost_consumers().await.unwrap().contains(&dead));
+    assert_eq!(b.requeue(&dead, &d1).await.unwrap(), 1);
+    assert!(b.remove_consumer(&dead).await.unwrap());
+    assert!(!b.lost_consumers().await.unwrap().contains(&dead));
+    assert!(
+        !b.is_alive(&live).await.unwrap() || !b.lost_consumers().await.unwrap().contains(&live)
+    );
+    b.unregister(&live).await.unwrap();
+}
+
+pub async fn dead_letter_moves_message(b: Arc<dyn Broker>) {
+    let q = unique_queue("dlq");
+    b.publish(&dispatches(&q, 1)).await.unwrap();
+    let got = b.reserve("c", &[q.clone()], 1, SHORT).await.unwrap();
+    b.dead_letter(&got[0], "cannot decode").await.unwrap();
+    assert!(b.pending("c", 10).await.unwrap().is_empty());
+    assert!(b
+        .reserve("c", &[q.clone()], 1, SHORT)
+        .await
+        .unwrap()
+        .is_empty());
+    let dl = b.dead_letters(1000).await.unwrap();
+    let entry = dl.iter().find(|d| d.queue == q).expect("dead letter kept");
+    assert_eq!(entry.reason, "cannot decode");
+    assert!(entry
+        .payload
+        .contains(&got[0].job.clone().unwrap().to_string()));
+    let depth = b
+        .depths()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|d| d.queue == q)
+        .unwrap();
+    assert_eq!(depth.dead_letters, 1);
+}
+
+pub async fn marker_detects_loss(b: Arc<dyn Broker>) {
+    // A fresh broker has no marker yet; afterwards it stays.
+    let first = b.check_marker().await.unwrap();
+    assert!(!first || b.check_marker().await.unwrap());
+    assert!(b.check_marker().await.unwrap());
+}
+
+pub async fn several_queues(b: Arc<dyn Broker>) {
+    let qa = unique_queue("qa");
+    let qb = unique_queue("qb");
+    b.publish(&dispatches(&qa, 1)).await.unwrap();
+    b.publish(&dispatches(&qb, 1)).await.unwrap();
+    let got = b
+        .reserve("c", &[qa.clone(), qb.clone()], 10, SHORT)
+        .await
+        .unwrap();
+    let queues: HashSet<_> = got.iter().map(|d| d.queue.clone()).collect();
+    assert_eq!(queues, HashSet::from([qa, qb]));
+}
+
+pub async fn concurrent_reserve_is_exclusive(b: Arc<dyn Broker>) {
+    let q = unique_queue("conc");
+    let msgs = dispatches(&q, 200);
+    b.publish(&msgs).await.unwrap();
+    let mut handles = Vec::new();
+    for c in 0..4 {
+        let b = b.clone();
+        let q = q.clone();
+        handles.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let batch = b
+                    .reserve(&format!("c{c}"), &[q.clone()], 7, SHORT)
+                    .await
+                    .unwrap();
+                if batch.is_empty() {
+                    return got;
+                }
+                b.ack(&batch).await.unwrap();
+                got.extend(ids(&batch));
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await.unwrap());
+    }
+    let unique: HashSet<_> = all.iter().copied().collect();
+    assert_eq!(all.len(), 200, "every message delivered exactly once");
+    assert_eq!(unique, msgs.iter().map(|m| m.id).collect::<HashSet<_>>());
+}
+
+pub async fn reserve_waits_for_a_publish(b: Arc<dyn Broker>) {
+    let q = unique_queue("wait");
+    let msgs = dispatches(&q, 1);
+    let b2 = b.clone();
+    let m2 = msgs.clone();
+    let publisher = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        b2.publish(&m2).await.unwrap();
+    });
+    let got = b
+        .reserve("c", &[q.clone()], 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    publisher.await.unwrap();
+    assert_eq!(
+        ids(&got),
+        vec![msgs[0].id],
+        "a waiting reservation receives a later publish"
+    );
+}

@@ -1,0 +1,28 @@
+//! Conformance suites: the observable part of each backend trait's contract, written once and
+//! run unchanged against every implementation (SQLite, Redis, PostgreSQL, and any third-party
+//! backend). A backend's test file invokes [`store_conformance!`](crate::store_conformance) or
+//! [`broker_conformance!`](crate::broker_conformance) with an expression that makes a fresh
+//! backend; each case becomes its own `#[tokio::test]`.
+
+pub mod broker;
+pub mod store;
+
+use crate::job::{new_job_id, JobOptions, NewJob};
+
+/// A queue name unique to one test case, so cases sharing a backend cannot see each other.
+pub fn unique_queue(prefix: &str) -> String {
+    format!("{prefix}-{}", &new_job_id().simple().to_string()[20..])
+}
+
+/// A plain job for `queue`.
+pub fn new_job(queue: &str, task: &str) -> NewJob {
+    NewJob {
+        id: new_job_id(),
+        task: task.into(),
+        queue: queue.into(),
+        args: serde_json::json!({"n": 1}),
+        options: JobOptions::default(),
+        created_at: crate::time::now(),
+        run_at: None,
+    }
+}

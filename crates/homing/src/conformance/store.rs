@@ -1,0 +1,763 @@
+//! The store contract, case by case. Each case takes a fresh store and panics on a violation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{new_job, unique_queue};
+use crate::job::{FollowUp, JobState};
+use crate::store::*;
+use crate::time::{micros, now};
+
+/// Generates one `#[tokio::test]` per store case; `$make` is an expression whose value is a
+/// future of `Arc<dyn Store>`, evaluated afresh for each case.
+#[macro_export]
+macro_rules! store_conformance {
+    ($make:expr) => {
+        $crate::__conformance_cases!(store, $make;
+            insert_and_get, idempotency_key_returns_existing, countdown_is_scheduled_and_claimed_once,
+            start_fences_and_guards, stale_epoch_is_rejected, crash_budget_makes_dead,
+            mark_lost_is_conditional_on_owner, retry_outcome_schedules, follow_up_in_same_transaction,
+            release_counts_nothing, outbox_tracks_dispatch, cancel_rules, operator_retry_rules,
+            list_filters_and_pages, concurrent_starts_have_one_winner, concurrent_claims_are_exclusive,
+            progress_is_fenced, workers_registry, queue_stats_count, start_defers_and_reports_missing,
+            mark_dead_is_final
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_cases {
+    ($suite:ident, $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let backend = $make.await;
+                $crate::conformance::$suite::$case(backend).await;
+            }
+        )*
+    };
+}
+
+async fn insert_one(s: &dyn Store, job: crate::job::NewJob) -> Inserted {
+    let mut v = s.insert(vec![job]).await.expect("insert");
+    v.remove(0)
+}
+
+async fn run_one(s: &dyn Store, id: crate::job::JobId, worker: &str) -> crate::job::Job {
+    match s
+        .start(&[id], worker, now())
+        .await
+        .expect("start")
+        .remove(0)
+    {
+        StartOutcome::Run(j) => *j,
+        other => panic!("expected Run, got {other:?}"),
+    }
+}
+
+pub async fn insert_and_get(s: Arc<dyn Store>) {
+    let q = unique_queue("ins");
+    let mut nj = new_job(&q, "t.insert");
+    nj.args = serde_json::json!({"text": "안녕 hello", "list": [1, 2.5, null]});
+    nj.options.max_retries = Some(7);
+    let ins = insert_one(&*s, nj.clone()).await;
+    assert_eq!(ins.id, nj.id);
+    assert_eq!(ins.state, JobState::Queued);
+    assert!(!ins.existed && ins.needs_dispatch());
+    let j = s.get(nj.id).await.unwrap().expect("job exists");
+    assert_eq!(j.task, "t.insert");
+    assert_eq!(j.queue, q);
+    assert_eq!(j.args, nj.args);
+    assert_eq!(j.state, JobState::Queued);
+    assert_eq!((j.attempts, j.crashes, j.epoch), (0, 0, 0));
+    assert_eq!(j.max_retries, Some(7));
+    assert_eq!(j.max_crashes, crate::job::DEFAULT_MAX_CRASHES);
+    assert_eq!(j.created_at, nj.created_at);
+    assert!(j.result.is_none() && j.error.is_none() && j.worker.is_none());
+    assert!(s.get(crate::job::new_job_id()).await.unwrap().is_none());
+}
+
+pub async fn idempotency_key_returns_existing(s: Arc<dyn Store>) {
+    let q = unique_queue("idem");
+    let key = unique_queue("key");
+    let mut a = new_job(&q, "t");
+    a.options.idempotency_key = Some(key.clone());
+    let mut b = new_job(&q, "t");
+    b.options.idempotency_key = Some(key.clone());
+    let first = insert_one(&*s, a.clone()).await;
+    let second = insert_one(&*s, b).await;
+    assert!(!first.existed);
+    assert!(second.existed, "the same key must return the existing job");
+    assert_eq!(second.id, a.id);
+    assert!(!second.needs_dispatch());
+    assert_eq!(s.get_by_key(&key).await.unwrap().unwrap().id, a.id);
+    // Both in one batch: still one job.
+    let key2 = unique_queue("key");
+    let mut c = new_job(&q, "t");
+    c.options.idempotency_key = Some(key2.clone());
+    let mut d = new_job(&q, "t");
+    d.options.idempotency_key = Some(key2);
+    let v = s.insert(vec![c.clone(), d]).await.unwrap();
+    assert_eq!(v[1].id, c.id);
+    assert!(v[1].existed);
+}
+
+pub async fn countdown_is_scheduled_and_claimed_once(s: Arc<dyn Store>) {
+    let q = unique_queue("cd");
+    let mut nj = new_job(&q, "t");
+    let due = nj.created_at + micros(Duration::from_secs(60));
+    nj.run_at = Some(due);
+    let ins = insert_one(&*s, nj.clone()).await;
+    assert_eq!(ins.state, JobState::Scheduled);
+    assert!(!ins.needs_dispatch());
+    let j = s.get(nj.id).await.unwrap().unwrap();
+    assert_eq!(j.scheduled_at, Some(due));
+    let early = s.claim_due(due - 1, 100).await.unwrap();
+    assert!(!early.iter().any(|d| d.id == nj.id), "claimed before due");
+    let claimed = s.claim_due(due, 100).await.unwrap();
+    assert!(claimed.contains(&Dispatch {
+        id: nj.id,
+        queue: q.clone()
+    }));
+    assert_eq!(s.get(nj.id).await.unwrap().unwrap().state, JobState::Queued);
+    let again = s.claim_due(due + 1, 100).await.unwrap();
+    assert!(!again.iter().any(|d| d.id == nj.id), "claimed twice");
+}
+
+pub async fn start_fences_and_guards(s: Arc<dyn Store>) {
+    let q = unique_queue("start");
+    let nj = new_job(&q, "t");
+    insert_one(&*s, nj.clone()).await;
+    let t0 = now();
+    let j = run_one(&*s, nj.id, "w1").await;
+    assert_eq!(j.state, JobState::Running);
+    assert_eq!(j.epoch, 1);
+    assert_eq!(j.worker.as_deref(), Some("w1"));
+    assert!(j.started_at.unwrap() >= t0);
+    // A duplicate delivery while it runs: skipped.
+    let dup = s.start(&[nj.id], "w2", now()).await.unwrap();
+    assert_eq!(dup, vec![StartOutcome::Skip(JobState::Running)]);
+    let c = Completion {
+        id: nj.id,
+        epoch: 1,
+        outcome: Outcome::Succeeded(serde_json::json!({"ok": true})),
+    };
+    let r = s.complete(&[c.clone()], now()).await.unwrap();
+    assert!(
+        matches!(
+            &r[0],
+            Committed::Applied {
+                state: JobState::Succeeded,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    let done = s.get(nj.id).await.unwrap().unwrap();
+    assert_eq!(done.state, JobState::Succeeded);
+    assert_eq!(done.result, Some(serde_json::json!({"ok": true})));
+    assert!(done.finished_at.is_some());
+    // A second commit of the same run, and a redelivery after the end: no effect.
+    assert_eq!(
+        s.complete(&[c], now()).await.unwrap(),
+        vec![Committed::Stale]
+    );
+    assert_eq!(
+        s.start(&[nj.id], "w3", now()).await.unwrap(),
+        vec![StartOutcome::Skip(JobState::Succeeded)]
+    );
+    assert_eq!(s.get(nj.id).await.unwrap().unwrap().epoch, 1);
+}
+
+pub async fn stale_epoch_is_rejected(s: Arc<dyn Store>) {
+    let q = unique_queue("stale");
+    let nj = new_job(&q, "t");
+    insert_one(&*s, nj.clone()).await;
+    let first = run_one(&*s, nj.id, "zombie").await;
+    assert_eq!(
+        s.mark_lost(nj.id, "zombie", now()).await.unwrap(),
+        Lost::Requeued
+    );
+    let lost = s.get(nj.id).await.unwrap().unwrap();
+    assert_eq!(
+        (lost.state, lost.crashes, lost.attempts),
+        (JobState::Queued, 1, 0)
+    );
+    let second = run_one(&*s, nj.id, "w2").await;
+    assert_eq!(second.epoch, first.epoch + 1);
+    let zombie = Completion {
+        id: nj.id,
+        epoch: first.epoch,
+        outcome: Outcome::Succeeded(serde_json::json!("zombie")),
+    };
+    assert_eq!(
+        s.complete(&[zombie], now()).await.unwrap(),
+        vec![Committed::Stale]
+    );
+    let good = Completion {
+        id: nj.id,
+        epoch: second.epoch,
+        outcome: Outcome::Succeeded(serde_json::json!("w2")),
+    };
+    assert!(matches!(
+        s.complete(&[good], now()).await.unwrap()[0],
+        Committed::Applied { .. }
+    ));
+    assert_eq!(
+        s.get(nj.id).await.unwrap().unwrap().result,
+        Some(serde_json::json!("w2"))
+    );
+}
+
+pub async fn crash_budget_makes_dead(s: Arc<dyn Store>) {
+    let q = unique_queue("poison");
+    let mut nj = new_job(&q, "t");
+    nj.options.on_failure = Some(FollowUp {
+        task: "t.alert".into(),
+        queue: Some(q.clone()),
+        args: serde_json::json!({}),
+    });
+    insert_one(&*s, nj.clone()).await;
+    for round in 1..=3u32 {
+        run_one(&*s, nj.id, &format!("w{round}")).await;
+        let lost = s
+            .mark_lost(nj.id, &format!("w{round}"), now())
+            .await
+            .unwrap();
+        if round < 3 {
+            assert_eq!(lost, Lost::Requeued);
+        } else {
+            assert_eq!(lost, Lost::Dead);
+        }
+    }
+    let j = s.get(nj.id).await.unwrap().unwrap();
+    assert_eq!(j.state, JobState::Dead);
+    assert_eq!(j.crashes, 3);
+    assert_eq!(j.attempts, 0, "crashes must not spend the retry budget");
+    assert!(
+        j.error.as_deref().unwrap_or("").contains('3'),
+        "reason names the count: {:?}",
+        j.error
+    );
+    let page = s
+        .list(
+            &JobFilter {
+                queue: Some(q),
+                task: Some("t.alert".into()),
+                ..Default::default()
+            },
+            None,
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        page.jobs.len(),
+        1,
+        "a dead job's on_failure follow-up is enqueued"
+    );
+}
+
+pub async fn mark_lost_is_conditional_on_owner(s: Arc<dyn Store>) {
+    let q = unique_queue("lost");
+    let nj = new_job(&q, "t");
+    insert_one(&*s, nj.clone()).await;
+    assert_eq!(
+        s.mark_lost(nj.id, "w1", now()).await.unwrap(),
+        Lost::NotOwned(JobState::Queued)
+    );
+    run_one(&*s, nj.id, "w1").await;
+    assert_eq!(
+        s.mark_lost(nj.id, "other", now()).await.unwrap(),
+        Lost::NotOwned(JobState::Running)
+    );
+    let mut handles = Vec::new();
+    for _ in 0..8 {
+        let s = s.clone();
+        handles.push(tokio::spawn(async move {
+            s.mark_lost(nj.id, "w1", now()).await.unwrap()
+        }));
+    }
+    let mut requeued = 0;
+    for h in handles {
+        if h.await.unwrap() == Lost::Requeued {
+            requeued += 1;
+        }
+    }
+    assert_eq!(requeued, 1, "concurrent rescuers must count one crash");
+    assert_eq!(s.get(nj.id).await.unwrap().unwrap().crashes, 1);
+    assert_eq!(
+        s.mark_lost(crate::job::new_job_id(), "w1", now())
+            .await
+            .unwrap(),
+        Lost::Missing
+    );
+}
+
+pub async fn retry_outcome_schedules(s: Arc<dyn Store>) {
+    let q = unique_queue("retry");
+    let nj = new_job(&q, "t");
+    insert_one(&*s, nj.clone()).await;
+    let j = run_one(&*s, nj.id, "w").await;
+    let at = now() + micros(Duration::from_secs(30));
+    let c = Completion {
+        id: nj.id,
+        epoch: j.epoch,
+        outcome: Outcome::Retry {
+            error: "boom".into(),
+            at,
+        },
+    };
+    assert!(matches!(
+        s.complete(&[c], now()).await.unwrap()[0],
+        Committed::Applied {
+            state: JobState::Scheduled,
+            ..
+        }
+    ));
+    let j = s.get(nj.id).await.unwrap().unwrap();
+    assert_eq!(
+        (j.state, j.attempts, j.scheduled_at),
+        (JobState::Scheduled, 1, Some(at))
+    );
+    assert_eq!(j.error.as_deref(), Some("boom"));
+    assert_eq!(
+        s.start(&[nj.id], "w", now()).await.unwrap(),
+        vec![StartOutcome::Defer(at)]
+    );
+    assert!(s
+        .claim_due(at, 10)
+        .await
+        .unwrap()
+        .iter()
+        .any(|d| d.id == nj.id));
+    let j = run_one(&*s, nj.id, "w").await;
+    assert_eq!(j.epoch, 2);
+    let c = Completion {
+        id: nj.id,
+        epoch: 2,
+        outcome: Outcome::Failed {
+            error: "again".into(),
+        },
+    };
+    assert!(matches!(
+        s.complete(&[c], now()).await.unwrap()[0],
+        Committed::Applied {
+            state: JobState::Failed,
+            ..
+        }
+    ));
+    let j = s.get(nj.id).await.unwrap().unwrap();
+    assert_eq!((j.state, j.attempts), (JobState::Failed, 2));
+}
+
+pub async fn follow_up_in_same_transaction(s: Arc<dyn Store>) {
+    let q = unique_queue("follow");
+    let mut nj = new_job(&q, "t");
+    nj.options.on_failure = Some(FollowUp {
+        task: "notify".into(),
+        queue: Some(q.clone()),
+        args: serde_json::json!({"say": "SUCCESS"}),
+    });
+    nj.options.on_success = Some(FollowUp {
+        task: "never".into(),
+        queue: Some(q.clone()),
+        args: serde_json::json!({}),
+    });
+    insert_one(&*s, nj.clone()).await;
+    let j = run_one(&*s, nj.id, "w").await;
+    let c = Completion {
+        id: nj.id,
+        epoch: j.epoch,
+        outcome: Outcome::Failed {
+            error: "ocr broke".into(),
+        },
+    };
+    let r = s.complete(&[c], now()).await.unwrap();
+    let Committed::Applied { state, dispatch } = &r[0] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(*state, JobState::Failed);
+    assert_eq!(
+        dispatch.len(),
+        1,
+        "the follow-up must be returned for publishing"
+    );
+    let f = s
+        .get(dispatch[0].id)
+        .await
+        .unwrap()
+        .expect("follow-up committed with the transition");
+    assert_eq!(f.task, "notify");
+    assert_eq!(f.state, JobState::Queued);
+    assert_eq!(f.args["say"], "SUCCESS");
+    assert_eq!(f.args["parent"]["id"], serde_json::json!(nj.id));
+    assert_eq!(f.args["parent"]["state"], "failed");
+    assert_eq!(f.args["parent"]["error"], "ocr broke");
+    let page = s
+        .list(
+            &JobFilter {
+                queue: Some(q),
+                task: Some("never".into()),
+                ..Default::default()
+            },
+            None,
+            10,
+        )
+        .await
+        .unwrap();
+    assert!(page.jobs.is_empty(), "on_success must not fire on failure");
+}
+
+pub async fn release_counts_nothing(s: Arc<dyn Store>) {
+    let q = unique_queue("rel");
+    let nj = new_job(&q, "t");
+    insert_one(&*s, nj.clone()).await;
+    let j = run_one(&*s, nj.id, "w").await;
+    let c = Completion {
+        id: nj.id,
+        epoch: j.epoch,
+        outcome: Outcome::Released,
+    };
+    let r = s.complete(&[c], now()).await.unwrap();
+    let Committed::Applied { state, dispatch } = &r[0] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(*state, JobState::Queued);
+    assert_eq!(
+        dispatch,
+        &vec![Dispatch {
+            id: nj.id,
+            queue: q
+        }]
+    );
+    let j = s.get(nj.id).await.unwrap().unwrap();
+    assert_eq!((j.state, j.attempts, j.crashes), (JobState::Queued, 0, 0));
+    assert!(j.worker.is_none());
+}
+
+pub async fn outbox_tracks_dispatch(s: Arc<dyn Store>) {
+    let q = unique_queue("outbox");
+    let nj = new_job(&q, "t");
+    insert_one(&*s, nj.clone()).await;
+    let far = now() + micros(Duration::from_secs(3600));
+    let listed = |v: Vec<Dispatch>| v.iter().any(|d| d.id == nj.id);
+    assert!(
+        listed(s.undispatched(far, 10_000).await.unwrap()),
+        "a new job is undispatched"
+    );
+    assert!(
+        !listed(s.undispatched(nj.created_at - 1, 10_000).await.unwrap()),
+        "respects `before`"
+    );
+    s.mark_dispatched(&[nj.id]).await.unwrap();
+    assert!(!listed(s.undispatched(far, 10_000).await.unwrap()));
+    assert!(s.redispatch_all().await.unwrap() >= 1);
+    assert!(
+        listed(s.undispatched(now() + 1, 10_000).await.unwrap()),
+        "redispatch_all makes it due at once"
+    );
+    s.mark_dispatched(&[nj.id]).await.unwrap();
+    run_one(&*s, nj.id, "w").await;
+    s.redispatch_all().await.unwrap();
+    assert!(
+        !listed(s.undispatched(far, 10_000).await.unwrap()),
+        "running jobs are not in the outbox"
+    );
+}
+
+pub async fn cancel_rules(s: Arc<dyn Store>) {
+    let q = unique_queue("cancel");
+    let a = new_job(&q, "t");
+    let b = new_job(&q, "t");
+    insert_one(&*s, a.clone()).await;
+    insert_one(&*s, b.clone()).await;
+    let ca = s.cancel(a.id, now()).await.unwrap();
+    assert_eq!(ca.state, JobState::Cancelled);
+    assert_eq!(
+        s.start(&[a.id], "w", now()).await.unwrap(),
+        vec![StartOutcome::Skip(JobState::Cancelled)]
+    );
+    run_one(&*s, b.id, "w").await;
+    let cb = s.cancel(b.id, now()).await.unwrap();
+    assert_eq!(cb.state, JobState::Running);
+    assert!(cb.cancel_requested);
+    assert_eq!(s.cancel_requested(&[a.id, b.id]).await.unwrap(), vec![b.id]);
+    assert_eq!(
+        s.mark_lost(b.id, "w", now()).await.unwrap(),
+        Lost::Cancelled
+    );
+    assert_eq!(
+        s.get(b.id).await.unwrap().unwrap().state,
+        JobState::Cancelled
+    );
+    assert!(matches!(
+        s.cancel(b.id, now()).await,
+        Err(crate::Error::Conflict { .. })
+    ));
+    assert!(matches!(
+        s.cancel(crate::job::new_job_id(), now()).await,
+        Err(crate::Error::NotFound(_))
+    ));
+}
+
+pub async fn operator_retry_rules(s: Arc<dyn Store>) {
+    let q = unique_queue("opretry");
+    let nj = new_job(&q, "t");
+    insert_one(&*s, nj.clone()).await;
+    assert!(matches!(
+        s.retry(nj.id, now()).await,
+        Err(crate::Error::Conflict { .. })
+    ));
+    let j = run_one(&*s, nj.id, "w").await;
+    let c = Completion {
+        id: nj.id,
+        epoch: j.epoch,
+        outcome: Outcome::Failed { error: "x".into() },
+    };
+    s.complete(&[c], now()).await.unwrap();
+    let r = s.retry(nj.id, now()).await.unwrap();
+    assert_eq!((r.state, r.attempts, r.crashes), (JobState::Queued, 0, 0));
+    assert!(r.finished_at.is_none());
+    assert!(s
+        .undispatched(now() + 1, 10_000)
+        .await
+        .unwrap()
+        .iter()
+        .any(|d| d.id == nj.id));
+    let j = run_one(&*s, nj.id, "w").await;
+    assert_eq!(j.epoch, 2, "epochs keep growing across operator retries");
+    assert!(matches!(
+        s.retry(crate::job::new_job_id(), now()).await,
+        Err(crate::Error::NotFound(_))
+    ));
+}
+
+pub async fn list_filters_and_pages(s: Arc<dyn Store>) {
+    let q1 = unique_queue("list");
+    let q2 = unique_queue("list");
+    let mut ids = Vec::new();
+    for i in 0..25 {
+        let nj = new_job(if i % 5 == 0 { &q2 } else { &q1 }, "t.list");
+        ids.push((nj.id, i % 5 == 0));
+        insert_one(&*s, nj).await;
+    }
+    let filter = JobFilter {
+        queue: Some(q1.clone()),
+        ..Default::default()
+    };
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = s.list(&filter, cursor.as_deref(), 7).await.unwrap();
+        assert!(page.jobs.len() <= 7);
+        seen.extend(page.jobs.iter().map(|j| j.id));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 20);
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.reverse();
+    assert_eq!(seen, sorted, "newest first, no duplicates");
+    sorted.dedup();
+    assert_eq!(sorted.len(), 20);
+    let (first_q1, _) = ids.iter().find(|(_, in_q2)| !in_q2).unwrap();
+    run_one(&*s, *first_q1, "w").await;
+    let running = s
+        .list(
+            &JobFilter {
+                queue: Some(q1),
+                state: Some(JobState::Running),
+                ..Default::default()
+            },
+            None,
+            100,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        running.jobs.iter().map(|j| j.id).collect::<Vec<_>>(),
+        vec![*first_q1]
+    );
+    assert!(matches!(
+        s.list(&filter, Some("not-a-cursor"), 5).await,
+        Err(crate::Error::Invalid(_))
+    ));
+}
+
+pub async fn concurrent_starts_have_one_winner(s: Arc<dyn Store>) {
+    let q = unique_queue("race");
+    let nj = new_job(&q, "t");
+    insert_one(&*s, nj.clone()).await;
+    let mut handles = Vec::new();
+    for w in 0..8 {
+        let s = s.clone();
+        handles.push(tokio::spawn(async move {
+            s.start(&[nj.id], &format!("w{w}"), now())
+                .await
+                .unwrap()
+                .remove(0)
+        }));
+    }
+    let mut runs = 0;
+    for h in handles {
+        if let StartOutcome::Run(_) = h.await.unwrap() {
+            runs += 1;
+        }
+    }
+    assert_eq!(runs, 1, "a job must never start twice at once");
+    assert_eq!(s.get(nj.id).await.unwrap().unwrap().epoch, 1);
+}
+
+pub async fn concurrent_claims_are_exclusive(s: Arc<dyn Store>) {
+    let q = unique_queue("claims");
+    let t = now();
+    let mut jobs = Vec::new();
+    for _ in 0..60 {
+        let mut nj = new_job(&q, "t");
+        nj.run_at = Some(t + 1_000);
+        jobs.push(nj);
+    }
+    let want: std::collections::HashSet<_> = jobs.iter().map(|j| j.id).collect();
+    s.insert(jobs).await.unwrap();
+    let mut handles = Vec::new();
+    for _ in 0..6 {
+        let s = s.clone();
+        handles.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            for _ in 0..20 {
+                got.extend(s.claim_due(t + 2_000, 7).await.unwrap());
+            }
+            got
+        }));
+    }
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(
+            h.await
+                .unwrap()
+                .into_iter()
+                .map(|d| d.id)
+                .filter(|id| want.contains(id)),
+        );
+    }
+    let unique: std::collections::HashSet<_> = all.iter().copied().collect();
+    assert_eq!(all.len(), unique.len(), "a due job was claimed twice");
+    assert_eq!(unique, want, "every due job is claimed");
+}
+
+pub async fn progress_is_fenced(s: Arc<dyn Store>) {
+    let q = unique_queue("progress");
+    let nj = new_job(&q, "t");
+    insert_one(&*s, nj.clone()).await;
+    let j = run_one(&*s, nj.id, "w").await;
+    let p = serde_json::json!({"fraction": 0.5, "message": "half"});
+    assert!(s.set_progress(nj.id, j.epoch, p.clone()).await.unwrap());
+    assert!(!s
+        .set_progress(nj.id, j.epoch + 1, serde_json::json!({}))
+        .await
+        .unwrap());
+    assert_eq!(s.get(nj.id).await.unwrap().unwrap().progress, Some(p));
+}
+
+pub async fn workers_registry(s: Arc<dyn Store>) {
+    let id = unique_queue("worker");
+    // Whole milliseconds: timestamps travel as RFC 3339 with millisecond precision.
+    let t = now() / 1000 * 1000;
+    let info = WorkerInfo {
+        id: id.clone(),
+        hostname: "h".into(),
+        pid: 42,
+        queues: vec!["default".into()],
+        concurrency: 4,
+        tasks: vec![format!("{id}.task")],
+        started_at: t,
+    };
+    s.register_worker(&info, t).await.unwrap();
+    let q = unique_queue("wq");
+    let nj = new_job(&q, "t");
+    insert_one(&*s, nj.clone()).await;
+    run_one(&*s, nj.id, &id).await;
+    s.worker_seen(&id, t + 5).await.unwrap();
+    let ws = s.workers(t - 1).await.unwrap();
+    let w = ws
+        .iter()
+        .find(|w| w.info.id == id)
+        .expect("registered worker listed");
+    assert_eq!(w.status, "live");
+    assert_eq!(w.last_seen, t + 5);
+    assert_eq!(w.running, vec![nj.id]);
+    assert_eq!(w.info, info);
+    assert!(s
+        .known_tasks()
+        .await
+        .unwrap()
+        .contains(&format!("{id}.task")));
+    s.worker_gone(&id, "lost", t + 6).await.unwrap();
+    let ws = s.workers(t - 1).await.unwrap();
+    assert_eq!(ws.iter().find(|w| w.info.id == id).unwrap().status, "lost");
+}
+
+pub async fn queue_stats_count(s: Arc<dyn Store>) {
+    let q = unique_queue("stats");
+    let a = new_job(&q, "t");
+    let mut b = new_job(&q, "t");
+    b.run_at = Some(b.created_at + micros(Duration::from_secs(600)));
+    let c = new_job(&q, "t");
+    s.insert(vec![a.clone(), b, c.clone()]).await.unwrap();
+    let j = run_one(&*s, a.id, "w").await;
+    s.complete(
+        &[Completion {
+            id: a.id,
+            epoch: j.epoch,
+            outcome: Outcome::Succeeded(serde_json::json!(1)),
+        }],
+        now(),
+    )
+    .await
+    .unwrap();
+    let stats = s.queue_stats().await.unwrap();
+    let st = stats.iter().find(|x| x.queue == q).expect("queue listed");
+    assert_eq!(
+        (st.succeeded, st.scheduled, st.queued, st.running),
+        (1, 1, 1, 0)
+    );
+}
+
+pub async fn start_defers_and_reports_missing(s: Arc<dyn Store>) {
+    let q = unique_queue("defer");
+    let mut nj = new_job(&q, "t");
+    let due = nj.created_at + micros(Duration::from_secs(100));
+    nj.run_at = Some(due);
+    insert_one(&*s, nj.clone()).await;
+    assert_eq!(
+        s.start(&[nj.id], "w", now()).await.unwrap(),
+        vec![StartOutcome::Defer(due)]
+    );
+    // Due but not yet claimed by a scheduler: a delivery may run it.
+    assert!(matches!(
+        s.start(&[nj.id], "w", due).await.unwrap()[0],
+        StartOutcome::Run(_)
+    ));
+    assert_eq!(
+        s.start(&[crate::job::new_job_id()], "w", now())
+            .await
+            .unwrap(),
+        vec![StartOutcome::Missing]
+    );
+}
+
+pub async fn mark_dead_is_final(s: Arc<dyn Store>) {
+    let q = unique_queue("dead");
+    let nj = new_job(&q, "t");
+    insert_one(&*s, nj.clone()).await;
+    assert!(s.mark_dead(nj.id, "undecodable", now()).await.unwrap());
+    let j = s.get(nj.id).await.unwrap().unwrap();
+    assert_eq!(j.state, JobState::Dead);
+    assert_eq!(j.error.as_deref(), Some("undecodable"));
+    assert!(!s.mark_dead(nj.id, "again", now()).await.unwrap());
+}

@@ -1,0 +1,247 @@
+//! The job record: what a job is, which states it passes through, and the options a producer
+//! can set. Every backend stores exactly this, and every interface (CLI `--json`, HTTP API,
+//! webhooks) shows exactly this serialisation.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+use crate::retry::RetryPolicy;
+use crate::time::{self, Micros};
+
+/// A job's identifier: a UUID v7, so ids sort by creation time.
+pub type JobId = uuid::Uuid;
+
+/// A fresh, time-ordered job id.
+pub fn new_job_id() -> JobId {
+    uuid::Uuid::now_v7()
+}
+
+/// Where a job is in its life (DESIGN.md section 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Waiting for its due time (a countdown or a retry delay); the time is stored, not held in memory.
+    Scheduled,
+    /// Dispatched (or about to be) to the broker; waiting for a worker.
+    Queued,
+    /// Started by a worker under the job's current epoch.
+    Running,
+    Succeeded,
+    /// A handler error with no retries left, or a fatal error.
+    Failed,
+    /// Undeliverable: its crash budget is spent, or its message or task cannot be decoded.
+    Dead,
+    Cancelled,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 7] = [
+        JobState::Scheduled,
+        JobState::Queued,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Dead,
+        JobState::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Scheduled => "scheduled",
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// A terminal job never changes again, except by an operator's retry of a failed/dead job.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Dead | JobState::Cancelled
+        )
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for JobState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        JobState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown state '{s}'; expected one of scheduled, queued, running, succeeded, failed, dead, cancelled"
+                )
+            })
+    }
+}
+
+/// A job to enqueue on a terminal transition of another job, in the same store transaction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FollowUp {
+    pub task: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// Input of the follow-up. The store adds `"parent": {id, task, state, result, error}` when
+    /// the follow-up runs, so it knows what it follows.
+    #[serde(default)]
+    pub args: serde_json::Value,
+}
+
+/// Options a producer may set on one job; anything unset falls back to the task's defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Run no earlier than this long after enqueue.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "opt_duration"
+    )]
+    pub countdown: Option<std::time::Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retries: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_policy: Option<RetryPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_crashes: Option<u32>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "opt_duration"
+    )]
+    pub time_limit: Option<std::time::Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_success: Option<FollowUp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<FollowUp>,
+}
+
+/// A job as handed to [`crate::store::Store::insert`]: fully resolved, with its id chosen.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewJob {
+    pub id: JobId,
+    pub task: String,
+    pub queue: String,
+    pub args: serde_json::Value,
+    pub options: JobOptions,
+    pub created_at: Micros,
+    /// `Some(t)` with `t` in the future makes the job `scheduled` instead of `queued`.
+    pub run_at: Option<Micros>,
+}
+
+/// Default crash budget (DESIGN.md section 1, guarantee 6).
+pub const DEFAULT_MAX_CRASHES: u32 = 3;
+
+/// The job record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: JobId,
+    pub task: String,
+    pub queue: String,
+    pub state: JobState,
+    pub args: serde_json::Value,
+    pub result: Option<serde_json::Value>,
+    pub error: Option<String>,
+    pub attempts: u32,
+    pub crashes: u32,
+    pub epoch: u64,
+    /// The job's own retry budget; `null` means the task's default.
+    pub max_retries: Option<u32>,
+    pub max_crashes: u32,
+    pub idempotency_key: Option<String>,
+    pub progress: Option<serde_json::Value>,
+    pub worker: Option<String>,
+    #[serde(with = "time::as_rfc3339")]
+    pub created_at: Micros,
+    #[serde(with = "time::opt_rfc3339")]
+    pub scheduled_at: Option<Micros>,
+    #[serde(with = "time::opt_rfc3339")]
+    pub started_at: Option<Micros>,
+    #[serde(with = "time::opt_rfc3339")]
+    pub finished_at: Option<Micros>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_policy: Option<RetryPolicy>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "opt_duration"
+    )]
+    pub time_limit: Option<std::time::Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_success: Option<FollowUp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<FollowUp>,
+    #[serde(default)]
+    pub cancel_requested: bool,
+}
+
+/// Durations in job options travel as human strings (`"30s"`) or as milliseconds.
+pub mod opt_duration {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Repr {
+            Millis(u64),
+            Text(String),
+        }
+        match Option::<Repr>::deserialize(d)? {
+            None => Ok(None),
+            Some(Repr::Millis(ms)) => Ok(Some(Duration::from_millis(ms))),
+            Some(Repr::Text(s)) => crate::time::parse_duration(&s)
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_parse_and_print() {
+        for st in JobState::ALL {
+            assert_eq!(st.as_str().parse::<JobState>().unwrap(), st);
+        }
+        assert!("pending".parse::<JobState>().is_err());
+        assert!(JobState::Dead.is_terminal());
+        assert!(!JobState::Running.is_terminal());
+    }
+
+    #[test]
+    fn options_accept_human_durations() {
+        let o: JobOptions =
+            serde_json::from_value(serde_json::json!({"countdown": "2s", "time_limit": 1500}))
+                .unwrap();
+        assert_eq!(o.countdown, Some(std::time::Duration::from_secs(2)));
+        assert_eq!(o.time_limit, Some(std::time::Duration::from_millis(1500)));
+        assert!(
+            serde_json::from_value::<JobOptions>(serde_json::json!({"countdown": "x"})).is_err()
+        );
+    }
+}

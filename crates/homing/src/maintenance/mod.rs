@@ -1,0 +1,96 @@
+//! The loops that keep the system whole whatever crashed: they run in every worker and in the
+//! server, and each is safe to run many times at once (every step is conditional in the store or
+//! the broker, so at most one caller wins each reclaim or dispatch).
+//!
+//! - [`rescuer`]: puts back the messages of workers whose heartbeat expired, counting the crash.
+//! - [`scheduler`]: turns scheduled jobs whose time has come into queued ones.
+//! - [`reconciler`]: publishes what the store lists as undispatched, notices a broker that lost
+//!   its data, and recovers running jobs whose worker and message are both gone.
+
+pub mod reconciler;
+pub mod rescuer;
+pub mod scheduler;
+
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::Broker;
+use crate::store::Store;
+
+/// Intervals of the maintenance loops.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MaintenanceConfig {
+    pub rescue_interval: Duration,
+    pub schedule_interval: Duration,
+    pub reconcile_interval: Duration,
+    /// An undispatched queued job older than this is published by the reconciler.
+    pub dispatch_grace: Duration,
+}
+
+impl MaintenanceConfig {
+    /// Sweeps as often as heartbeats are sent, so recovery takes about `TTL + interval`.
+    pub fn for_heartbeat(interval: Duration) -> Self {
+        Self {
+            rescue_interval: interval,
+            schedule_interval: Duration::from_millis(100),
+            reconcile_interval: Duration::from_secs(2),
+            dispatch_grace: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Default for MaintenanceConfig {
+    fn default() -> Self {
+        Self::for_heartbeat(Duration::from_secs(2))
+    }
+}
+
+/// The running maintenance loops.
+#[derive(Debug)]
+pub struct Maintenance {
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Maintenance {
+    pub fn spawn(
+        broker: Arc<dyn Broker>,
+        store: Arc<dyn Store>,
+        config: MaintenanceConfig,
+        stop: CancellationToken,
+    ) -> Self {
+        let tasks = vec![
+            tokio::spawn(rescuer::run(
+                broker.clone(),
+                store.clone(),
+                config.rescue_interval,
+                stop.clone(),
+            )),
+            tokio::spawn(scheduler::run(
+                broker.clone(),
+                store.clone(),
+                config.schedule_interval,
+                stop.clone(),
+            )),
+            tokio::spawn(reconciler::run(broker, store, config, stop.clone())),
+        ];
+        Self { stop, tasks }
+    }
+
+    pub async fn stop(self) {
+        self.stop.cancel();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Sleeps `d` or until `stop`; returns `false` when stopped.
+pub(crate) async fn tick(d: Duration, stop: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => true,
+        _ = stop.cancelled() => false,
+    }
+}

@@ -1,0 +1,101 @@
+//! Responsible for making the broker agree with the store, the source of truth
+//! (DESIGN.md section 1, guarantee 9):
+//! - jobs the store lists as queued but undispatched (a producer or scheduler that crashed
+//!   between its store commit and its publish) are published;
+//! - a broker whose marker vanished has lost its data: every queued job is published again;
+//! - a job running under a worker that is gone and holds no message (its message was lost with
+//!   the broker's data) is put back, its crash counted.
+
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+use super::MaintenanceConfig;
+use crate::broker::Broker;
+use crate::client::dispatch;
+use crate::error::Result;
+use crate::store::{Dispatch, Lost, Store};
+use crate::time::{micros, now};
+
+const BATCH: usize = 1000;
+
+pub(crate) async fn run(
+    broker: Arc<dyn Broker>,
+    store: Arc<dyn Store>,
+    config: MaintenanceConfig,
+    stop: CancellationToken,
+) {
+    let mut first = true;
+    loop {
+        if let Err(e) = pass(&*broker, &*store, &config, first).await {
+            tracing::warn!(error = %e, "reconciler pass failed; will try again");
+        } else {
+            first = false;
+        }
+        if !super::tick(config.reconcile_interval, &stop).await {
+            return;
+        }
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PassReport {
+    pub broker_data_lost: bool,
+    pub published: usize,
+    pub orphans_requeued: usize,
+}
+
+/// One reconciliation pass.
+pub async fn pass(
+    broker: &dyn Broker,
+    store: &dyn Store,
+    config: &MaintenanceConfig,
+    first: bool,
+) -> Result<PassReport> {
+    let mut report = PassReport::default();
+    if !broker.check_marker().await? {
+        let n = store.redispatch_all().await?;
+        report.broker_data_lost = !first || n > 0;
+        if n > 0 {
+            tracing::warn!(
+                event = "broker.data_lost",
+                jobs = n,
+                "the broker's marker was missing (first start, or the broker lost its data): publishing every queued job again"
+            );
+        }
+    }
+    let mut orphans = Vec::new();
+    for (id, worker, _started) in store.running(BATCH).await? {
+        if worker.is_empty() || broker.is_alive(&worker).await? {
+            continue;
+        }
+        // The rescuer handles workers that still hold messages; only orphans are ours.
+        if !broker.pending(&worker, 1).await?.is_empty() {
+            continue;
+        }
+        if let Lost::Requeued = store.mark_lost(id, &worker, now()).await? {
+            tracing::warn!(event = "job.reclaimed", job = %id, %worker, "reclaimed a running job whose worker and message are gone");
+            if let Some(job) = store.get(id).await? {
+                orphans.push(Dispatch {
+                    id,
+                    queue: job.queue,
+                });
+            }
+        }
+    }
+    report.orphans_requeued = orphans.len();
+    dispatch(broker, store, &orphans).await?;
+    let before = now() - micros(config.dispatch_grace);
+    loop {
+        let due: Vec<Dispatch> = store.undispatched(before, BATCH).await?;
+        if due.is_empty() {
+            break;
+        }
+        dispatch(broker, store, &due).await?;
+        report.published += due.len();
+        if due.len() < BATCH {
+            break;
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,97 @@
+//! Responsible for lost workers: every sweep it asks the broker which consumers hold messages
+//! without a live heartbeat, counts the crash of each job they were running (conditionally on
+//! the owner, so concurrent rescuers count it once), puts the messages back, and only then
+//! forgets the consumer (DESIGN.md section 1, guarantees 5 and 6).
+
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::Broker;
+use crate::error::Result;
+use crate::job::JobState;
+use crate::store::{Lost, Store};
+use crate::time::now;
+
+pub(crate) async fn run(
+    broker: Arc<dyn Broker>,
+    store: Arc<dyn Store>,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    while super::tick(interval, &stop).await {
+        if let Err(e) = sweep(&*broker, &*store).await {
+            tracing::warn!(error = %e, "rescuer sweep failed; will try again");
+        }
+    }
+}
+
+/// What one sweep did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SweepReport {
+    pub lost_workers: usize,
+    pub requeued: usize,
+    pub dead: usize,
+    pub dropped: usize,
+}
+
+/// One pass over every lost consumer.
+pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport> {
+    let mut report = SweepReport::default();
+    for consumer in broker.lost_consumers().await? {
+        loop {
+            let pending = broker.pending(&consumer, 100).await?;
+            if pending.is_empty() {
+                break;
+            }
+            for d in pending {
+                let id = match &d.job {
+                    Ok(id) => *id,
+                    Err(reason) => {
+                        tracing::error!(event = "message.dead_lettered", queue = %d.queue, reason, "dead-lettered a lost worker's undecodable message");
+                        broker.dead_letter(&d, reason).await?;
+                        continue;
+                    }
+                };
+                let lost = store.mark_lost(id, &consumer, now()).await?;
+                let requeue = match lost {
+                    Lost::Requeued => {
+                        tracing::warn!(event = "job.reclaimed", job = %id, worker = %consumer, "reclaimed a job from a lost worker");
+                        true
+                    }
+                    Lost::NotOwned(JobState::Queued) => true,
+                    Lost::Dead => {
+                        tracing::error!(event = "job.dead", job = %id, worker = %consumer, "job lost its worker too often; it is dead");
+                        report.dead += 1;
+                        false
+                    }
+                    Lost::Missing => {
+                        broker
+                            .dead_letter(
+                                &d,
+                                &format!("message names job {id} which the store does not have"),
+                            )
+                            .await?;
+                        continue;
+                    }
+                    Lost::Cancelled | Lost::NotOwned(_) => false,
+                };
+                if requeue {
+                    if broker.requeue(&consumer, std::slice::from_ref(&d)).await? > 0 {
+                        report.requeued += 1;
+                        store.mark_dispatched(&[id]).await?;
+                    }
+                } else {
+                    report.dropped += 1;
+                    broker.ack(std::slice::from_ref(&d)).await?;
+                }
+            }
+        }
+        if broker.remove_consumer(&consumer).await? {
+            report.lost_workers += 1;
+            tracing::warn!(event = "worker.lost", worker = %consumer, "worker lost: its heartbeat expired");
+            store.worker_gone(&consumer, "lost", now()).await?;
+        }
+    }
+    Ok(report)
+}

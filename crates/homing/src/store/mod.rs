@@ -1,0 +1,276 @@
+//! The store: the source of truth for every job (DESIGN.md section 1, guarantee 9).
+//!
+//! Every state change a job goes through is one call here, and each call is one transaction:
+//! either all of it is committed or none of it. Each method says what a crash in the middle
+//! leaves behind ("crash contract"); the conformance suite in [`crate::conformance::store`]
+//! checks the observable part of each contract against every implementation.
+
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::job::{Job, JobId, JobState, NewJob};
+use crate::time::Micros;
+
+/// A job that must be (re)published to the broker.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Dispatch {
+    pub id: JobId,
+    pub queue: String,
+}
+
+/// What [`Store::insert`] did with one job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inserted {
+    pub id: JobId,
+    pub queue: String,
+    pub state: JobState,
+    /// `true` when the idempotency key matched an existing job, which is returned instead.
+    pub existed: bool,
+}
+
+impl Inserted {
+    /// Whether the caller should publish this job now.
+    pub fn needs_dispatch(&self) -> bool {
+        !self.existed && self.state == JobState::Queued
+    }
+}
+
+/// The decision [`Store::start`] takes for one delivery (DESIGN.md section 4, step 2).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StartOutcome {
+    /// Run it: the job is now `running` under this worker with a new epoch.
+    Run(Box<Job>),
+    /// Do not run it (terminal, cancelled, or already running under a worker): acknowledge.
+    Skip(JobState),
+    /// It is scheduled and not yet due: acknowledge; the scheduler dispatches it when due.
+    Defer(Micros),
+    /// Its crash budget is spent: it is now `dead`; acknowledge.
+    Dead,
+    /// No such job: the message is garbage; dead-letter it.
+    Missing,
+}
+
+/// How a run ended, as committed by [`Store::complete`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Succeeded(serde_json::Value),
+    /// A handler error with retries left: `attempts + 1`, `scheduled` at `at`.
+    Retry {
+        error: String,
+        at: Micros,
+    },
+    /// A handler error with no retries left, or a fatal one: `attempts + 1`, `failed`.
+    Failed {
+        error: String,
+    },
+    /// The handler asked to run again later: `scheduled` at `at`, nothing counted.
+    Snooze {
+        at: Micros,
+    },
+    /// Stopped on request: `cancelled`.
+    Cancelled,
+    /// Not the handler's fault and not a crash (graceful shutdown): back to `queued`, nothing counted.
+    Released,
+    /// The worker cannot run it at all (unknown task): `dead` with the reason.
+    Dead {
+        reason: String,
+    },
+}
+
+/// One fenced completion.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    pub id: JobId,
+    /// The epoch the run started under; the commit applies only if it is still current.
+    pub epoch: u64,
+    pub outcome: Outcome,
+}
+
+/// What [`Store::complete`] did with one completion.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Committed {
+    /// Applied. `dispatch` lists jobs that are now queued and must be published (follow-ups,
+    /// a released job).
+    Applied {
+        state: JobState,
+        dispatch: Vec<Dispatch>,
+    },
+    /// Rejected: the epoch is stale (a zombie's write) or the job is no longer running.
+    Stale,
+}
+
+/// What [`Store::mark_lost`] did with a job whose worker was lost.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Lost {
+    /// It was running under that worker: `crashes + 1`, back to `queued` (undispatched).
+    Requeued,
+    /// It was running under that worker and its crash budget is now spent: `dead`.
+    Dead,
+    /// It was running under that worker with a cancel request: `cancelled`.
+    Cancelled,
+    /// It was not running under that worker; nothing changed. Its state is given so the caller
+    /// knows whether the lost worker's message must be put back (`queued`) or dropped.
+    NotOwned(JobState),
+    Missing,
+}
+
+/// Filters for [`Store::list`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobFilter {
+    pub state: Option<JobState>,
+    pub queue: Option<String>,
+    pub task: Option<String>,
+}
+
+/// A page of jobs, newest first; `next_cursor` continues after the last one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobPage {
+    pub jobs: Vec<Job>,
+    pub next_cursor: Option<String>,
+}
+
+/// Counts per queue and state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueStats {
+    pub queue: String,
+    pub scheduled: u64,
+    pub queued: u64,
+    pub running: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub dead: u64,
+    pub cancelled: u64,
+}
+
+/// What a worker says about itself when it starts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    pub id: String,
+    pub hostname: String,
+    pub pid: u32,
+    pub queues: Vec<String>,
+    pub concurrency: u32,
+    pub tasks: Vec<String>,
+    #[serde(with = "crate::time::as_rfc3339")]
+    pub started_at: Micros,
+}
+
+/// A worker as the store last heard of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerRecord {
+    #[serde(flatten)]
+    pub info: WorkerInfo,
+    #[serde(with = "crate::time::as_rfc3339")]
+    pub last_seen: Micros,
+    /// `live`, `stopped` (shut down cleanly) or `lost` (its heartbeat expired).
+    pub status: String,
+    pub running: Vec<JobId>,
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// A short name for logs and errors (`sqlite`, `postgres`).
+    fn kind(&self) -> &'static str;
+
+    /// Inserts new jobs, each `queued` (undispatched) or `scheduled` when `run_at` is in the
+    /// future. A job whose idempotency key already exists is not inserted; the existing job is
+    /// returned with `existed = true`.
+    ///
+    /// Crash contract: one transaction for the whole batch; a crash commits all or none.
+    async fn insert(&self, jobs: Vec<NewJob>) -> Result<Vec<Inserted>>;
+
+    /// Records that these jobs' messages are in the broker.
+    ///
+    /// Crash contract: a crash before it leaves them undispatched, and the reconciler publishes
+    /// them again; a duplicate message is harmless (the idempotency guard skips it).
+    async fn mark_dispatched(&self, ids: &[JobId]) -> Result<()>;
+
+    /// Queued jobs that are not marked dispatched and were last changed before `before`
+    /// (the outbox of messages still to publish).
+    async fn undispatched(&self, before: Micros, limit: usize) -> Result<Vec<Dispatch>>;
+
+    /// Marks every queued job undispatched, so the reconciler publishes it again: called when
+    /// the broker has lost its data.
+    async fn redispatch_all(&self) -> Result<u64>;
+
+    /// Decides, atomically, what to do with one delivery of `id` to `worker` at `now`
+    /// (DESIGN.md section 4, step 2). `Run` increments the epoch and sets `running`, `worker`,
+    /// `started_at`.
+    ///
+    /// Crash contract: one transaction per job; a crash after it leaves the job `running` under
+    /// `worker`, which the rescuer reclaims once the worker's heartbeat expires.
+    async fn start(&self, ids: &[JobId], worker: &str, now: Micros) -> Result<Vec<StartOutcome>>;
+
+    /// Commits outcomes, each only if the job is `running` with exactly that epoch. Follow-ups
+    /// declared by a job for the state it reaches are inserted in the same transaction.
+    ///
+    /// Crash contract: one transaction for the batch; a crash commits all or none, and an
+    /// uncommitted run is reclaimed and runs again under a new epoch.
+    async fn complete(&self, done: &[Completion], now: Micros) -> Result<Vec<Committed>>;
+
+    /// Called by the rescuer for a job whose worker `worker` is lost: counts the crash and puts
+    /// the job back (or makes it `dead`/`cancelled`), only if it is running under that worker.
+    ///
+    /// Crash contract: one transaction; conditional on the owner, so concurrent rescuers count
+    /// each crash once.
+    async fn mark_lost(&self, id: JobId, worker: &str, now: Micros) -> Result<Lost>;
+
+    /// Moves scheduled jobs whose time has come to `queued` (undispatched) and returns them.
+    ///
+    /// Crash contract: one transaction; each due job is claimed by exactly one caller even when
+    /// many schedulers run; a crash after it leaves them undispatched for the reconciler.
+    async fn claim_due(&self, now: Micros, limit: usize) -> Result<Vec<Dispatch>>;
+
+    /// Jobs `running` under any worker: `(id, worker, started_at)`, oldest first.
+    async fn running(&self, limit: usize) -> Result<Vec<(JobId, String, Micros)>>;
+
+    /// Records the handler's progress, only while `epoch` is current.
+    async fn set_progress(
+        &self,
+        id: JobId,
+        epoch: u64,
+        progress: serde_json::Value,
+    ) -> Result<bool>;
+
+    /// Makes a job `dead` with a reason whatever its state (an undecodable delivery).
+    async fn mark_dead(&self, id: JobId, reason: &str, now: Micros) -> Result<bool>;
+
+    async fn get(&self, id: JobId) -> Result<Option<Job>>;
+
+    async fn get_by_key(&self, idempotency_key: &str) -> Result<Option<Job>>;
+
+    /// Jobs matching `filter`, newest first, at most `limit`, after `cursor`.
+    async fn list(&self, filter: &JobFilter, cursor: Option<&str>, limit: usize)
+        -> Result<JobPage>;
+
+    /// An operator's retry: a `failed`, `dead` or `cancelled` job goes back to `queued`
+    /// (undispatched) with its retry budget renewed. Other states are a `Conflict`.
+    async fn retry(&self, id: JobId, now: Micros) -> Result<Job>;
+
+    /// Cancels a job: `queued` or `scheduled` become `cancelled`; a `running` job is marked
+    /// `cancel_requested` and its worker stops it. Terminal jobs are a `Conflict`.
+    async fn cancel(&self, id: JobId, now: Micros) -> Result<Job>;
+
+    /// Of these jobs, the ones with a cancel request.
+    async fn cancel_requested(&self, ids: &[JobId]) -> Result<Vec<JobId>>;
+
+    async fn queue_stats(&self) -> Result<Vec<QueueStats>>;
+
+    async fn register_worker(&self, info: &WorkerInfo, now: Micros) -> Result<()>;
+
+    /// Records that a worker was alive at `now`.
+    async fn worker_seen(&self, id: &str, now: Micros) -> Result<()>;
+
+    /// Records a worker's end: `stopped` or `lost`.
+    async fn worker_gone(&self, id: &str, status: &str, now: Micros) -> Result<()>;
+
+    /// Workers heard of since `since`, newest first.
+    async fn workers(&self, since: Micros) -> Result<Vec<WorkerRecord>>;
+
+    /// Every task name that any worker has registered, sorted.
+    async fn known_tasks(&self) -> Result<Vec<String>>;
+}

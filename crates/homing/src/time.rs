@@ -1,0 +1,156 @@
+//! Time as homing sees it: microseconds since the Unix epoch, behind a [`Clock`] so that
+//! time-dependent logic (backoff, due dates, heartbeat expiry) can be tested without sleeping.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Microseconds since the Unix epoch. Stored as an integer in every backend so that comparisons
+/// (due dates, expiry) are exact and cheap.
+pub type Micros = i64;
+
+/// A source of the current time.
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    fn now(&self) -> Micros;
+}
+
+/// The wall clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Micros {
+        now()
+    }
+}
+
+/// A clock that only moves when told to; for tests of time-dependent logic.
+#[derive(Debug, Default, Clone)]
+pub struct ManualClock(Arc<AtomicI64>);
+
+impl ManualClock {
+    pub fn new(start: Micros) -> Self {
+        Self(Arc::new(AtomicI64::new(start)))
+    }
+    pub fn advance(&self, by: Duration) {
+        self.0.fetch_add(micros(by), Ordering::SeqCst);
+    }
+    pub fn set(&self, to: Micros) {
+        self.0.store(to, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Micros {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// The current wall-clock time.
+pub fn now() -> Micros {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as Micros)
+        .unwrap_or(0)
+}
+
+/// A duration in microseconds, saturating.
+pub fn micros(d: Duration) -> Micros {
+    d.as_micros().min(i64::MAX as u128) as Micros
+}
+
+/// Formats a timestamp as RFC 3339 UTC with millisecond precision.
+pub fn rfc3339(t: Micros) -> String {
+    let st = UNIX_EPOCH + Duration::from_micros(t.max(0) as u64);
+    humantime::format_rfc3339_millis(st).to_string()
+}
+
+/// Parses an RFC 3339 UTC timestamp (as [`rfc3339`] prints it).
+pub fn parse_rfc3339(s: &str) -> Option<Micros> {
+    let st = humantime::parse_rfc3339_weak(s.trim_end_matches('Z')).ok()?;
+    Some(micros(st.duration_since(UNIX_EPOCH).ok()?))
+}
+
+/// Parses a human duration such as `500ms`, `2s`, `5m`, `1h 30m`. A bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<f64>() {
+        if secs.is_finite() && secs >= 0.0 {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+        return Err(format!(
+            "invalid duration '{s}': must be a non-negative number"
+        ));
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("invalid duration '{s}' ({e}); use forms like 500ms, 2s, 5m"))
+}
+
+/// Serde helpers for `Option<Micros>` as RFC 3339 strings.
+pub mod opt_rfc3339 {
+    use super::Micros;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Micros>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(t) => s.serialize_str(&super::rfc3339(*t)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Micros>, D::Error> {
+        let v: Option<String> = Option::deserialize(d)?;
+        match v {
+            None => Ok(None),
+            Some(s) => super::parse_rfc3339(&s)
+                .map(Some)
+                .ok_or_else(|| serde::de::Error::custom(format!("invalid timestamp '{s}'"))),
+        }
+    }
+}
+
+/// Serde helpers for `Micros` as an RFC 3339 string.
+pub mod as_rfc3339 {
+    use super::Micros;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Micros, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::rfc3339(*v))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Micros, D::Error> {
+        let s = String::deserialize(d)?;
+        super::parse_rfc3339(&s).ok_or_else(|| serde::de::Error::custom("invalid timestamp"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_like_the_cli_documents() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("-1").is_err());
+    }
+
+    #[test]
+    fn rfc3339_round_trips() {
+        let t = 1_700_000_000_123_000;
+        let s = rfc3339(t);
+        assert_eq!(s, "2023-11-14T22:13:20.123Z");
+        assert_eq!(parse_rfc3339(&s), Some(t));
+    }
+
+    #[test]
+    fn manual_clock_moves_only_when_told() {
+        let c = ManualClock::new(10);
+        assert_eq!(c.now(), 10);
+        c.advance(Duration::from_millis(1));
+        assert_eq!(c.now(), 1010);
+    }
+}

@@ -1,0 +1,343 @@
+//! Responsible for one delivery: the idempotency guard (`store.start`), running the handler with
+//! its time limit and cancellation, and turning how it ended into a fenced outcome for the
+//! committer (DESIGN.md section 4, steps 2–4).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+
+use super::committer::Item;
+use super::{RunningJob, Session, StopReason};
+use crate::broker::Delivery;
+use crate::job::{Job, JobId};
+use crate::retry::RetryPolicy;
+use crate::store::{Completion, Outcome, StartOutcome};
+use crate::task::{Context, TaskDefaults, TaskError};
+use crate::time::{micros, now};
+
+struct Reserved {
+    delivery: Delivery,
+    id: JobId,
+    reservation: OwnedSemaphorePermit,
+}
+
+/// Takes a freshly reserved batch: dead-letters what cannot be decoded, starts at once what has
+/// a free slot (one store transaction), and leaves the rest waiting for a slot.
+pub(crate) async fn dispatch_batch(
+    s: &Arc<Session>,
+    deliveries: Vec<Delivery>,
+    permits: Vec<OwnedSemaphorePermit>,
+) {
+    let mut ready = Vec::new();
+    for (delivery, reservation) in deliveries.into_iter().zip(permits) {
+        let id = match &delivery.job {
+            Ok(id) => *id,
+            Err(reason) => {
+                dead_letter(s, &delivery, reason).await;
+                continue;
+            }
+        };
+        let r = Reserved {
+            delivery,
+            id,
+            reservation,
+        };
+        match s.slots.clone().try_acquire_owned() {
+            Ok(slot) => ready.push((r, slot)),
+            Err(_) => {
+                let s2 = s.clone();
+                s.executors.spawn(wait_and_start(s2, r));
+            }
+        }
+    }
+    if !ready.is_empty() {
+        start_batch(s, ready).await;
+    }
+}
+
+async fn dead_letter(s: &Arc<Session>, d: &Delivery, reason: &str) {
+    tracing::error!(event = "message.dead_lettered", queue = %d.queue, tag = %d.tag, reason, "dead-lettered a message");
+    if let Err(e) = s.broker.dead_letter(d, reason).await {
+        tracing::warn!(error = %e, "could not dead-letter the message; the rescuer will find it again");
+    }
+}
+
+async fn wait_and_start(s: Arc<Session>, r: Reserved) {
+    let slot = tokio::select! {
+        p = s.slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+        _ = s.stopping.cancelled() => {
+            // Prefetched but never started: hand it back untouched.
+            if let Err(e) = s.broker.requeue(&s.id, std::slice::from_ref(&r.delivery)).await {
+                tracing::warn!(error = %e, "could not hand back a message; the rescuer will");
+            }
+            return;
+        }
+        _ = s.lost.cancelled() => return,
+    };
+    start_batch(&s, vec![(r, slot)]).await;
+}
+
+async fn start_batch(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermit)>) {
+    let ids: Vec<JobId> = items.iter().map(|(r, _)| r.id).collect();
+    let outcomes = loop {
+        match s.store.start(&ids, &s.id, now()).await {
+            Ok(o) => break o,
+            Err(e) if e.is_transient() && !s.lost.is_cancelled() && !s.stopping.is_cancelled() => {
+                tracing::warn!(error = %e, "store unavailable while starting jobs; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start jobs; handing their messages back");
+                let ds: Vec<Delivery> = items.iter().map(|(r, _)| r.delivery.clone()).collect();
+                let _ = s.broker.requeue(&s.id, &ds).await;
+                return;
+            }
+        }
+    };
+    for ((r, slot), outcome) in items.into_iter().zip(outcomes) {
+        match outcome {
+            StartOutcome::Run(job) => {
+                let s2 = s.clone();
+                s.executors.spawn(run(s2, r, *job, slot));
+            }
+            StartOutcome::Skip(state) => {
+                tracing::debug!(job = %r.id, %state, "duplicate delivery skipped by the idempotency guard");
+                ack_only(s, r).await;
+            }
+            StartOutcome::Defer(at) => {
+                tracing::debug!(job = %r.id, due = %crate::time::rfc3339(at), "early delivery; the scheduler will dispatch it when due");
+                ack_only(s, r).await;
+            }
+            StartOutcome::Dead => {
+                tracing::error!(event = "job.dead", job = %r.id, "crash budget spent: job is dead");
+                ack_only(s, r).await;
+            }
+            StartOutcome::Missing => {
+                let reason = format!("message names job {} which the store does not have", r.id);
+                dead_letter(s, &r.delivery, &reason).await;
+            }
+        }
+    }
+}
+
+async fn ack_only(s: &Arc<Session>, r: Reserved) {
+    let item = Item {
+        delivery: r.delivery,
+        completion: None,
+        task: String::new(),
+        reservation: Some(r.reservation),
+    };
+    let _ = s.commits.send(item).await;
+}
+
+fn panic_message(e: tokio::task::JoinError) -> String {
+    if e.is_cancelled() {
+        return "handler was aborted".into();
+    }
+    let p = e.into_panic();
+    let msg = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into());
+    format!("handler panicked: {msg}")
+}
+
+/// Chooses the outcome of a handler error: retry while the job's budget lasts, else fail.
+pub(crate) fn outcome_for_error(
+    job: &Job,
+    defaults: &TaskDefaults,
+    err: TaskError,
+    at: i64,
+) -> Outcome {
+    match err {
+        TaskError::Snooze(d) => Outcome::Snooze { at: at + micros(d) },
+        TaskError::Fatal(m) => Outcome::Failed { error: m },
+        TaskError::Retry(_) | TaskError::RetryIn(_, _) => {
+            let max = job.max_retries.unwrap_or(defaults.max_retries);
+            let (msg, delay) = match err {
+                TaskError::RetryIn(m, d) => (m, Some(d)),
+                TaskError::Retry(m) => (m, None),
+                _ => unreachable!("matched above"),
+            };
+            if job.attempts < max {
+                let policy: &RetryPolicy =
+                    job.retry_policy.as_ref().unwrap_or(&defaults.retry_policy);
+                let delay = delay.unwrap_or_else(|| policy.delay(job.attempts));
+                Outcome::Retry {
+                    error: msg,
+                    at: at + micros(delay),
+                }
+            } else {
+                Outcome::Failed { error: msg }
+            }
+        }
+    }
+}
+
+async fn run(s: Arc<Session>, r: Reserved, job: Job, slot: OwnedSemaphorePermit) {
+    let Some(handler) = s.registry.get(&job.task).cloned() else {
+        let reason = format!(
+            "unknown task '{}': no handler is registered on worker {} (it runs: {})",
+            job.task,
+            s.id,
+            s.registry.names().join(", ")
+        );
+        drop(slot);
+        commit(&s, r, &job, Outcome::Dead { reason }).await;
+        return;
+    };
+    let defaults = handler.defaults();
+    let time_limit = job.time_limit.unwrap_or(defaults.time_limit);
+    let token = CancellationToken::new();
+    let running = Arc::new(RunningJob {
+        token: token.clone(),
+        reason: Mutex::new(None),
+    });
+    s.running
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(job.id, running.clone());
+    if s.lost.is_cancelled() {
+        running.stop(StopReason::Lost);
+    }
+    let job = Arc::new(job);
+    let ctx = Context::new(job.clone(), token.clone(), s.store.clone(), time_limit);
+    let mut handle = tokio::spawn(handler.call(ctx, job.args.clone()));
+    let ended: Result<Result<serde_json::Value, TaskError>, StopReason> = tokio::select! {
+        r = &mut handle => Ok(match r {
+            Ok(res) => res,
+            Err(e) => Err(TaskError::Retry(panic_message(e))),
+        }),
+        _ = tokio::time::sleep(time_limit) => {
+            token.cancel();
+            handle.abort();
+            Ok(Err(TaskError::Retry(format!(
+                "time limit of {} exceeded",
+                humantime::format_duration(time_limit)
+            ))))
+        }
+        _ = token.cancelled() => {
+            handle.abort();
+            Err(running.reason().unwrap_or(StopReason::Cancelled))
+        }
+    };
+    s.running
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&job.id);
+    drop(slot);
+    let outcome = match ended {
+        Ok(Ok(value)) => Outcome::Succeeded(value),
+        Ok(Err(err)) => {
+            tracing::debug!(job = %job.id, task = %job.task, error = %err, "handler returned an error");
+            outcome_for_error(&job, &defaults, err, now())
+        }
+        Err(StopReason::Cancelled) => Outcome::Cancelled,
+        Err(StopReason::Shutdown) => Outcome::Released,
+        Err(StopReason::Lost) => {
+            // Presumed dead: the job belongs to the rescuer now. Commit nothing, ack nothing.
+            return;
+        }
+    };
+    commit(&s, r, &job, outcome).await;
+}
+
+async fn commit(s: &Arc<Session>, r: Reserved, job: &Job, outcome: Outcome) {
+    let item = Item {
+        delivery: r.delivery,
+        completion: Some(Completion {
+            id: job.id,
+            epoch: job.epoch,
+            outcome,
+        }),
+        task: job.task.clone(),
+        reservation: Some(r.reservation),
+    };
+    let _ = s.commits.send(item).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::JobState;
+
+    fn job(attempts: u32, max_retries: Option<u32>) -> Job {
+        Job {
+            id: crate::job::new_job_id(),
+            task: "t".into(),
+            queue: "q".into(),
+            state: JobState::Running,
+            args: serde_json::Value::Null,
+            result: None,
+            error: None,
+            attempts,
+            crashes: 0,
+            epoch: 1,
+            max_retries,
+            max_crashes: 3,
+            idempotency_key: None,
+            progress: None,
+            worker: None,
+            created_at: 0,
+            scheduled_at: None,
+            started_at: None,
+            finished_at: None,
+            retry_policy: Some(RetryPolicy::fixed(Duration::from_secs(30))),
+            time_limit: None,
+            on_success: None,
+            on_failure: None,
+            cancel_requested: false,
+        }
+    }
+
+    #[test]
+    fn errors_retry_until_the_budget_is_spent() {
+        let d = TaskDefaults::default();
+        let r = outcome_for_error(&job(0, Some(2)), &d, TaskError::retry("x"), 0);
+        assert_eq!(
+            r,
+            Outcome::Retry {
+                error: "x".into(),
+                at: 30_000_000
+            }
+        );
+        let r = outcome_for_error(&job(1, Some(2)), &d, TaskError::retry("x"), 0);
+        assert!(matches!(r, Outcome::Retry { .. }));
+        let r = outcome_for_error(&job(2, Some(2)), &d, TaskError::retry("x"), 0);
+        assert_eq!(r, Outcome::Failed { error: "x".into() });
+    }
+
+    #[test]
+    fn fatal_fails_at_once_and_snooze_spends_nothing() {
+        let d = TaskDefaults::default();
+        assert_eq!(
+            outcome_for_error(&job(0, None), &d, TaskError::fatal("bad"), 0),
+            Outcome::Failed {
+                error: "bad".into()
+            }
+        );
+        assert_eq!(
+            outcome_for_error(
+                &job(9, Some(0)),
+                &d,
+                TaskError::Snooze(Duration::from_secs(1)),
+                5
+            ),
+            Outcome::Snooze { at: 1_000_005 }
+        );
+        assert_eq!(
+            outcome_for_error(
+                &job(0, None),
+                &d,
+                TaskError::RetryIn("429".into(), Duration::from_secs(2)),
+                0
+            ),
+            Outcome::Retry {
+                error: "429".into(),
+                at: 2_000_000
+            }
+        );
+    }
+}
