@@ -213,3 +213,77 @@ async fn poison_job_is_dead_after_three_crashes_and_the_queue_flows() {
         assert_eq!(client.get(id).await.unwrap().state, JobState::Succeeded);
     }
 }
+
+/// Guarantees 2 and 4: a worker paused longer than its heartbeat TTL (a zombie) is presumed dead;
+/// its job runs again elsewhere under a new epoch; when it wakes its write is rejected, and it
+/// rejoins under a new identity and keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn zombie_worker_cannot_overwrite_the_newer_run() {
+    let env = Env::sqlite();
+    let counter = Counter::start().await;
+    let client = env.client().await;
+    let zombie = env.worker("zombie", "z", &["--concurrency", "1"]);
+    wait_workers(&client, "z", 1, Duration::from_secs(20)).await;
+    let mut r = http_job(&counter.url("delay_ms=1500"));
+    r.options.queue = Some("z".into());
+    let id = client.enqueue(r).await.unwrap().id;
+    let first = wait_state(&client, id, JobState::Running, Duration::from_secs(10)).await;
+    let zombie_identity = first.worker.clone().unwrap();
+    std::process::Command::new("kill")
+        .args(["-STOP", &zombie.pid().to_string()])
+        .status()
+        .unwrap();
+
+    let _other = env.worker("other", "z", &["--concurrency", "1"]);
+    let done = wait_state(&client, id, JobState::Succeeded, Duration::from_secs(20)).await;
+    assert_eq!(done.epoch, 2);
+    assert_eq!(done.crashes, 1);
+    assert_ne!(done.worker.as_deref(), Some(zombie_identity.as_str()));
+    assert_eq!(
+        done.result.as_ref().unwrap()["body"]["call"],
+        2,
+        "the newer run's result is committed"
+    );
+
+    std::process::Command::new("kill")
+        .args(["-CONT", &zombie.pid().to_string()])
+        .status()
+        .unwrap();
+    // The zombie wakes, learns it was presumed dead, and comes back under a new name.
+    eventually(Duration::from_secs(10), "the zombie to rejoin", || async {
+        let log = zombie.log_text();
+        (log.contains("presumed dead") && log.matches("worker.ready").count() >= 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = client.get(id).await.unwrap();
+    assert_eq!(
+        after.result, done.result,
+        "the zombie's write must be rejected"
+    );
+    assert_eq!(after.epoch, 2);
+    // The rejoined zombie still works: more jobs than one worker would take all finish.
+    let reqs: Vec<_> = (0..6)
+        .map(|_| {
+            let mut r = http_job(&counter.url("delay_ms=300"));
+            r.options.queue = Some("z".into());
+            r
+        })
+        .collect();
+    let ids: Vec<_> = client
+        .enqueue_many(reqs)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    let jobs = wait_all_terminal(&client, &ids, Duration::from_secs(30)).await;
+    assert!(jobs.iter().all(|j| j.state == JobState::Succeeded));
+    let workers: std::collections::HashSet<_> =
+        jobs.iter().filter_map(|j| j.worker.clone()).collect();
+    assert_eq!(
+        workers.len(),
+        2,
+        "both the other worker and the rejoined zombie ran jobs: {workers:?}"
+    );
+}
