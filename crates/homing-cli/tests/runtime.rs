@@ -414,3 +414,39 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// A panic and a time-out are handler errors: counted as attempts, retried while the budget
+/// lasts, then failed with the reason; the worker survives both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn panics_and_time_limits_are_errors() {
+    let env = Env::sqlite();
+    let client = env.client().await;
+    let mut w = env.worker("w", "errs", &[]);
+    let mut panic = EnqueueRequest::new("test.panic", serde_json::json!({}));
+    panic.options.queue = Some("errs".into());
+    panic.options.max_retries = Some(1);
+    panic.options.retry_policy = Some(RetryPolicy::fixed(Duration::from_millis(50)));
+    let mut slow = EnqueueRequest::new("builtin.sleep", serde_json::json!({ "ms": 10_000 }));
+    slow.options.queue = Some("errs".into());
+    slow.options.max_retries = Some(0);
+    slow.options.time_limit = Some(Duration::from_millis(300));
+    let ids: Vec<_> = client
+        .enqueue_many(vec![panic, slow])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    let p = wait_state(&client, ids[0], JobState::Failed, Duration::from_secs(20)).await;
+    assert_eq!((p.attempts, p.crashes, p.epoch), (2, 0, 2));
+    assert!(p.error.unwrap().contains("handler panicked: planned panic"));
+    let s = wait_state(&client, ids[1], JobState::Failed, Duration::from_secs(20)).await;
+    assert_eq!(s.attempts, 1);
+    assert!(s.error.unwrap().contains("time limit of 300ms exceeded"));
+    let took = s.finished_at.unwrap() - s.started_at.unwrap();
+    assert!(
+        took < 5_000_000,
+        "the handler was not stopped at its time limit ({took} µs)"
+    );
+    assert!(!w.exited(), "the worker survives panics and time-outs");
+}
