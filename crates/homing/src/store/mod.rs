@@ -5,6 +5,8 @@
 //! leaves behind ("crash contract"); the conformance suite in [`crate::conformance::store`]
 //! checks the observable part of each contract against every implementation.
 
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
