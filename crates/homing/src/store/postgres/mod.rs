@@ -139,6 +139,16 @@ impl PgStore {
     }
 
     fn map_err(&self, e: sqlx::Error) -> Error {
+        if matches!(e, sqlx::Error::PoolTimedOut) {
+            // sqlx's own text does not say that the server refused or never answered.
+            return Error::unavailable(
+                BACKEND,
+                format!(
+                    "{}: no connection within {:?} (is the server running and reachable?)",
+                    self.target, self.options.acquire_timeout
+                ),
+            );
+        }
         match map_err(e) {
             Error::Unavailable { backend, message } => Error::Unavailable {
                 backend,
