@@ -38,7 +38,7 @@ pub struct Global {
     /// Where messages travel: sqlite://PATH (embedded default).
     #[arg(long, global = true, env = "HOMING_BROKER", default_value = homing::DEFAULT_URL, hide_env_values = true)]
     pub broker: String,
-    /// Where job records live: sqlite://PATH (embedded default).
+    /// Where job records live: sqlite://PATH (embedded default) or postgres://USER:PASSWORD@HOST/DB.
     #[arg(long, global = true, env = "HOMING_STORE", default_value = homing::DEFAULT_URL, hide_env_values = true)]
     pub store: String,
     /// Log format: human or json. The level comes from HOMING_LOG (e.g. `info`, `homing=debug`).
@@ -67,6 +67,16 @@ pub enum Command {
     Workers(WorkersArgs),
     /// Measure throughput and latency: enqueue N no-op jobs and drain them with W worker processes.
     Bench(BenchArgs),
+    /// Bring the store's schema up to date and print the migrations applied.
+    #[command(
+        long_about = "Bring the store's schema up to date and print the migrations applied.\n\n\
+            For a PostgreSQL store (--store postgres://USER:PASSWORD@HOST/DB) the versioned \
+            migrations this build carries are applied under an advisory lock, so it is safe while \
+            other homing processes start. `homing up`, `server` and `worker` do the same on start; \
+            this command lets a deploy migrate first. A SQLite store is created and upgraded \
+            whenever it is opened."
+    )]
+    Migrate(OutputArgs),
 }
 
 #[derive(Debug, Clone, Args)]

@@ -38,6 +38,66 @@ pub fn redact_url(url: &str) -> String {
     url.to_string()
 }
 
+/// Whether `url` names a PostgreSQL database (`postgres://…` or `postgresql://…`).
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// What [`migrate_store`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// The store's URL without its password.
+    pub store: String,
+    /// Migrations applied by this call, in order; empty when the schema was already current.
+    pub applied: Vec<String>,
+    /// The newest migration this build knows.
+    pub latest: String,
+}
+
+/// Brings the store's schema up to date. PostgreSQL migrations are versioned and applied under
+/// an advisory lock; SQLite's schema is created and upgraded whenever its file is opened.
+pub async fn migrate_store(store_url: &str) -> Result<MigrationReport> {
+    let store = redact_url(store_url);
+    if is_postgres_url(store_url) {
+        #[cfg(feature = "postgres")]
+        {
+            use crate::store::postgres::{PgOptions, PgStore, MIGRATIONS};
+            let pg = PgStore::open(store_url, PgOptions::default()).await?;
+            let applied = pg.migrate().await?;
+            return Ok(MigrationReport {
+                store,
+                applied: applied.into_iter().map(str::to_string).collect(),
+                latest: MIGRATIONS.last().map(|m| m.name).unwrap_or("").to_string(),
+            });
+        }
+        #[cfg(not(feature = "postgres"))]
+        return Err(Error::Invalid(
+            "this build has no PostgreSQL support (cargo feature `postgres`)".into(),
+        ));
+    }
+    if store_url.starts_with("sqlite:") {
+        #[cfg(feature = "sqlite")]
+        {
+            let path = crate::sqlite::path_from_url(store_url).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "invalid store URL '{store}': expected sqlite://PATH"
+                ))
+            })?;
+            crate::sqlite::Db::open(&path)?;
+            return Ok(MigrationReport {
+                store,
+                applied: Vec::new(),
+                latest: "sqlite schema 1".into(),
+            });
+        }
+        #[cfg(not(feature = "sqlite"))]
+        return Err(Error::Invalid("this build has no SQLite support".into()));
+    }
+    Err(Error::Invalid(format!(
+        "unsupported store URL '{store}': expected sqlite://PATH or postgres://USER:PASSWORD@HOST/DB"
+    )))
+}
+
 impl Backends {
     /// Opens the broker and store named by two URLs.
     pub async fn open(broker_url: &str, store_url: &str) -> Result<Backends> {
@@ -70,9 +130,18 @@ impl Backends {
             }
             #[cfg(not(feature = "sqlite"))]
             return Err(Error::Invalid("this build has no SQLite support".into()));
+        } else if is_postgres_url(store_url) {
+            #[cfg(feature = "postgres")]
+            {
+                Arc::new(crate::store::postgres::PgStore::connect(store_url).await?)
+            }
+            #[cfg(not(feature = "postgres"))]
+            return Err(Error::Invalid(
+                "this build has no PostgreSQL support (cargo feature `postgres`)".into(),
+            ));
         } else {
             return Err(Error::Invalid(format!(
-                "unsupported store URL '{}': expected sqlite://PATH",
+                "unsupported store URL '{}': expected sqlite://PATH or postgres://USER:PASSWORD@HOST/DB",
                 redact_url(store_url)
             )));
         };

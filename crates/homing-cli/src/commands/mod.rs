@@ -3,6 +3,7 @@
 mod bench;
 mod enqueue;
 mod inspect;
+mod migrate;
 mod serve;
 
 use anyhow::Context as _;
@@ -47,5 +48,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Queues(a) => inspect::queues(&g, a).await,
         Command::Workers(a) => inspect::workers(&g, a).await,
         Command::Bench(a) => bench::run(&g, a).await,
+        Command::Migrate(a) => migrate::run(&g, a).await,
     }
 }

@@ -5,6 +5,8 @@
 //! leaves behind ("crash contract"); the conformance suite in [`crate::conformance::store`]
 //! checks the observable part of each contract against every implementation.
 
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
@@ -190,7 +192,9 @@ pub trait Store: Send + Sync + 'static {
     async fn mark_dispatched(&self, ids: &[JobId]) -> Result<()>;
 
     /// Queued jobs that are not marked dispatched and were last changed before `before`
-    /// (the outbox of messages still to publish).
+    /// (the outbox of messages still to publish). A shared store may lease what it returns
+    /// (PostgreSQL stamps the rows with the current time), so that reconcilers sweeping at once
+    /// do not publish the same jobs; unpublished ones come back once `before` passes the lease.
     async fn undispatched(&self, before: Micros, limit: usize) -> Result<Vec<Dispatch>>;
 
     /// Marks every queued job undispatched, so the reconciler publishes it again: called when

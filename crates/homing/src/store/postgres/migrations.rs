@@ -1,0 +1,89 @@
+//! Versioned schema migrations for the PostgreSQL store. Several servers and workers usually start
+//! at once against one database, so migrations run inside one transaction that first takes a
+//! transaction-scoped advisory lock: the first process applies what is missing, the others wait
+//! for it and then find nothing left to do. PostgreSQL's DDL is transactional, so a process killed
+//! halfway leaves the schema as it was.
+//!
+//! Each migration is embedded in the binary and recorded in `homing_migrations` by version; a
+//! migration, once released, is never edited, only followed by a new one.
+
+use sqlx::{Executor, PgConnection, PgPool};
+
+/// One embedded migration.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    pub version: i32,
+    pub name: &'static str,
+    sql: &'static str,
+}
+
+/// Every migration, in the order it must be applied.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "0001_init",
+    sql: include_str!("migrations/0001_init.sql"),
+}];
+
+/// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are
+/// per database, so two homing databases on one server do not wait for each other.
+const LOCK_KEY: i64 = 0x686f_6d69_6e67;
+
+/// Applies every migration the database lacks; returns the names of those it applied.
+pub(crate) async fn apply(pool: &PgPool) -> sqlx::Result<Vec<&'static str>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(LOCK_KEY)
+        .execute(&mut *tx)
+        .await?;
+    // Only after the lock: a large migration may take longer than the usual statement limit.
+    sqlx::query("SET LOCAL statement_timeout = 0")
+        .execute(&mut *tx)
+        .await?;
+    let applied = apply_locked(&mut tx).await?;
+    tx.commit().await?;
+    Ok(applied)
+}
+
+async fn apply_locked(conn: &mut PgConnection) -> sqlx::Result<Vec<&'static str>> {
+    // Checked rather than `CREATE TABLE IF NOT EXISTS`, which logs a notice on every start.
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('homing_migrations') IS NOT NULL")
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        sqlx::query(
+            "CREATE TABLE homing_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, \
+             applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        )
+        .execute(&mut *conn)
+        .await?;
+    }
+    let done: Vec<i32> = sqlx::query_scalar("SELECT version FROM homing_migrations")
+        .fetch_all(&mut *conn)
+        .await?;
+    let latest = MIGRATIONS.last().map(|m| m.version).unwrap_or(0);
+    if let Some(newest) = done.iter().copied().max().filter(|v| *v > latest) {
+        tracing::warn!(
+            database_version = newest,
+            build_version = latest,
+            "the PostgreSQL schema is newer than this build of homing; upgrade this process"
+        );
+    }
+    let mut applied = Vec::new();
+    // A plain loop: an iterator adaptor's closure held across `.await` makes the future !Send.
+    for m in MIGRATIONS {
+        if done.contains(&m.version) {
+            continue;
+        }
+        // A `&str` runs as a simple query, which may hold several statements. (`raw_sql`
+        // would too, but its generic `async fn` makes the caller's future not `Send`.)
+        conn.execute(m.sql).await?;
+        sqlx::query("INSERT INTO homing_migrations (version, name) VALUES ($1, $2)")
+            .bind(m.version)
+            .bind(m.name)
+            .execute(&mut *conn)
+            .await?;
+        tracing::info!(migration = m.name, "applied PostgreSQL migration");
+        applied.push(m.name);
+    }
+    Ok(applied)
+}

@@ -1,0 +1,1374 @@
+//! The store on PostgreSQL: the same contract as the SQLite store, for a system that spans
+//! several machines (DESIGN.md section 5). Servers and workers on different hosts share one
+//! database, so every place where processes compete takes row locks instead of relying on one
+//! writer:
+//! - `start`, `complete`, `mark_lost`, `mark_dead`, `retry` and `cancel` lock the rows they decide
+//!   on (`FOR UPDATE`); a second caller waits and then decides on the committed result, so a job
+//!   starts once and a lost delivery is counted once.
+//! - `claim_due` and `undispatched` claim with `FOR UPDATE SKIP LOCKED`, so schedulers and
+//!   reconcilers running side by side take disjoint rows instead of queueing behind each other.
+//! - Statements that lock several rows lock them in id order, so two batches never deadlock.
+//!
+//! Every method is one transaction. Timestamps are BIGINT microseconds, as in SQLite, so that
+//! comparisons are exact. Connection trouble (refused, lost, pool exhausted past its timeout,
+//! server shutting down, statement timeout) becomes [`Error::Unavailable`], which callers retry.
+
+mod migrations;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{PgConnection, Row};
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::str::FromStr;
+use std::time::Duration;
+
+use super::*;
+use crate::backend::redact_url;
+use crate::error::Error;
+use crate::job::{FollowUp, JobOptions, DEFAULT_MAX_CRASHES};
+
+pub use migrations::{Migration, MIGRATIONS};
+
+const BACKEND: &str = "postgres";
+
+/// Pool and timeout settings.
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    /// Connections this process keeps at most.
+    pub max_connections: u32,
+    /// How long a call waits for a connection (including connecting) before it is `Unavailable`.
+    pub acquire_timeout: Duration,
+    /// The server cancels a statement that runs longer (including waiting for a row lock).
+    pub statement_timeout: Duration,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The PostgreSQL store.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    options: PgOptions,
+    /// The URL without its password, for messages.
+    target: String,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("target", &self.target)
+            .finish()
+    }
+}
+
+impl PgStore {
+    /// Connects to `url` with default settings and brings the schema up to date.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let store = Self::open(url, PgOptions::default()).await?;
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Prepares a pool for `url` without connecting or migrating: connections are made on first
+    /// use. Must be called inside a tokio runtime.
+    pub async fn open(url: &str, options: PgOptions) -> Result<Self> {
+        let target = redact_url(url);
+        // The parser's messages never echo the password, but say which URL failed without it.
+        let mut connect = PgConnectOptions::from_str(url)
+            .map_err(|e| Error::Invalid(format!("invalid PostgreSQL URL '{target}': {e}")))?;
+        if !url.contains("application_name=") {
+            connect = connect.application_name("homing");
+        }
+        let statement_ms = options.statement_timeout.as_millis().to_string();
+        // A client paused mid-transaction (SIGSTOP, a long GC) must not hold row locks forever.
+        let idle_ms = (options.statement_timeout * 2).as_millis().to_string();
+        connect = connect.options([
+            ("statement_timeout", statement_ms.as_str()),
+            ("idle_in_transaction_session_timeout", idle_ms.as_str()),
+        ]);
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections.max(1))
+            .min_connections(0)
+            .acquire_timeout(options.acquire_timeout)
+            .idle_timeout(Some(Duration::from_secs(300)))
+            // Checking a pooled connection before use costs one round trip and is what lets the
+            // store recover by itself after the server restarts.
+            .test_before_acquire(true)
+            .connect_lazy_with(connect);
+        Ok(Self {
+            pool,
+            options,
+            target,
+        })
+    }
+
+    /// Applies missing migrations (see [`MIGRATIONS`]); returns the names of those applied.
+    pub async fn migrate(&self) -> Result<Vec<&'static str>> {
+        self.call(migrations::apply(&self.pool)).await
+    }
+
+    /// The connection pool, for tests and tools that need raw SQL.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Runs one store call with a deadline, so a server that stops answering (a network cut
+    /// without a reset) makes the call `Unavailable` instead of hanging it. The statement
+    /// timeout normally fires first; this is the backstop.
+    async fn call<T>(&self, fut: impl Future<Output = sqlx::Result<T>>) -> Result<T> {
+        let limit =
+            self.options.acquire_timeout + self.options.statement_timeout + Duration::from_secs(5);
+        match tokio::time::timeout(limit, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(self.map_err(e)),
+            Err(_) => Err(Error::unavailable(
+                BACKEND,
+                format!("{} did not answer within {limit:?}", self.target),
+            )),
+        }
+    }
+
+    fn map_err(&self, e: sqlx::Error) -> Error {
+        if matches!(e, sqlx::Error::PoolTimedOut) {
+            // sqlx's own text does not say that the server refused or never answered.
+            return Error::unavailable(
+                BACKEND,
+                format!(
+                    "{}: no connection within {:?} (is the server running and reachable?)",
+                    self.target, self.options.acquire_timeout
+                ),
+            );
+        }
+        match map_err(e) {
+            Error::Unavailable { backend, message } => Error::Unavailable {
+                backend,
+                message: format!("{}: {message}", self.target),
+            },
+            other => other,
+        }
+    }
+}
+
+/// SQLSTATEs after which trying again may succeed; the failed transaction committed nothing.
+fn transient_sqlstate(code: &str) -> bool {
+    code.starts_with("08") // connection exception
+        || code.starts_with("53") // insufficient resources: too many connections, disk full
+        || code.starts_with("57P") // admin or crash shutdown, cannot connect now
+        || matches!(
+            code,
+            "40001" // serialization failure
+                | "40P01" // deadlock detected
+                | "55P03" // lock not available
+                | "57014" // statement timeout
+                | "25P03" // idle-in-transaction timeout
+        )
+}
+
+pub(crate) fn map_err(e: sqlx::Error) -> Error {
+    match &e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Error::unavailable(BACKEND, e),
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            if transient_sqlstate(&code) {
+                Error::unavailable(BACKEND, e)
+            } else if matches!(code.as_ref(), "22021" | "22P05") {
+                // Text with a NUL byte (PostgreSQL refuses it; SQLite does not): the caller's
+                // input, not the store, is at fault.
+                Error::Invalid(format!("text cannot contain a NUL character ({db})"))
+            } else {
+                Error::backend(BACKEND, e)
+            }
+        }
+        sqlx::Error::Configuration(_) => Error::Invalid(e.to_string()),
+        _ => Error::backend(BACKEND, e),
+    }
+}
+
+const COLUMNS: &[&str] = &[
+    "id",
+    "task",
+    "queue",
+    "state",
+    "args",
+    "result",
+    "error",
+    "attempts",
+    "crashes",
+    "epoch",
+    "max_retries",
+    "max_crashes",
+    "retry_policy",
+    "time_limit_ms",
+    "idempotency_key",
+    "progress",
+    "worker",
+    "created_at",
+    "scheduled_at",
+    "started_at",
+    "finished_at",
+    "cancel_requested",
+    "on_success",
+    "on_failure",
+];
+
+/// The job columns in `row_to_job`'s order, qualified with `alias` when it is not empty.
+fn columns(alias: &str) -> String {
+    COLUMNS
+        .iter()
+        .map(|c| {
+            if alias.is_empty() {
+                (*c).to_string()
+            } else {
+                format!("{alias}.{c}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn corrupt(what: &str, e: impl std::fmt::Display) -> sqlx::Error {
+    sqlx::Error::Decode(format!("corrupt {what}: {e}").into())
+}
+
+fn json_col<T: serde::de::DeserializeOwned>(
+    row: &PgRow,
+    idx: usize,
+    what: &str,
+) -> sqlx::Result<Option<T>> {
+    let s: Option<String> = row.try_get(idx)?;
+    s.map(|s| serde_json::from_str(&s).map_err(|e| corrupt(what, e)))
+        .transpose()
+}
+
+fn count_col(row: &PgRow, idx: usize, what: &str) -> sqlx::Result<u32> {
+    let n: i64 = row.try_get(idx)?;
+    u32::try_from(n).map_err(|e| corrupt(what, e))
+}
+
+fn parse_state(s: &str) -> sqlx::Result<JobState> {
+    s.parse().map_err(|e| corrupt("state", e))
+}
+
+fn row_to_job(row: &PgRow) -> sqlx::Result<Job> {
+    let state: String = row.try_get(3)?;
+    Ok(Job {
+        id: row.try_get(0)?,
+        task: row.try_get(1)?,
+        queue: row.try_get(2)?,
+        state: parse_state(&state)?,
+        args: json_col(row, 4, "args")?.unwrap_or(serde_json::Value::Null),
+        result: json_col(row, 5, "result")?,
+        error: row.try_get(6)?,
+        attempts: count_col(row, 7, "attempts")?,
+        crashes: count_col(row, 8, "crashes")?,
+        epoch: row.try_get::<i64, _>(9)? as u64,
+        max_retries: row
+            .try_get::<Option<i64>, _>(10)?
+            .map(|n| u32::try_from(n).map_err(|e| corrupt("max_retries", e)))
+            .transpose()?,
+        max_crashes: count_col(row, 11, "max_crashes")?,
+        retry_policy: json_col(row, 12, "retry policy")?,
+        time_limit: row
+            .try_get::<Option<i64>, _>(13)?
+            .map(|ms| Duration::from_millis(ms.max(0) as u64)),
+        idempotency_key: row.try_get(14)?,
+        progress: json_col(row, 15, "progress")?,
+        worker: row.try_get(16)?,
+        created_at: row.try_get(17)?,
+        scheduled_at: row.try_get(18)?,
+        started_at: row.try_get(19)?,
+        finished_at: row.try_get(20)?,
+        cancel_requested: row.try_get(21)?,
+        on_success: json_col(row, 22, "on_success")?,
+        on_failure: json_col(row, 23, "on_failure")?,
+    })
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| "null".into())
+}
+
+/// Error texts come from handlers and may hold a NUL byte, which PostgreSQL text refuses; losing
+/// a completion over it would be worse than replacing the byte.
+fn clean(s: &str) -> Cow<'_, str> {
+    if s.contains('\0') {
+        Cow::Owned(s.replace('\0', "\u{FFFD}"))
+    } else {
+        Cow::Borrowed(s)
+    }
+}
+
+/// The distinct ids of a batch in ascending order: the order every multi-row lock is taken in.
+fn lock_order(ids: &[JobId]) -> Vec<JobId> {
+    let mut v = ids.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+async fn get_job(conn: &mut PgConnection, id: JobId, lock: bool) -> sqlx::Result<Option<Job>> {
+    let sql = format!(
+        "SELECT {} FROM homing_jobs WHERE id = $1{}",
+        columns(""),
+        if lock { " FOR UPDATE" } else { "" }
+    );
+    sqlx::query(&sql)
+        .bind(id)
+        .fetch_optional(conn)
+        .await?
+        .as_ref()
+        .map(row_to_job)
+        .transpose()
+}
+
+/// Locks the rows of `ids` (in id order) and returns them by id.
+async fn lock_jobs(conn: &mut PgConnection, ids: &[JobId]) -> sqlx::Result<HashMap<JobId, Job>> {
+    let sql = format!(
+        "SELECT {} FROM homing_jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+        columns("")
+    );
+    let rows = sqlx::query(&sql)
+        .bind(lock_order(ids))
+        .fetch_all(conn)
+        .await?;
+    rows.iter()
+        .map(|r| row_to_job(r).map(|j| (j.id, j)))
+        .collect()
+}
+
+/// Inserts a batch in one statement. Jobs whose idempotency key (or id: a batch retried after
+/// its commit's answer was lost) already exists are returned as that existing job; a key used
+/// twice in one batch resolves to its first job, as if they had been inserted one by one.
+async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> sqlx::Result<Vec<Inserted>> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut first_with_key: HashMap<&str, usize> = HashMap::new();
+    let mut same_as: Vec<Option<usize>> = vec![None; jobs.len()];
+    let mut send = Vec::with_capacity(jobs.len());
+    for (i, j) in jobs.iter().enumerate() {
+        if let Some(key) = j.options.idempotency_key.as_deref() {
+            if let Some(&first) = first_with_key.get(key) {
+                same_as[i] = Some(first);
+                continue;
+            }
+            first_with_key.insert(key, i);
+        }
+        send.push(i);
+    }
+    let states: Vec<JobState> = jobs
+        .iter()
+        .map(|j| {
+            if j.run_at.is_some_and(|t| t > j.created_at) {
+                JobState::Scheduled
+            } else {
+                JobState::Queued
+            }
+        })
+        .collect();
+
+    let n = send.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut tasks = Vec::with_capacity(n);
+    let mut queues = Vec::with_capacity(n);
+    let mut st = Vec::with_capacity(n);
+    let mut args = Vec::with_capacity(n);
+    let mut max_retries: Vec<Option<i64>> = Vec::with_capacity(n);
+    let mut max_crashes: Vec<i64> = Vec::with_capacity(n);
+    let mut policies: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut limits: Vec<Option<i64>> = Vec::with_capacity(n);
+    let mut keys: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut created: Vec<i64> = Vec::with_capacity(n);
+    let mut scheduled: Vec<Option<i64>> = Vec::with_capacity(n);
+    let mut on_success: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut on_failure: Vec<Option<String>> = Vec::with_capacity(n);
+    for &i in &send {
+        let j = &jobs[i];
+        let o: &JobOptions = &j.options;
+        ids.push(j.id);
+        tasks.push(j.task.clone());
+        queues.push(j.queue.clone());
+        st.push(states[i].as_str());
+        args.push(to_json(&j.args));
+        max_retries.push(o.max_retries.map(i64::from));
+        max_crashes.push(i64::from(o.max_crashes.unwrap_or(DEFAULT_MAX_CRASHES)));
+        policies.push(o.retry_policy.as_ref().map(to_json));
+        limits.push(
+            o.time_limit
+                .map(|d| d.as_millis().min(i64::MAX as u128) as i64),
+        );
+        keys.push(o.idempotency_key.clone());
+        created.push(j.created_at);
+        scheduled.push(if states[i] == JobState::Scheduled {
+            j.run_at
+        } else {
+            None
+        });
+        on_success.push(o.on_success.as_ref().map(to_json));
+        on_failure.push(o.on_failure.as_ref().map(to_json));
+    }
+    let inserted: HashSet<JobId> = sqlx::query_scalar(
+        "INSERT INTO homing_jobs (id, task, queue, state, args, max_retries, max_crashes, \
+         retry_policy, time_limit_ms, idempotency_key, created_at, scheduled_at, updated_at, \
+         on_success, on_failure) \
+         SELECT u.id, u.task, u.queue, u.state, u.args, u.max_retries, u.max_crashes, \
+                u.retry_policy, u.time_limit_ms, u.idempotency_key, u.created_at, u.scheduled_at, \
+                u.created_at, u.on_success, u.on_failure \
+         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], \
+                     $7::int8[], $8::text[], $9::int8[], $10::text[], $11::int8[], $12::int8[], \
+                     $13::text[], $14::text[]) \
+              AS u(id, task, queue, state, args, max_retries, max_crashes, retry_policy, \
+                   time_limit_ms, idempotency_key, created_at, scheduled_at, on_success, on_failure) \
+         ON CONFLICT DO NOTHING RETURNING id",
+    )
+    .bind(&ids)
+    .bind(&tasks)
+    .bind(&queues)
+    .bind(&st)
+    .bind(&args)
+    .bind(&max_retries)
+    .bind(&max_crashes)
+    .bind(&policies)
+    .bind(&limits)
+    .bind(&keys)
+    .bind(&created)
+    .bind(&scheduled)
+    .bind(&on_success)
+    .bind(&on_failure)
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .collect();
+
+    let mut out: Vec<Option<Inserted>> = vec![None; jobs.len()];
+    let mut lost = Vec::new();
+    for &i in &send {
+        if inserted.contains(&jobs[i].id) {
+            out[i] = Some(Inserted {
+                id: jobs[i].id,
+                queue: jobs[i].queue.clone(),
+                state: states[i],
+                existed: false,
+            });
+        } else {
+            lost.push(i);
+        }
+    }
+    if !lost.is_empty() {
+        let lost_ids: Vec<JobId> = lost.iter().map(|&i| jobs[i].id).collect();
+        let lost_keys: Vec<String> = lost
+            .iter()
+            .filter_map(|&i| jobs[i].options.idempotency_key.clone())
+            .collect();
+        let rows = sqlx::query(
+            "SELECT id, queue, state, idempotency_key FROM homing_jobs \
+             WHERE id = ANY($1) OR idempotency_key = ANY($2)",
+        )
+        .bind(&lost_ids)
+        .bind(&lost_keys)
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut by_id = HashMap::new();
+        let mut by_key = HashMap::new();
+        for r in &rows {
+            let id: JobId = r.try_get(0)?;
+            let state: String = r.try_get(2)?;
+            let existing = Inserted {
+                id,
+                queue: r.try_get(1)?,
+                state: parse_state(&state)?,
+                existed: true,
+            };
+            if let Some(key) = r.try_get::<Option<String>, _>(3)? {
+                by_key.insert(key, existing.clone());
+            }
+            by_id.insert(id, existing);
+        }
+        for i in lost {
+            let j = &jobs[i];
+            let existing = by_id.get(&j.id).or_else(|| {
+                j.options
+                    .idempotency_key
+                    .as_ref()
+                    .and_then(|k| by_key.get(k))
+            });
+            out[i] = Some(existing.cloned().ok_or_else(|| {
+                corrupt("insert", format!("job {} conflicted with no row", j.id))
+            })?);
+        }
+    }
+    for i in 0..jobs.len() {
+        if let Some(first) = same_as[i] {
+            let mut existing = out[first].clone().expect("first job resolved above");
+            existing.existed = true;
+            out[i] = Some(existing);
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|o| o.expect("every job resolved"))
+        .collect())
+}
+
+/// Builds the follow-up job that a terminal transition of `parent` declares.
+fn follow_up_job(parent: &Job, f: &FollowUp, state: JobState, now: Micros) -> NewJob {
+    let mut args = match &f.args {
+        serde_json::Value::Object(m) => serde_json::Value::Object(m.clone()),
+        serde_json::Value::Null => serde_json::json!({}),
+        other => serde_json::json!({ "value": other }),
+    };
+    args["parent"] = serde_json::json!({
+        "id": parent.id,
+        "task": parent.task,
+        "state": state,
+        "result": parent.result,
+        "error": parent.error,
+    });
+    NewJob {
+        id: crate::job::new_job_id(),
+        task: f.task.clone(),
+        queue: f.queue.clone().unwrap_or_else(|| "default".into()),
+        args,
+        options: JobOptions::default(),
+        created_at: now,
+        run_at: None,
+    }
+}
+
+/// Makes a locked job `dead` and enqueues its `on_failure` follow-up in the same transaction.
+/// The follow-up is left undispatched: the reconciler publishes it.
+async fn dead_with_follow_up(
+    conn: &mut PgConnection,
+    job: &mut Job,
+    reason: &str,
+    now: Micros,
+) -> sqlx::Result<()> {
+    let reason = clean(reason);
+    sqlx::query(
+        "UPDATE homing_jobs SET state = 'dead', error = $2, finished_at = $3, updated_at = $3 \
+         WHERE id = $1",
+    )
+    .bind(job.id)
+    .bind(reason.as_ref())
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    job.state = JobState::Dead;
+    job.error = Some(reason.into_owned());
+    if let Some(f) = job.on_failure.clone() {
+        insert_jobs(conn, &[follow_up_job(job, &f, JobState::Dead, now)]).await?;
+    }
+    Ok(())
+}
+
+async fn start_tx(
+    pool: &PgPool,
+    ids: &[JobId],
+    worker: &str,
+    now: Micros,
+) -> sqlx::Result<Vec<StartOutcome>> {
+    let mut tx = pool.begin().await?;
+    let mut jobs = lock_jobs(&mut tx, ids).await?;
+    enum Decision {
+        Done(StartOutcome),
+        Run(JobId),
+    }
+    let mut decisions = Vec::with_capacity(ids.len());
+    let mut to_run = Vec::new();
+    for id in ids {
+        let Some(job) = jobs.get_mut(id) else {
+            decisions.push(Decision::Done(StartOutcome::Missing));
+            continue;
+        };
+        if job.state.is_terminal() || job.state == JobState::Running {
+            decisions.push(Decision::Done(StartOutcome::Skip(job.state)));
+            continue;
+        }
+        if job.state == JobState::Scheduled {
+            let due = job.scheduled_at.unwrap_or(0);
+            if due > now {
+                decisions.push(Decision::Done(StartOutcome::Defer(due)));
+                continue;
+            }
+        }
+        if job.crashes >= job.max_crashes {
+            let reason = format!(
+                "lost its worker {} times (max_crashes = {})",
+                job.crashes, job.max_crashes
+            );
+            dead_with_follow_up(&mut tx, job, &reason, now).await?;
+            decisions.push(Decision::Done(StartOutcome::Dead));
+            continue;
+        }
+        // Marked here so that the same id twice in one batch starts once, as one by one would.
+        job.state = JobState::Running;
+        to_run.push(*id);
+        decisions.push(Decision::Run(*id));
+    }
+    let mut started: HashMap<JobId, Job> = HashMap::new();
+    if !to_run.is_empty() {
+        let sql = format!(
+            "UPDATE homing_jobs SET state = 'running', epoch = epoch + 1, worker = $2, \
+             started_at = $3, dispatched = true, updated_at = $3 WHERE id = ANY($1) RETURNING {}",
+            columns("")
+        );
+        for r in sqlx::query(&sql)
+            .bind(&to_run)
+            .bind(worker)
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await?
+        {
+            let j = row_to_job(&r)?;
+            started.insert(j.id, j);
+        }
+    }
+    tx.commit().await?;
+    decisions
+        .into_iter()
+        .map(|d| match d {
+            Decision::Done(o) => Ok(o),
+            Decision::Run(id) => started
+                .get(&id)
+                .cloned()
+                .map(|j| StartOutcome::Run(Box::new(j)))
+                .ok_or_else(|| corrupt("start", format!("job {id} was locked but not updated"))),
+        })
+        .collect()
+}
+
+async fn complete_tx(
+    pool: &PgPool,
+    done: &[Completion],
+    now: Micros,
+) -> sqlx::Result<Vec<Committed>> {
+    let mut tx = pool.begin().await?;
+    let ids: Vec<JobId> = done.iter().map(|c| c.id).collect();
+    let mut jobs = lock_jobs(&mut tx, &ids).await?;
+    let mut out = Vec::with_capacity(done.len());
+    // Successes are the bulk of every batch: they are written together in one statement.
+    let mut ok_ids = Vec::new();
+    let mut ok_results = Vec::new();
+    let mut follow_ups: Vec<(usize, NewJob)> = Vec::new();
+    for c in done {
+        let Some(job) = jobs.get_mut(&c.id) else {
+            out.push(Committed::Stale);
+            continue;
+        };
+        if job.state != JobState::Running || job.epoch != c.epoch {
+            out.push(Committed::Stale);
+            continue;
+        }
+        let mut dispatch = Vec::new();
+        let state = match &c.outcome {
+            Outcome::Succeeded(v) => {
+                ok_ids.push(job.id);
+                ok_results.push(to_json(v));
+                job.result = Some(v.clone());
+                job.error = None;
+                JobState::Succeeded
+            }
+            Outcome::Retry { error, at } => {
+                sqlx::query(
+                    "UPDATE homing_jobs SET state = 'scheduled', attempts = attempts + 1, \
+                     error = $2, scheduled_at = $3, worker = NULL, updated_at = $4 WHERE id = $1",
+                )
+                .bind(job.id)
+                .bind(clean(error).as_ref())
+                .bind(at)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                JobState::Scheduled
+            }
+            Outcome::Failed { error } => {
+                let error = clean(error);
+                sqlx::query(
+                    "UPDATE homing_jobs SET state = 'failed', attempts = attempts + 1, \
+                     error = $2, finished_at = $3, updated_at = $3 WHERE id = $1",
+                )
+                .bind(job.id)
+                .bind(error.as_ref())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                job.error = Some(error.into_owned());
+                JobState::Failed
+            }
+            Outcome::Snooze { at } => {
+                sqlx::query(
+                    "UPDATE homing_jobs SET state = 'scheduled', scheduled_at = $2, \
+                     worker = NULL, updated_at = $3 WHERE id = $1",
+                )
+                .bind(job.id)
+                .bind(at)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                JobState::Scheduled
+            }
+            Outcome::Cancelled => {
+                sqlx::query(
+                    "UPDATE homing_jobs SET state = 'cancelled', error = 'cancelled', \
+                     finished_at = $2, updated_at = $2 WHERE id = $1",
+                )
+                .bind(job.id)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                JobState::Cancelled
+            }
+            Outcome::Released => {
+                sqlx::query(
+                    "UPDATE homing_jobs SET state = 'queued', dispatched = false, worker = NULL, \
+                     updated_at = $2 WHERE id = $1",
+                )
+                .bind(job.id)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                dispatch.push(Dispatch {
+                    id: job.id,
+                    queue: job.queue.clone(),
+                });
+                JobState::Queued
+            }
+            Outcome::Dead { reason } => {
+                let reason = clean(reason);
+                sqlx::query(
+                    "UPDATE homing_jobs SET state = 'dead', error = $2, finished_at = $3, \
+                     updated_at = $3 WHERE id = $1",
+                )
+                .bind(job.id)
+                .bind(reason.as_ref())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                job.error = Some(reason.into_owned());
+                JobState::Dead
+            }
+        };
+        // A second completion of the same run in this batch must find it no longer running.
+        job.state = state;
+        let follow = match state {
+            JobState::Succeeded => job.on_success.as_ref(),
+            JobState::Failed | JobState::Dead => job.on_failure.as_ref(),
+            _ => None,
+        };
+        if let Some(f) = follow {
+            follow_ups.push((out.len(), follow_up_job(job, f, state, now)));
+        }
+        out.push(Committed::Applied { state, dispatch });
+    }
+    if !ok_ids.is_empty() {
+        sqlx::query(
+            "UPDATE homing_jobs j SET state = 'succeeded', result = u.result, error = NULL, \
+             finished_at = $3, updated_at = $3 \
+             FROM UNNEST($1::uuid[], $2::text[]) AS u(id, result) WHERE j.id = u.id",
+        )
+        .bind(&ok_ids)
+        .bind(&ok_results)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !follow_ups.is_empty() {
+        let new: Vec<NewJob> = follow_ups.iter().map(|(_, j)| j.clone()).collect();
+        let inserted = insert_jobs(&mut tx, &new).await?;
+        for ((idx, _), ins) in follow_ups.iter().zip(inserted) {
+            if let (true, Committed::Applied { dispatch, .. }) =
+                (ins.needs_dispatch(), &mut out[*idx])
+            {
+                dispatch.push(Dispatch {
+                    id: ins.id,
+                    queue: ins.queue,
+                });
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(out)
+}
+
+async fn mark_lost_tx(pool: &PgPool, id: JobId, worker: &str, now: Micros) -> sqlx::Result<Lost> {
+    let mut tx = pool.begin().await?;
+    // The row lock is what makes concurrent rescuers count one crash: the second one waits here
+    // and then sees the job no longer running under `worker`.
+    let Some(mut job) = get_job(&mut tx, id, true).await? else {
+        return Ok(Lost::Missing);
+    };
+    if job.state != JobState::Running || job.worker.as_deref() != Some(worker) {
+        return Ok(Lost::NotOwned(job.state));
+    }
+    let crashes = job.crashes + 1;
+    sqlx::query("UPDATE homing_jobs SET crashes = $2 WHERE id = $1")
+        .bind(id)
+        .bind(i64::from(crashes))
+        .execute(&mut *tx)
+        .await?;
+    job.crashes = crashes;
+    let lost = if job.cancel_requested {
+        sqlx::query(
+            "UPDATE homing_jobs SET state = 'cancelled', error = 'cancelled', finished_at = $2, \
+             updated_at = $2 WHERE id = $1",
+        )
+        .bind(id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        Lost::Cancelled
+    } else if crashes >= job.max_crashes {
+        let reason = format!(
+            "lost its worker {crashes} times, last {worker} (max_crashes = {}): \
+             the task may be killing its worker",
+            job.max_crashes
+        );
+        dead_with_follow_up(&mut tx, &mut job, &reason, now).await?;
+        Lost::Dead
+    } else {
+        sqlx::query(
+            "UPDATE homing_jobs SET state = 'queued', dispatched = false, worker = NULL, \
+             updated_at = $2 WHERE id = $1",
+        )
+        .bind(id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        Lost::Requeued
+    };
+    tx.commit().await?;
+    Ok(lost)
+}
+
+fn dispatch_rows(rows: Vec<PgRow>) -> sqlx::Result<Vec<Dispatch>> {
+    rows.iter()
+        .map(|r| {
+            Ok(Dispatch {
+                id: r.try_get(0)?,
+                queue: r.try_get(1)?,
+            })
+        })
+        .collect()
+}
+
+#[async_trait]
+impl Store for PgStore {
+    fn kind(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn insert(&self, jobs: Vec<NewJob>) -> Result<Vec<Inserted>> {
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            let out = insert_jobs(&mut tx, &jobs).await?;
+            tx.commit().await?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn mark_dispatched(&self, ids: &[JobId]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.call(async {
+            sqlx::query(
+                "WITH l AS (SELECT id FROM homing_jobs WHERE id = ANY($1) AND state = 'queued' \
+                            ORDER BY id FOR UPDATE) \
+                 UPDATE homing_jobs j SET dispatched = true FROM l \
+                 WHERE j.id = l.id AND j.state = 'queued'",
+            )
+            .bind(lock_order(ids))
+            .execute(&self.pool)
+            .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// As in SQLite, plus a lease: the rows returned get `updated_at` = the wall clock, so a
+    /// second reconciler sweeping at the same time (with about the same `before`) skips them
+    /// instead of publishing them twice. If the caller dies before publishing, they come back
+    /// once `before` passes the lease, i.e. after the reconciler's dispatch grace.
+    async fn undispatched(&self, before: Micros, limit: usize) -> Result<Vec<Dispatch>> {
+        let lease = crate::time::now();
+        self.call(async {
+            let rows = sqlx::query(
+                "WITH due AS (SELECT id, updated_at FROM homing_jobs \
+                              WHERE state = 'queued' AND NOT dispatched AND updated_at < $1 \
+                              ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 UPDATE homing_jobs j SET updated_at = GREATEST(j.updated_at, $3) FROM due \
+                 WHERE j.id = due.id RETURNING j.id, j.queue, due.updated_at",
+            )
+            .bind(before)
+            .bind(limit.min(i64::MAX as usize) as i64)
+            .bind(lease)
+            .fetch_all(&self.pool)
+            .await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for r in &rows {
+                let was: i64 = r.try_get(2)?;
+                out.push((
+                    was,
+                    Dispatch {
+                        id: r.try_get(0)?,
+                        queue: r.try_get(1)?,
+                    },
+                ));
+            }
+            out.sort_by_key(|(was, d)| (*was, d.id));
+            Ok(out.into_iter().map(|(_, d)| d).collect())
+        })
+        .await
+    }
+
+    async fn redispatch_all(&self) -> Result<u64> {
+        self.call(async {
+            let r = sqlx::query(
+                "WITH l AS (SELECT id FROM homing_jobs WHERE state = 'queued' ORDER BY id \
+                            FOR UPDATE) \
+                 UPDATE homing_jobs j SET dispatched = false, updated_at = 0 FROM l \
+                 WHERE j.id = l.id AND j.state = 'queued'",
+            )
+            .execute(&self.pool)
+            .await?;
+            Ok(r.rows_affected())
+        })
+        .await
+    }
+
+    async fn start(&self, ids: &[JobId], worker: &str, now: Micros) -> Result<Vec<StartOutcome>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.call(start_tx(&self.pool, ids, worker, now)).await
+    }
+
+    async fn complete(&self, done: &[Completion], now: Micros) -> Result<Vec<Committed>> {
+        if done.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.call(complete_tx(&self.pool, done, now)).await
+    }
+
+    async fn mark_lost(&self, id: JobId, worker: &str, now: Micros) -> Result<Lost> {
+        self.call(mark_lost_tx(&self.pool, id, worker, now)).await
+    }
+
+    async fn claim_due(&self, now: Micros, limit: usize) -> Result<Vec<Dispatch>> {
+        self.call(async {
+            // SKIP LOCKED: a row another scheduler is claiming is left to it. A row it has
+            // already claimed and committed fails the re-checked `state = 'scheduled'`.
+            let rows = sqlx::query(
+                "WITH due AS (SELECT id FROM homing_jobs \
+                              WHERE state = 'scheduled' AND scheduled_at <= $1 \
+                              ORDER BY scheduled_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 UPDATE homing_jobs j SET state = 'queued', dispatched = false, updated_at = $1 \
+                 FROM due WHERE j.id = due.id AND j.state = 'scheduled' \
+                 RETURNING j.id, j.queue",
+            )
+            .bind(now)
+            .bind(limit.min(i64::MAX as usize) as i64)
+            .fetch_all(&self.pool)
+            .await?;
+            dispatch_rows(rows)
+        })
+        .await
+    }
+
+    async fn running(&self, limit: usize) -> Result<Vec<(JobId, String, Micros)>> {
+        self.call(async {
+            let rows = sqlx::query(
+                "SELECT id, worker, started_at FROM homing_jobs WHERE state = 'running' \
+                 ORDER BY started_at LIMIT $1",
+            )
+            .bind(limit.min(i64::MAX as usize) as i64)
+            .fetch_all(&self.pool)
+            .await?;
+            rows.iter()
+                .map(|r| {
+                    Ok((
+                        r.try_get(0)?,
+                        r.try_get::<Option<String>, _>(1)?.unwrap_or_default(),
+                        r.try_get::<Option<i64>, _>(2)?.unwrap_or(0),
+                    ))
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn set_progress(
+        &self,
+        id: JobId,
+        epoch: u64,
+        progress: serde_json::Value,
+    ) -> Result<bool> {
+        self.call(async {
+            let r = sqlx::query(
+                "UPDATE homing_jobs SET progress = $3 WHERE id = $1 AND epoch = $2 \
+                 AND state = 'running'",
+            )
+            .bind(id)
+            .bind(epoch as i64)
+            .bind(to_json(&progress))
+            .execute(&self.pool)
+            .await?;
+            Ok(r.rows_affected() == 1)
+        })
+        .await
+    }
+
+    async fn mark_dead(&self, id: JobId, reason: &str, now: Micros) -> Result<bool> {
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            let Some(mut job) = get_job(&mut tx, id, true).await? else {
+                return Ok(false);
+            };
+            if job.state.is_terminal() {
+                return Ok(false);
+            }
+            dead_with_follow_up(&mut tx, &mut job, reason, now).await?;
+            tx.commit().await?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn get(&self, id: JobId) -> Result<Option<Job>> {
+        self.call(async {
+            let mut conn = self.pool.acquire().await?;
+            get_job(&mut conn, id, false).await
+        })
+        .await
+    }
+
+    async fn get_by_key(&self, key: &str) -> Result<Option<Job>> {
+        self.call(async {
+            let sql = format!(
+                "SELECT {} FROM homing_jobs WHERE idempotency_key = $1",
+                columns("")
+            );
+            sqlx::query(&sql)
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await?
+                .as_ref()
+                .map(row_to_job)
+                .transpose()
+        })
+        .await
+    }
+
+    async fn list(
+        &self,
+        filter: &JobFilter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<JobPage> {
+        let cursor = match cursor {
+            Some(c) => Some(
+                c.parse::<JobId>()
+                    .map_err(|_| Error::Invalid(format!("invalid cursor '{c}'")))?,
+            ),
+            None => None,
+        };
+        let limit = limit.clamp(1, 1000);
+        self.call(async {
+            let mut sql = format!("SELECT {} FROM homing_jobs WHERE true", columns(""));
+            let mut texts: Vec<String> = Vec::new();
+            for (col, v) in [
+                ("state", filter.state.map(|s| s.as_str().to_string())),
+                ("queue", filter.queue.clone()),
+                ("task", filter.task.clone()),
+            ] {
+                if let Some(v) = v {
+                    texts.push(v);
+                    sql += &format!(" AND {col} = ${}", texts.len());
+                }
+            }
+            if cursor.is_some() {
+                sql += &format!(" AND id < ${}", texts.len() + 1);
+            }
+            sql += &format!(" ORDER BY id DESC LIMIT {}", limit + 1);
+            let mut q = sqlx::query(&sql);
+            for t in &texts {
+                q = q.bind(t);
+            }
+            if let Some(c) = cursor {
+                q = q.bind(c);
+            }
+            let mut jobs = q
+                .fetch_all(&self.pool)
+                .await?
+                .iter()
+                .map(row_to_job)
+                .collect::<sqlx::Result<Vec<Job>>>()?;
+            let next_cursor = if jobs.len() > limit {
+                jobs.truncate(limit);
+                jobs.last().map(|j| j.id.to_string())
+            } else {
+                None
+            };
+            Ok(JobPage { jobs, next_cursor })
+        })
+        .await
+    }
+
+    async fn retry(&self, id: JobId, now: Micros) -> Result<Job> {
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            let Some(job) = get_job(&mut tx, id, true).await? else {
+                return Ok(Err(Error::NotFound(id)));
+            };
+            if !matches!(
+                job.state,
+                JobState::Failed | JobState::Dead | JobState::Cancelled
+            ) {
+                return Ok(Err(Error::Conflict {
+                    id,
+                    state: job.state,
+                    message: "only failed, dead or cancelled jobs can be retried".into(),
+                }));
+            }
+            sqlx::query(
+                "UPDATE homing_jobs SET state = 'queued', dispatched = false, attempts = 0, \
+                 crashes = 0, cancel_requested = false, worker = NULL, finished_at = NULL, \
+                 scheduled_at = NULL, updated_at = $2 WHERE id = $1",
+            )
+            .bind(id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            let job = get_job(&mut tx, id, false).await?;
+            tx.commit().await?;
+            job.ok_or_else(|| corrupt("retry", "row vanished")).map(Ok)
+        })
+        .await?
+    }
+
+    async fn cancel(&self, id: JobId, now: Micros) -> Result<Job> {
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            let Some(job) = get_job(&mut tx, id, true).await? else {
+                return Ok(Err(Error::NotFound(id)));
+            };
+            let sql = match job.state {
+                JobState::Queued | JobState::Scheduled => {
+                    "UPDATE homing_jobs SET state = 'cancelled', error = 'cancelled', \
+                     finished_at = $2, updated_at = $2 WHERE id = $1"
+                }
+                JobState::Running => {
+                    "UPDATE homing_jobs SET cancel_requested = true, updated_at = $2 WHERE id = $1"
+                }
+                st => {
+                    return Ok(Err(Error::Conflict {
+                        id,
+                        state: st,
+                        message: "a finished job cannot be cancelled".into(),
+                    }))
+                }
+            };
+            sqlx::query(sql)
+                .bind(id)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            let job = get_job(&mut tx, id, false).await?;
+            tx.commit().await?;
+            job.ok_or_else(|| corrupt("cancel", "row vanished")).map(Ok)
+        })
+        .await?
+    }
+
+    async fn cancel_requested(&self, ids: &[JobId]) -> Result<Vec<JobId>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let found: HashSet<JobId> = self
+            .call(async {
+                sqlx::query_scalar(
+                    "SELECT id FROM homing_jobs WHERE id = ANY($1) AND cancel_requested \
+                     AND state = 'running'",
+                )
+                .bind(lock_order(ids))
+                .fetch_all(&self.pool)
+                .await
+            })
+            .await?
+            .into_iter()
+            .collect();
+        // In the caller's order, as one lookup per id would give.
+        let mut seen = HashSet::new();
+        Ok(ids
+            .iter()
+            .filter(|id| found.contains(id) && seen.insert(**id))
+            .copied()
+            .collect())
+    }
+
+    async fn queue_stats(&self) -> Result<Vec<QueueStats>> {
+        let rows: Vec<(String, String, i64)> = self
+            .call(async {
+                // COLLATE "C": byte order, as SQLite sorts, whatever the database's locale.
+                sqlx::query_as(
+                    "SELECT queue, state, count(*) FROM homing_jobs GROUP BY queue, state \
+                     ORDER BY queue COLLATE \"C\"",
+                )
+                .fetch_all(&self.pool)
+                .await
+            })
+            .await?;
+        let mut out: Vec<QueueStats> = Vec::new();
+        for (queue, state, n) in rows {
+            if out.last().map(|q| q.queue != queue).unwrap_or(true) {
+                out.push(QueueStats {
+                    queue: queue.clone(),
+                    ..Default::default()
+                });
+            }
+            let q = out.last_mut().expect("pushed above");
+            let n = n.max(0) as u64;
+            match state.as_str() {
+                "scheduled" => q.scheduled = n,
+                "queued" => q.queued = n,
+                "running" => q.running = n,
+                "succeeded" => q.succeeded = n,
+                "failed" => q.failed = n,
+                "dead" => q.dead = n,
+                "cancelled" => q.cancelled = n,
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    async fn register_worker(&self, info: &WorkerInfo, now: Micros) -> Result<()> {
+        // Sorted, so two workers registering overlapping task lists lock them in one order.
+        let mut tasks = info.tasks.clone();
+        tasks.sort();
+        tasks.dedup();
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            sqlx::query(
+                "INSERT INTO homing_workers (id, info, started_at, last_seen, status) \
+                 VALUES ($1, $2, $3, $4, 'live') \
+                 ON CONFLICT (id) DO UPDATE SET info = EXCLUDED.info, \
+                 started_at = EXCLUDED.started_at, last_seen = EXCLUDED.last_seen, status = 'live'",
+            )
+            .bind(&info.id)
+            .bind(to_json(info))
+            .bind(info.started_at)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO homing_tasks (name) SELECT t FROM UNNEST($1::text[]) AS t \
+                 ORDER BY t COLLATE \"C\" ON CONFLICT DO NOTHING",
+            )
+            .bind(&tasks)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await
+        })
+        .await
+    }
+
+    async fn worker_seen(&self, id: &str, now: Micros) -> Result<()> {
+        self.call(async {
+            sqlx::query("UPDATE homing_workers SET last_seen = $2, status = 'live' WHERE id = $1")
+                .bind(id)
+                .bind(now)
+                .execute(&self.pool)
+                .await
+                .map(|_| ())
+        })
+        .await
+    }
+
+    async fn worker_gone(&self, id: &str, status: &str, now: Micros) -> Result<()> {
+        self.call(async {
+            sqlx::query(
+                "UPDATE homing_workers SET status = $2, last_seen = GREATEST(last_seen, $3) \
+                 WHERE id = $1 AND status = 'live'",
+            )
+            .bind(id)
+            .bind(status)
+            .bind(now)
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn workers(&self, since: Micros) -> Result<Vec<WorkerRecord>> {
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            // One snapshot for both reads, so a worker and its running jobs agree.
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                .execute(&mut *tx)
+                .await?;
+            let rows: Vec<(String, i64, String)> = sqlx::query_as(
+                "SELECT info, last_seen, status FROM homing_workers WHERE last_seen >= $1 \
+                 ORDER BY started_at DESC",
+            )
+            .bind(since)
+            .fetch_all(&mut *tx)
+            .await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for (info, last_seen, status) in rows {
+                let info: WorkerInfo =
+                    serde_json::from_str(&info).map_err(|e| corrupt("worker", e))?;
+                out.push(WorkerRecord {
+                    info,
+                    last_seen,
+                    status,
+                    running: Vec::new(),
+                });
+            }
+            let ids: Vec<String> = out.iter().map(|w| w.info.id.clone()).collect();
+            let running: Vec<(JobId, String)> = sqlx::query_as(
+                "SELECT id, worker FROM homing_jobs WHERE state = 'running' \
+                 AND worker = ANY($1) ORDER BY started_at, id",
+            )
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            let mut by_worker: HashMap<String, Vec<JobId>> = HashMap::new();
+            for (id, w) in running {
+                by_worker.entry(w).or_default().push(id);
+            }
+            for w in &mut out {
+                w.running = by_worker.remove(&w.info.id).unwrap_or_default();
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn known_tasks(&self) -> Result<Vec<String>> {
+        self.call(async {
+            sqlx::query_scalar("SELECT name FROM homing_tasks ORDER BY name COLLATE \"C\"")
+                .fetch_all(&self.pool)
+                .await
+        })
+        .await
+    }
+}

@@ -1,0 +1,365 @@
+//! The store conformance suite against a real PostgreSQL (each case in its own database), plus
+//! what only a shared database has to get right: several processes, each with its own pool,
+//! competing for the same rows; migrations raced by processes starting at once; text and JSON
+//! that PostgreSQL treats differently from SQLite.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use homing::conformance::new_job;
+use homing::job::{JobId, JobState};
+use homing::store::postgres::{PgOptions, PgStore, MIGRATIONS};
+use homing::store::{Committed, Completion, Lost, Outcome, StartOutcome, Store};
+use homing::time::now;
+use support::postgres::server;
+
+async fn fresh_store() -> PgStore {
+    let url = server().fresh_database().await;
+    PgStore::connect(&url).await.expect("connect and migrate")
+}
+
+async fn store() -> Arc<dyn Store> {
+    Arc::new(fresh_store().await)
+}
+
+mod store_suite {
+    homing::store_conformance!(super::store());
+}
+
+/// Two stores on one database, as two servers (or a server and a worker) would have.
+async fn two_pools() -> (Arc<PgStore>, Arc<PgStore>) {
+    let url = server().fresh_database().await;
+    let a = PgStore::connect(&url).await.expect("first pool");
+    let b = PgStore::connect(&url).await.expect("second pool");
+    (Arc::new(a), Arc::new(b))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_servers_claim_each_due_job_once() {
+    let (a, b) = two_pools().await;
+    let q = homing::conformance::unique_queue("due");
+    let t = now();
+    let jobs: Vec<_> = (0..300)
+        .map(|_| {
+            let mut j = new_job(&q, "t");
+            j.created_at = t;
+            j.run_at = Some(t + 1_000);
+            j
+        })
+        .collect();
+    let want: HashSet<JobId> = jobs.iter().map(|j| j.id).collect();
+    a.insert(jobs).await.unwrap();
+    let mut handles = Vec::new();
+    for i in 0..8 {
+        let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+        handles.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let batch = s.claim_due(t + 2_000, 13).await.unwrap();
+                if batch.is_empty() {
+                    return got;
+                }
+                got.extend(batch.into_iter().map(|d| d.id));
+            }
+        }));
+    }
+    let mut per_pool = [0usize; 2];
+    let mut all = Vec::new();
+    for (i, h) in handles.into_iter().enumerate() {
+        let got = h.await.unwrap();
+        per_pool[i % 2] += got.len();
+        all.extend(got);
+    }
+    let unique: HashSet<JobId> = all.iter().copied().collect();
+    assert_eq!(all.len(), unique.len(), "a due job was claimed twice");
+    assert_eq!(unique, want, "every due job is claimed");
+    assert_eq!(per_pool[0] + per_pool[1], 300);
+    let stats = a.queue_stats().await.unwrap();
+    let st = stats.iter().find(|s| s.queue == q).unwrap();
+    assert_eq!((st.queued, st.scheduled), (300, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_rescuers_count_a_lost_delivery_once() {
+    let (a, b) = two_pools().await;
+    let q = homing::conformance::unique_queue("lost");
+    let jobs: Vec<_> = (0..20).map(|_| new_job(&q, "t")).collect();
+    let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    a.insert(jobs).await.unwrap();
+    let started = a.start(&ids, "w-gone", now()).await.unwrap();
+    assert!(started.iter().all(|s| matches!(s, StartOutcome::Run(_))));
+    let mut handles = Vec::new();
+    for &id in &ids {
+        for i in 0..6 {
+            let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+            handles.push(tokio::spawn(async move {
+                (id, s.mark_lost(id, "w-gone", now()).await.unwrap())
+            }));
+        }
+    }
+    let mut requeued: HashMap<JobId, usize> = HashMap::new();
+    for h in handles {
+        let (id, lost) = h.await.unwrap();
+        match lost {
+            Lost::Requeued => *requeued.entry(id).or_default() += 1,
+            Lost::NotOwned(JobState::Queued) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    for id in &ids {
+        assert_eq!(requeued.get(id), Some(&1), "one crash counted for {id}");
+        let j = b.get(*id).await.unwrap().unwrap();
+        assert_eq!((j.state, j.crashes, j.worker), (JobState::Queued, 1, None));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_workers_start_overlapping_batches_once_without_deadlock() {
+    let (a, b) = two_pools().await;
+    let q = homing::conformance::unique_queue("start");
+    let jobs: Vec<_> = (0..50).map(|_| new_job(&q, "t")).collect();
+    let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    a.insert(jobs).await.unwrap();
+    let mut handles = Vec::new();
+    for i in 0..6 {
+        let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let mut batch = ids.clone();
+        // Opposite orders: lock ordering, not luck, must keep the batches from deadlocking.
+        if i % 3 == 1 {
+            batch.reverse();
+        } else if i % 3 == 2 {
+            batch.rotate_left(17);
+        }
+        let worker = format!("w{i}");
+        handles.push(tokio::spawn(async move {
+            s.start(&batch, &worker, now()).await.unwrap()
+        }));
+    }
+    let mut runs: HashMap<JobId, usize> = HashMap::new();
+    for h in handles {
+        for o in h.await.unwrap() {
+            match o {
+                StartOutcome::Run(j) => *runs.entry(j.id).or_default() += 1,
+                StartOutcome::Skip(JobState::Running) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    for id in &ids {
+        assert_eq!(runs.get(id), Some(&1), "job {id} started other than once");
+        assert_eq!(a.get(*id).await.unwrap().unwrap().epoch, 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_reconcilers_share_the_outbox_and_leases_expire() {
+    let (a, b) = two_pools().await;
+    let q = homing::conformance::unique_queue("outbox");
+    let t0 = now();
+    let jobs: Vec<_> = (0..120)
+        .map(|_| {
+            let mut j = new_job(&q, "t");
+            j.created_at = t0 - 1_000;
+            j
+        })
+        .collect();
+    let want: HashSet<JobId> = jobs.iter().map(|j| j.id).collect();
+    a.insert(jobs).await.unwrap();
+    let mut handles = Vec::new();
+    for i in 0..6 {
+        let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+        handles.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let batch = s.undispatched(t0, 9).await.unwrap();
+                if batch.is_empty() {
+                    return got;
+                }
+                got.extend(batch.into_iter().map(|d| d.id));
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await.unwrap());
+    }
+    let unique: HashSet<JobId> = all.iter().copied().collect();
+    assert_eq!(all.len(), unique.len(), "one sweep handed a job out twice");
+    assert_eq!(unique, want);
+    // Nobody marked them dispatched (the reconcilers "died"): once the lease is older than
+    // `before`, they are handed out again, so nothing is lost.
+    let again: HashSet<JobId> = a
+        .undispatched(now() + 1, 1_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(again, want, "expired leases come back");
+    let ids: Vec<JobId> = want.iter().copied().collect();
+    b.mark_dispatched(&ids).await.unwrap();
+    assert!(a.undispatched(now() + 1, 1_000).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrations_race_safely_and_are_recorded_once() {
+    let url = server().fresh_database().await;
+    let mut handles = Vec::new();
+    for _ in 0..6 {
+        let url = url.clone();
+        handles.push(tokio::spawn(async move {
+            let s = PgStore::open(&url, PgOptions::default()).await.unwrap();
+            s.migrate().await.unwrap()
+        }));
+    }
+    let mut applied = Vec::new();
+    for h in handles {
+        applied.push(h.await.unwrap());
+    }
+    let names: Vec<&str> = MIGRATIONS.iter().map(|m| m.name).collect();
+    assert_eq!(
+        applied.iter().filter(|a| !a.is_empty()).count(),
+        1,
+        "exactly one process applies the migrations: {applied:?}"
+    );
+    assert!(applied.iter().all(|a| a.is_empty() || *a == names));
+    let s = PgStore::open(&url, PgOptions::default()).await.unwrap();
+    assert!(
+        s.migrate().await.unwrap().is_empty(),
+        "nothing left to apply"
+    );
+    let recorded: Vec<(i32, String)> =
+        sqlx::query_as("SELECT version, name FROM homing_migrations ORDER BY version")
+            .fetch_all(s.pool())
+            .await
+            .unwrap();
+    let expected: Vec<(i32, String)> = MIGRATIONS
+        .iter()
+        .map(|m| (m.version, m.name.to_string()))
+        .collect();
+    assert_eq!(recorded, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_and_json_round_trip_exactly() {
+    let s = fresh_store().await;
+    let q = homing::conformance::unique_queue("text");
+    let mut nj = new_job(&q, "t");
+    // JSONB would refuse \u0000 and reorder keys; the store must return what it was given.
+    nj.args = serde_json::json!({"nul": "a\u{0}b", "big": u64::MAX, "neg": i64::MIN,
+        "float": 0.1, "ko": "문서", "nested": {"z": 1, "a": [true, null]}});
+    s.insert(vec![nj.clone()]).await.unwrap();
+    let j = s.get(nj.id).await.unwrap().unwrap();
+    assert_eq!(j.args, nj.args);
+    assert_eq!(
+        serde_json::to_string(&j.args).unwrap(),
+        serde_json::to_string(&nj.args).unwrap()
+    );
+    // A handler's error text with a NUL byte is kept (the byte replaced), not lost.
+    let run = match s.start(&[nj.id], "w", now()).await.unwrap().remove(0) {
+        StartOutcome::Run(j) => j,
+        other => panic!("{other:?}"),
+    };
+    let done = Completion {
+        id: nj.id,
+        epoch: run.epoch,
+        outcome: Outcome::Failed {
+            error: "bad\0byte".into(),
+        },
+    };
+    assert!(matches!(
+        s.complete(&[done], now()).await.unwrap()[0],
+        Committed::Applied {
+            state: JobState::Failed,
+            ..
+        }
+    ));
+    let j = s.get(nj.id).await.unwrap().unwrap();
+    assert_eq!(j.error.as_deref(), Some("bad\u{FFFD}byte"));
+    // A client's idempotency key with a NUL byte is the client's mistake.
+    let mut bad = new_job(&q, "t");
+    bad.options.idempotency_key = Some("k\0".into());
+    assert!(matches!(
+        s.insert(vec![bad]).await,
+        Err(homing::Error::Invalid(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_insert_whose_commit_was_not_heard_returns_the_job() {
+    let s = fresh_store().await;
+    let q = homing::conformance::unique_queue("again");
+    let nj = new_job(&q, "t");
+    assert!(!s.insert(vec![nj.clone()]).await.unwrap()[0].existed);
+    let again = s.insert(vec![nj.clone()]).await.unwrap().remove(0);
+    assert!(again.existed && again.id == nj.id && !again.needs_dispatch());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_is_unavailable_quickly_and_url_password_stays_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "postgres://homing:s3cret-pw@localhost:5432/nodb?host={}",
+        dir.path().display()
+    );
+    let started = Instant::now();
+    let err = PgStore::connect(&url).await.expect_err("no server there");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(err.is_transient(), "{err:?}");
+    assert!(!format!("{err} {err:?}").contains("s3cret-pw"), "{err:?}");
+    let err = homing::Backends::open("sqlite://unused.db", &url)
+        .await
+        .expect_err("no server there");
+    assert!(!format!("{err} {err:?}").contains("s3cret-pw"), "{err:?}");
+    let bad = PgStore::open(
+        "postgres://homing:s3cret-pw@localhost:notaport/db",
+        PgOptions::default(),
+    )
+    .await
+    .expect_err("bad port");
+    assert!(matches!(bad, homing::Error::Invalid(_)), "{bad:?}");
+    assert!(!bad.to_string().contains("s3cret-pw"), "{bad}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn backends_open_selects_postgres_and_a_worker_runs_jobs() {
+    let url = server().fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = format!("sqlite://{}/broker.db", dir.path().display());
+    let backends = homing::Backends::open(&broker, &url).await.unwrap();
+    assert_eq!(backends.store.kind(), "postgres");
+    let client = homing::Client::new(backends.broker.clone(), backends.store.clone());
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let req = homing::EnqueueRequest::new("builtin.noop", serde_json::json!({ "i": i }));
+        ids.push(client.enqueue(req).await.unwrap().id);
+    }
+    let worker = homing::Worker::new(
+        backends.broker.clone(),
+        backends.store.clone(),
+        homing::builtin::registry(),
+        homing::WorkerConfig {
+            heartbeat_interval: Duration::from_millis(100),
+            ..Default::default()
+        },
+    );
+    let stop = homing::CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+    for (i, id) in ids.iter().enumerate() {
+        let job = client.wait(*id, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(job.state, JobState::Succeeded, "{job:?}");
+        assert_eq!(job.result.as_ref().unwrap()["i"], serde_json::json!(i));
+        assert_eq!(job.epoch, 1);
+    }
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    let ws = backends.store.workers(0).await.unwrap();
+    assert!(ws.iter().any(|w| w.status == "stopped"), "{ws:?}");
+}
