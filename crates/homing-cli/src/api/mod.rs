@@ -59,6 +59,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/workers", get(status::workers))
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn(declared_length_limit))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
 }
@@ -69,6 +70,25 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Refuses a body whose declared length is over the limit before reading any of it; bodies
+/// without a declared length are still cut off at the limit by `DefaultBodyLimit`.
+async fn declared_length_limit(req: Request, next: Next) -> Response {
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > BODY_LIMIT as u64 => ApiError::new(
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("request body of {n} bytes is over the limit of {BODY_LIMIT} bytes"),
+        )
+        .into_response(),
+        _ => next.run(req).await,
+    }
 }
 
 async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
