@@ -13,7 +13,16 @@ use homing::{EnqueueRequest, JobState};
 /// three times and restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_mid_job_loses_nothing_and_completes_nothing_twice() {
-    let env = Env::sqlite();
+    kill_9_scenario(Env::sqlite()).await;
+}
+
+/// The same scenario with the store in PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_mid_job_with_a_postgres_store() {
+    kill_9_scenario(Env::sqlite_broker_postgres_store().await).await;
+}
+
+pub async fn kill_9_scenario(env: Env) {
     let counter = Counter::start().await;
     let client = env.client().await;
     let queue = "crash";

@@ -4,6 +4,9 @@
 
 #![allow(dead_code)]
 
+#[path = "../../../homing/tests/support/postgres.rs"]
+pub mod postgres;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -32,6 +35,14 @@ impl Env {
             store: url,
             dir,
         }
+    }
+
+    /// The embedded broker with a PostgreSQL store (a fresh database on the test binary's server).
+    pub async fn sqlite_broker_postgres_store() -> Env {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let broker = format!("sqlite://{}/broker.db", dir.path().display());
+        let store = postgres::server().fresh_database().await;
+        Env { broker, store, dir }
     }
 
     pub fn path(&self) -> &Path {
