@@ -4,9 +4,10 @@
 //! A service defines [`Task`]s, enqueues with a [`Client`], and runs a [`Worker`]; the
 //! [`broker`] moves messages and the [`store`] keeps the truth about every job.
 //!
-//! ```no_run
+//! ```
 //! use homing::{Backends, Client, Context, EnqueueRequest, Registry, Task, TaskError, Worker, WorkerConfig};
 //! use serde::Deserialize;
+//! use std::time::Duration;
 //!
 //! struct Greet;
 //!
@@ -18,23 +19,35 @@
 //!     const NAME: &'static str = "greet";
 //!     type Args = Who;
 //!     type Output = String;
-//!     async fn run(&self, _ctx: Context, who: Who) -> Result<String, TaskError> {
-//!         Ok(format!("hello, {}", who.name))
+//!     async fn run(&self, ctx: Context, who: Who) -> Result<String, TaskError> {
+//!         // ctx.idempotency_key() is stable across redeliveries: pass it to external services.
+//!         Ok(format!("hello, {} (job {})", who.name, ctx.idempotency_key()))
 //!     }
+//!     fn queue(&self) -> &str { "greetings" }
 //! }
 //!
-//! # async fn demo() -> homing::Result<()> {
-//! let backends = Backends::open(homing::DEFAULT_URL, homing::DEFAULT_URL).await?;
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> homing::Result<()> {
+//! # let dir = std::env::temp_dir().join(format!("homing-doc-{}", homing::job::new_job_id()));
+//! # let url = format!("sqlite://{}/homing.db", dir.display());
+//! // The embedded default is `homing::DEFAULT_URL` (./homing-data/homing.db).
+//! let backends = Backends::open(&url, &url).await?;
 //! let client = Client::new(backends.broker.clone(), backends.store.clone());
-//! let job = client.enqueue(EnqueueRequest::new("greet", serde_json::json!({"name": "Ada"}))).await?;
+//! let job = client.enqueue_task(&Greet, &serde_json::json!({"name": "Ada"})).await?;
 //!
 //! let mut tasks = Registry::new();
 //! tasks.register(Greet);
-//! let worker = Worker::new(backends.broker, backends.store, tasks, WorkerConfig::default());
-//! let stop = tokio_util::sync::CancellationToken::new();
-//! tokio::spawn(worker.run(stop.clone()));
-//! let done = client.wait(job.id, std::time::Duration::from_secs(5)).await?;
-//! assert_eq!(done.result, Some(serde_json::json!("hello, Ada")));
+//! let config = WorkerConfig { queues: vec!["greetings".into()], ..WorkerConfig::default() };
+//! let worker = Worker::new(backends.broker, backends.store, tasks, config);
+//! let stop = homing::CancellationToken::new();
+//! let running = tokio::spawn(worker.run(stop.clone()));
+//!
+//! let done = client.wait(job.id, Duration::from_secs(10)).await?;
+//! assert_eq!(done.state, homing::JobState::Succeeded);
+//! assert_eq!(done.result, Some(serde_json::json!(format!("hello, Ada (job {})", job.id))));
+//! stop.cancel(); // what SIGTERM does in `homing worker`: a graceful shutdown
+//! running.await.unwrap()?;
+//! # std::fs::remove_dir_all(dir).ok();
 //! # Ok(()) }
 //! ```
 

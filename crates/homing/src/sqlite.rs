@@ -68,7 +68,8 @@ CREATE TABLE IF NOT EXISTS messages (
     queue TEXT NOT NULL,
     payload TEXT NOT NULL,
     consumer TEXT,
-    reserved_at INTEGER
+    reserved_at INTEGER,
+    generation INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS messages_ready ON messages(queue, id) WHERE consumer IS NULL;
 CREATE INDEX IF NOT EXISTS messages_owned ON messages(consumer) WHERE consumer IS NOT NULL;

@@ -83,8 +83,10 @@ pub async fn up(g: &Global, a: UpArgs) -> anyhow::Result<ExitCode> {
 pub async fn server(g: &Global, a: ServerArgs) -> anyhow::Result<ExitCode> {
     let backends = open(g, true).await?;
     let stop = signals::shutdown_token();
-    let mut mc = MaintenanceConfig::default();
-    mc.rescue_interval = a.rescue_interval;
+    let mc = MaintenanceConfig {
+        rescue_interval: a.rescue_interval,
+        ..Default::default()
+    };
     let maintenance = Maintenance::spawn(
         backends.broker.clone(),
         backends.store.clone(),

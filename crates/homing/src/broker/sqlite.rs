@@ -2,9 +2,14 @@
 //! (`consumer IS NULL`) or reserved by one consumer, and a `heartbeats` table of expiry times.
 //! SQLite cannot block on a read, so reservation polls briefly, and is woken at once by a publish
 //! made in the same process.
+//!
+//! A delivery's tag is `<row id>.<generation>`. Requeueing a message keeps its row, so it keeps
+//! its place at the head of the queue (a reclaimed job runs again before the backlog, which is
+//! what makes recovery fast), but bumps the generation: a zombie that acknowledges its old tag
+//! can never remove the message from its new owner.
 
 use async_trait::async_trait;
-use rusqlite::{params, OptionalExtension};
+use rusqlite::params;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,7 +63,7 @@ impl SqliteBroker {
                 let mut st = tx.prepare_cached(
                     "UPDATE messages SET consumer = ?1, reserved_at = ?2 WHERE id IN \
                      (SELECT id FROM messages WHERE queue = ?3 AND consumer IS NULL ORDER BY id LIMIT ?4) \
-                     RETURNING id, queue, payload",
+                     RETURNING id, generation, queue, payload",
                 )?;
                 let mut out = Vec::new();
                 for q in &queues {
@@ -67,36 +72,41 @@ impl SqliteBroker {
                     }
                     let rows = st.query_map(
                         params![consumer, t, q, (max - out.len()) as i64],
-                        |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)),
+                        |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?)),
                     )?;
                     for r in rows {
-                        let (id, queue, payload) = r?;
-                        out.push(delivery(id, queue, &payload));
+                        let (id, gen, queue, payload) = r?;
+                        out.push(delivery(id, gen, queue, &payload));
                     }
                 }
-                out.sort_by_key(|d: &Delivery| d.tag.parse::<i64>().unwrap_or(0));
+                out.sort_by_key(|d: &Delivery| parse_tag(&d.tag).map(|t| t.0).unwrap_or(0));
                 Ok(out)
             })
             .await
     }
 }
 
-fn delivery(id: i64, queue: String, payload: &str) -> Delivery {
+fn delivery(id: i64, generation: i64, queue: String, payload: &str) -> Delivery {
     let job = payload
         .trim()
         .parse::<JobId>()
         .map_err(|e| format!("undecodable message {payload:?}: {e}"));
     Delivery {
-        tag: id.to_string(),
+        tag: format!("{id}.{generation}"),
         queue,
         job,
     }
 }
 
-fn tags(deliveries: &[Delivery]) -> Vec<i64> {
+fn parse_tag(tag: &str) -> Option<(i64, i64)> {
+    let (id, gen) = tag.split_once('.')?;
+    Some((id.parse().ok()?, gen.parse().ok()?))
+}
+
+fn tags(deliveries: &[Delivery]) -> Vec<(i64, i64)> {
     deliveries
         .iter()
-        .filter_map(|d| d.tag.parse().ok())
+        .filter_map(|d| parse_tag(&d.tag))
         .collect()
 }
 
@@ -158,9 +168,10 @@ impl Broker for SqliteBroker {
         }
         self.db
             .write(move |tx| {
-                let mut st = tx.prepare_cached("DELETE FROM messages WHERE id = ?1")?;
-                for id in &ids {
-                    st.execute([id])?;
+                let mut st =
+                    tx.prepare_cached("DELETE FROM messages WHERE id = ?1 AND generation = ?2")?;
+                for (id, gen) in &ids {
+                    st.execute([id, gen])?;
                 }
                 Ok(())
             })
@@ -170,27 +181,16 @@ impl Broker for SqliteBroker {
     async fn requeue(&self, consumer: &str, deliveries: &[Delivery]) -> Result<usize> {
         let ids = tags(deliveries);
         let consumer = consumer.to_string();
-        // A requeued message gets a new row (a new tag), as a stream entry would: a zombie that
-        // acknowledges its old tag can then never remove the message from its new owner.
         let n = self
             .db
             .write(move |tx| {
-                let mut take = tx.prepare_cached(
-                    "DELETE FROM messages WHERE id = ?1 AND consumer = ?2 RETURNING queue, payload",
+                let mut st = tx.prepare_cached(
+                    "UPDATE messages SET consumer = NULL, reserved_at = NULL, generation = generation + 1 \
+                     WHERE id = ?1 AND generation = ?2 AND consumer = ?3",
                 )?;
-                let mut put =
-                    tx.prepare_cached("INSERT INTO messages (queue, payload) VALUES (?1, ?2)")?;
                 let mut n = 0;
-                for id in &ids {
-                    let row = take
-                        .query_row(params![id, consumer], |r| {
-                            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-                        })
-                        .optional()?;
-                    if let Some((queue, payload)) = row {
-                        put.execute(params![queue, payload])?;
-                        n += 1;
-                    }
+                for (id, gen) in &ids {
+                    n += st.execute(params![id, gen, consumer])?;
                 }
                 Ok(n)
             })
@@ -202,15 +202,19 @@ impl Broker for SqliteBroker {
     }
 
     async fn dead_letter(&self, d: &Delivery, reason: &str) -> Result<()> {
-        let (tag, queue, reason) = (
-            d.tag.parse::<i64>().unwrap_or(-1),
+        let ((tag, gen), queue, reason) = (
+            parse_tag(&d.tag).unwrap_or((-1, -1)),
             d.queue.clone(),
             reason.to_string(),
         );
         self.db
             .write(move |tx| {
                 let payload: Option<String> = tx
-                    .query_row("DELETE FROM messages WHERE id = ?1 RETURNING payload", [tag], |r| r.get(0))
+                    .query_row(
+                        "DELETE FROM messages WHERE id = ?1 AND generation = ?2 RETURNING payload",
+                        [tag, gen],
+                        |r| r.get(0),
+                    )
                     .ok();
                 if let Some(payload) = payload {
                     tx.execute(
@@ -228,12 +232,12 @@ impl Broker for SqliteBroker {
         self.db
             .read(move |c| {
                 let mut st = c.prepare_cached(
-                    "SELECT id, queue, payload FROM messages WHERE consumer = ?1 ORDER BY id LIMIT ?2",
+                    "SELECT id, generation, queue, payload FROM messages WHERE consumer = ?1 ORDER BY id LIMIT ?2",
                 )?;
                 let rows = st.query_map(params![consumer, limit as i64], |r| {
-                    Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
                 })?;
-                rows.map(|r| r.map(|(id, q, p)| delivery(id, q, &p))).collect()
+                rows.map(|r| r.map(|(id, g, q, p)| delivery(id, g, q, &p))).collect()
             })
             .await
     }

@@ -14,6 +14,6 @@ pub fn registry() -> Registry {
     let mut r = Registry::new();
     r.register(noop::Noop).register(sleep::Sleep);
     #[cfg(feature = "http")]
-    r.register(http::Http::default());
+    r.register(http::Http);
     r
 }

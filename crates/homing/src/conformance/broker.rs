@@ -16,7 +16,7 @@ macro_rules! broker_conformance {
     ($make:expr) => {
         $crate::__conformance_cases!(broker, $make;
             publish_reserve_ack_in_order, reserve_respects_max, reserved_messages_are_owned,
-            requeue_gives_a_new_tag, ack_is_idempotent, heartbeat_lifecycle, lost_consumers_and_removal,
+            requeue_gives_a_new_tag, requeued_message_goes_first, ack_is_idempotent, heartbeat_lifecycle, lost_consumers_and_removal,
             dead_letter_moves_message, marker_detects_loss, several_queues, concurrent_reserve_is_exclusive,
             reserve_waits_for_a_publish
         );
@@ -44,7 +44,10 @@ pub async fn publish_reserve_ack_in_order(b: Arc<dyn Broker>) {
     let q = unique_queue("fifo");
     let msgs = dispatches(&q, 3);
     b.publish(&msgs).await.unwrap();
-    let got = b.reserve("c1", &[q.clone()], 10, SHORT).await.unwrap();
+    let got = b
+        .reserve("c1", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
     assert_eq!(
         ids(&got),
         msgs.iter().map(|m| m.id).collect::<Vec<_>>(),
@@ -52,7 +55,7 @@ pub async fn publish_reserve_ack_in_order(b: Arc<dyn Broker>) {
     );
     assert!(got.iter().all(|d| d.queue == q));
     assert!(
-        b.reserve("c2", &[q.clone()], 10, SHORT)
+        b.reserve("c2", std::slice::from_ref(&q), 10, SHORT)
             .await
             .unwrap()
             .is_empty(),
@@ -76,15 +79,24 @@ pub async fn reserve_respects_max(b: Arc<dyn Broker>) {
     let q = unique_queue("max");
     b.publish(&dispatches(&q, 5)).await.unwrap();
     assert_eq!(
-        b.reserve("c", &[q.clone()], 2, SHORT).await.unwrap().len(),
+        b.reserve("c", std::slice::from_ref(&q), 2, SHORT)
+            .await
+            .unwrap()
+            .len(),
         2
     );
     assert_eq!(
-        b.reserve("c", &[q.clone()], 1, SHORT).await.unwrap().len(),
+        b.reserve("c", std::slice::from_ref(&q), 1, SHORT)
+            .await
+            .unwrap()
+            .len(),
         1
     );
     assert_eq!(
-        b.reserve("c", &[q.clone()], 10, SHORT).await.unwrap().len(),
+        b.reserve("c", std::slice::from_ref(&q), 10, SHORT)
+            .await
+            .unwrap()
+            .len(),
         2
     );
     assert_eq!(b.pending("c", 100).await.unwrap().len(), 5);
@@ -93,7 +105,10 @@ pub async fn reserve_respects_max(b: Arc<dyn Broker>) {
 pub async fn reserved_messages_are_owned(b: Arc<dyn Broker>) {
     let q = unique_queue("own");
     b.publish(&dispatches(&q, 2)).await.unwrap();
-    let got = b.reserve("c1", &[q.clone()], 10, SHORT).await.unwrap();
+    let got = b
+        .reserve("c1", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
     assert_eq!(b.pending("c1", 10).await.unwrap().len(), 2);
     assert!(b.pending("c2", 10).await.unwrap().is_empty());
     assert_eq!(
@@ -107,16 +122,25 @@ pub async fn reserved_messages_are_owned(b: Arc<dyn Broker>) {
         0,
         "requeue happens once"
     );
-    let again = b.reserve("c2", &[q.clone()], 10, SHORT).await.unwrap();
+    let again = b
+        .reserve("c2", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
     assert_eq!(ids(&again), ids(&got));
 }
 
 pub async fn requeue_gives_a_new_tag(b: Arc<dyn Broker>) {
     let q = unique_queue("tag");
     b.publish(&dispatches(&q, 1)).await.unwrap();
-    let old = b.reserve("zombie", &[q.clone()], 1, SHORT).await.unwrap();
+    let old = b
+        .reserve("zombie", std::slice::from_ref(&q), 1, SHORT)
+        .await
+        .unwrap();
     assert_eq!(b.requeue("zombie", &old).await.unwrap(), 1);
-    let new = b.reserve("fresh", &[q.clone()], 1, SHORT).await.unwrap();
+    let new = b
+        .reserve("fresh", std::slice::from_ref(&q), 1, SHORT)
+        .await
+        .unwrap();
     assert_eq!(ids(&new), ids(&old));
     assert_ne!(new[0].tag, old[0].tag);
     // The zombie acknowledges its old tag: the new owner's message must survive.
@@ -124,10 +148,36 @@ pub async fn requeue_gives_a_new_tag(b: Arc<dyn Broker>) {
     assert_eq!(b.pending("fresh", 10).await.unwrap().len(), 1);
 }
 
+/// A reclaimed message must not wait behind the backlog: recovery time is TTL + one sweep, not
+/// TTL + the time to drain the queue.
+pub async fn requeued_message_goes_first(b: Arc<dyn Broker>) {
+    let q = unique_queue("front");
+    let msgs = dispatches(&q, 3);
+    b.publish(&msgs[..1]).await.unwrap();
+    let first = b
+        .reserve("lost", std::slice::from_ref(&q), 1, SHORT)
+        .await
+        .unwrap();
+    b.publish(&msgs[1..]).await.unwrap();
+    assert_eq!(b.requeue("lost", &first).await.unwrap(), 1);
+    let next = b
+        .reserve("fresh", std::slice::from_ref(&q), 1, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&next),
+        vec![msgs[0].id],
+        "the requeued message is delivered before newer ones"
+    );
+}
+
 pub async fn ack_is_idempotent(b: Arc<dyn Broker>) {
     let q = unique_queue("ack");
     b.publish(&dispatches(&q, 2)).await.unwrap();
-    let got = b.reserve("c", &[q.clone()], 2, SHORT).await.unwrap();
+    let got = b
+        .reserve("c", std::slice::from_ref(&q), 2, SHORT)
+        .await
+        .unwrap();
     b.ack(&got[..1]).await.unwrap();
     b.ack(&got[..1]).await.unwrap();
     let pending = b.pending("c", 10).await.unwrap();
@@ -167,8 +217,14 @@ pub async fn lost_consumers_and_removal(b: Arc<dyn Broker>) {
     b.register(&dead, Duration::from_millis(100)).await.unwrap();
     b.register(&live, Duration::from_secs(30)).await.unwrap();
     b.publish(&dispatches(&q, 2)).await.unwrap();
-    let d1 = b.reserve(&dead, &[q.clone()], 1, SHORT).await.unwrap();
-    let _d2 = b.reserve(&live, &[q.clone()], 1, SHORT).await.unwrap();
+    let d1 = b
+        .reserve(&dead, std::slice::from_ref(&q), 1, SHORT)
+        .await
+        .unwrap();
+    let _d2 = b
+        .reserve(&live, std::slice::from_ref(&q), 1, SHORT)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(250)).await;
     let lost = b.lost_consumers().await.unwrap();
     assert!(lost.contains(&dead), "{lost:?}");
@@ -190,11 +246,14 @@ pub async fn lost_consumers_and_removal(b: Arc<dyn Broker>) {
 pub async fn dead_letter_moves_message(b: Arc<dyn Broker>) {
     let q = unique_queue("dlq");
     b.publish(&dispatches(&q, 1)).await.unwrap();
-    let got = b.reserve("c", &[q.clone()], 1, SHORT).await.unwrap();
+    let got = b
+        .reserve("c", std::slice::from_ref(&q), 1, SHORT)
+        .await
+        .unwrap();
     b.dead_letter(&got[0], "cannot decode").await.unwrap();
     assert!(b.pending("c", 10).await.unwrap().is_empty());
     assert!(b
-        .reserve("c", &[q.clone()], 1, SHORT)
+        .reserve("c", std::slice::from_ref(&q), 1, SHORT)
         .await
         .unwrap()
         .is_empty());
@@ -246,7 +305,7 @@ pub async fn concurrent_reserve_is_exclusive(b: Arc<dyn Broker>) {
             let mut got = Vec::new();
             loop {
                 let batch = b
-                    .reserve(&format!("c{c}"), &[q.clone()], 7, SHORT)
+                    .reserve(&format!("c{c}"), std::slice::from_ref(&q), 7, SHORT)
                     .await
                     .unwrap();
                 if batch.is_empty() {
@@ -276,7 +335,7 @@ pub async fn reserve_waits_for_a_publish(b: Arc<dyn Broker>) {
         b2.publish(&m2).await.unwrap();
     });
     let got = b
-        .reserve("c", &[q.clone()], 1, Duration::from_secs(5))
+        .reserve("c", std::slice::from_ref(&q), 1, Duration::from_secs(5))
         .await
         .unwrap();
     publisher.await.unwrap();

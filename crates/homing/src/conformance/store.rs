@@ -143,7 +143,7 @@ pub async fn start_fences_and_guards(s: Arc<dyn Store>) {
         epoch: 1,
         outcome: Outcome::Succeeded(serde_json::json!({"ok": true})),
     };
-    let r = s.complete(&[c.clone()], now()).await.unwrap();
+    let r = s.complete(std::slice::from_ref(&c), now()).await.unwrap();
     assert!(
         matches!(
             &r[0],

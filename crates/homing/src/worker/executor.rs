@@ -205,41 +205,52 @@ async fn run(s: Arc<Session>, r: Reserved, job: Job, slot: OwnedSemaphorePermit)
     let job = Arc::new(job);
     let ctx = Context::new(job.clone(), token.clone(), s.store.clone(), time_limit);
     let mut handle = tokio::spawn(handler.call(ctx, job.args.clone()));
-    let ended: Result<Result<serde_json::Value, TaskError>, StopReason> = tokio::select! {
-        r = &mut handle => Ok(match r {
-            Ok(res) => res,
-            Err(e) => Err(TaskError::Retry(panic_message(e))),
-        }),
-        _ = tokio::time::sleep(time_limit) => {
-            token.cancel();
-            handle.abort();
-            Ok(Err(TaskError::Retry(format!(
-                "time limit of {} exceeded",
-                humantime::format_duration(time_limit)
-            ))))
-        }
-        _ = token.cancelled() => {
-            handle.abort();
-            Err(running.reason().unwrap_or(StopReason::Cancelled))
-        }
+    enum Ended {
+        Returned(Result<Result<serde_json::Value, TaskError>, tokio::task::JoinError>),
+        TimedOut,
+        Stopped,
+    }
+    let ended = tokio::select! {
+        r = &mut handle => Ended::Returned(r),
+        _ = tokio::time::sleep(time_limit) => Ended::TimedOut,
+        _ = token.cancelled() => Ended::Stopped,
     };
+    if !matches!(ended, Ended::Returned(_)) {
+        token.cancel();
+        handle.abort();
+    }
     s.running
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&job.id);
     drop(slot);
-    let outcome = match ended {
-        Ok(Ok(value)) => Outcome::Succeeded(value),
-        Ok(Err(err)) => {
+    // A stop request decides the outcome unless the handler had already succeeded: a handler
+    // that notices the cancellation and returns an error must not be retried.
+    let outcome = match (ended, running.reason()) {
+        // Presumed dead: the job belongs to the rescuer now. Commit nothing, ack nothing.
+        (_, Some(StopReason::Lost)) => return,
+        (Ended::Returned(Ok(Ok(value))), _) => Outcome::Succeeded(value),
+        (Ended::TimedOut, _) => outcome_for_error(
+            &job,
+            &defaults,
+            TaskError::Retry(format!(
+                "time limit of {} exceeded",
+                humantime::format_duration(time_limit)
+            )),
+            now(),
+        ),
+        (_, Some(StopReason::Cancelled)) | (Ended::Stopped, None) => Outcome::Cancelled,
+        (_, Some(StopReason::Shutdown)) => Outcome::Released,
+        (Ended::Returned(Ok(Err(err))), None) => {
             tracing::debug!(job = %job.id, task = %job.task, error = %err, "handler returned an error");
             outcome_for_error(&job, &defaults, err, now())
         }
-        Err(StopReason::Cancelled) => Outcome::Cancelled,
-        Err(StopReason::Shutdown) => Outcome::Released,
-        Err(StopReason::Lost) => {
-            // Presumed dead: the job belongs to the rescuer now. Commit nothing, ack nothing.
-            return;
-        }
+        (Ended::Returned(Err(join)), None) => outcome_for_error(
+            &job,
+            &defaults,
+            TaskError::Retry(panic_message(join)),
+            now(),
+        ),
     };
     commit(&s, r, &job, outcome).await;
 }
