@@ -89,7 +89,10 @@ async fn garbage_in_a_stream_is_delivered_undecodable_and_dead_lettered() {
         .await
         .unwrap();
 
-    let got = b.reserve("w", &[q.clone()], 10, SHORT).await.unwrap();
+    let got = b
+        .reserve("w", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
     assert_eq!(got.len(), 5, "garbage is delivered, not dropped: {got:?}");
     assert_eq!(got[0].job, Ok(good));
     let bad: Vec<&Delivery> = got.iter().filter(|d| d.job.is_err()).collect();
@@ -137,7 +140,10 @@ async fn a_lost_worker_s_messages_are_requeued_by_the_rescuer() {
     server.cli(&["XADD", &b.keys().stream(&q), "*", "not", "a job"]);
 
     b.register("w1", Duration::from_millis(200)).await.unwrap();
-    let got = b.reserve("w1", &[q.clone()], 10, SHORT).await.unwrap();
+    let got = b
+        .reserve("w1", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
     assert_eq!(got.len(), 2);
     let outcome = store.start(&[id], "w1", homing::time::now()).await.unwrap();
     assert!(matches!(outcome[0], StartOutcome::Run(_)));
@@ -171,7 +177,10 @@ async fn a_lost_worker_s_messages_are_requeued_by_the_rescuer() {
     let consumers = server.cli(&["XINFO", "CONSUMERS", &b.keys().stream(&q), "homing"]);
     assert!(!consumers.contains("w1"), "{consumers}");
     assert!(b.pending("w1", 10).await.unwrap().is_empty());
-    let again = b.reserve("w2", &[q.clone()], 10, SHORT).await.unwrap();
+    let again = b
+        .reserve("w2", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].job, Ok(id));
     assert_ne!(
@@ -194,9 +203,13 @@ async fn a_deleted_pending_entry_is_acknowledged_away() {
         })
         .collect();
     b.publish(&msgs).await.unwrap();
-    let got = b.reserve("w", &[q.clone()], 10, SHORT).await.unwrap();
+    let got = b
+        .reserve("w", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
     let stream = b.keys().stream(&q);
-    server.cli(&["XDEL", &stream, &got[0].tag]);
+    let entry_id = got[0].tag.split('.').next().unwrap();
+    assert_eq!(server.cli(&["XDEL", &stream, entry_id]), "1");
 
     let pending = b.pending("w", 10).await.unwrap();
     assert_eq!(pending.len(), 1);
@@ -231,6 +244,44 @@ async fn reserving_from_several_queues_never_exceeds_max() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_reservation_picks_up_a_requeued_message() {
+    let b = open(&shared().url(&unique_prefix("wake"))).await;
+    let q = unique_queue("wake");
+    let id = homing::job::new_job_id();
+    b.publish(&[Dispatch {
+        id,
+        queue: q.clone(),
+    }])
+    .await
+    .unwrap();
+    let lost = b
+        .reserve("lost", std::slice::from_ref(&q), 1, SHORT)
+        .await
+        .unwrap();
+    let b2 = b.clone();
+    let requeuer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        b2.requeue("lost", &lost).await.unwrap()
+    });
+    // Requeueing adds nothing to the stream, so it cannot wake a blocked XREADGROUP; the wait
+    // is sliced so the message is still picked up long before the wait ends.
+    let t = Instant::now();
+    let got = b
+        .reserve(
+            "fresh",
+            std::slice::from_ref(&q),
+            1,
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(requeuer.await.unwrap(), 1);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].job, Ok(id));
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushall_is_detected_and_the_store_re_dispatches() {
     let server = RedisServer::unix();
     let b = open(&server.url("flush")).await;
@@ -245,7 +296,10 @@ async fn flushall_is_detected_and_the_store_re_dispatches() {
     assert!(b.check_marker().await.unwrap());
     b.register("w", Duration::from_secs(30)).await.unwrap();
     assert_eq!(
-        b.reserve("w", &[q.clone()], 1, SHORT).await.unwrap().len(),
+        b.reserve("w", std::slice::from_ref(&q), 1, SHORT)
+            .await
+            .unwrap()
+            .len(),
         1
     );
 
@@ -268,7 +322,10 @@ async fn flushall_is_detected_and_the_store_re_dispatches() {
     assert!(b.check_marker().await.unwrap(), "the marker is set again");
 
     // The group vanished with the data; reserving re-creates it and finds the re-published job.
-    let got = b.reserve("w2", &[q.clone()], 10, SHORT).await.unwrap();
+    let got = b
+        .reserve("w2", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].job, Ok(id));
     assert_eq!(b.depths().await.unwrap()[0].reserved, 1);
@@ -303,7 +360,10 @@ async fn connection_loss_is_unavailable_and_the_same_broker_recovers() {
         queue: q.clone(),
     };
     b.publish(&[msg(homing::job::new_job_id())]).await.unwrap();
-    let got = b.reserve("w", &[q.clone()], 1, SHORT).await.unwrap();
+    let got = b
+        .reserve("w", std::slice::from_ref(&q), 1, SHORT)
+        .await
+        .unwrap();
     assert_eq!(got.len(), 1);
     b.register("w", Duration::from_secs(30)).await.unwrap();
 
@@ -335,7 +395,7 @@ async fn connection_loss_is_unavailable_and_the_same_broker_recovers() {
     }
     let deadline = Instant::now() + Duration::from_secs(15);
     let got = loop {
-        match b.reserve("w", &[q.clone()], 1, SHORT).await {
+        match b.reserve("w", std::slice::from_ref(&q), 1, SHORT).await {
             Ok(got) => break got,
             Err(e) => {
                 assert!(e.is_transient(), "{e:?}");

@@ -16,10 +16,12 @@ use crate::job::JobId;
 pub const JOB_FIELD: &str = "job";
 
 /// One stream entry as Redis returned it. `fields` is `None` for an entry that was deleted
-/// while still pending (Redis reports such entries with a nil body).
+/// while still pending (Redis reports such entries with a nil body). `count` is how many times
+/// it was delivered, part of its delivery's tag.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub id: String,
+    pub count: u64,
     pub fields: Option<Vec<(Vec<u8>, Vec<u8>)>>,
 }
 
@@ -30,10 +32,42 @@ impl Entry {
             Some(fields) => job_of(fields),
         };
         Delivery {
-            tag: self.id,
+            tag: Tag {
+                id: self.id,
+                count: self.count,
+            }
+            .to_string(),
             queue: queue.to_string(),
             job,
         }
+    }
+}
+
+/// A delivery's tag: `<entry id>.<delivery count>`. The count changes every time the message
+/// changes hands, so an old delivery's tag never matches the message's current owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tag {
+    pub id: String,
+    pub count: u64,
+}
+
+impl Tag {
+    /// `None` for anything that is not a tag this broker made (it then names nothing here).
+    pub fn parse(tag: &str) -> Option<Tag> {
+        let (id, count) = tag.split_once('.')?;
+        if !is_entry_id(id) || count.is_empty() || count.len() > 19 {
+            return None;
+        }
+        Some(Tag {
+            id: id.to_string(),
+            count: count.parse().ok()?,
+        })
+    }
+}
+
+impl std::fmt::Display for Tag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.id, self.count)
     }
 }
 
@@ -114,15 +148,30 @@ pub fn items(v: Value) -> Result<Vec<Value>, String> {
 }
 
 /// `{{id, {field, value, ...} | nil}, ...}`: the body of `XRANGE`, `XREVRANGE`, and of each
-/// stream in `XREADGROUP`.
+/// stream in `XREADGROUP … >` (a first delivery: count 1).
 pub fn entries(v: Value) -> Result<Vec<Entry>, String> {
-    items(v)?.into_iter().map(entry).collect()
+    items(v)?.into_iter().map(|e| entry(e, false)).collect()
 }
 
-fn entry(v: Value) -> Result<Entry, String> {
+/// `{{id, count, {field, value, ...}}, ...}`: what the scripts return for pending entries.
+pub fn counted_entries(v: Value) -> Result<Vec<Entry>, String> {
+    items(v)?.into_iter().map(|e| entry(e, true)).collect()
+}
+
+fn entry(v: Value, counted: bool) -> Result<Entry, String> {
     let what = shape("a stream entry", &v);
     let mut parts = items(v)?.into_iter();
-    let id = parts.next().as_ref().and_then(string).ok_or(what)?;
+    let id = parts
+        .next()
+        .as_ref()
+        .and_then(string)
+        .ok_or_else(|| what.clone())?;
+    let count = if counted {
+        let n = parts.next().as_ref().and_then(int).ok_or(what)?;
+        n.max(0) as u64
+    } else {
+        1
+    };
     let fields = match parts.next() {
         None | Some(Value::Nil) => None,
         Some(Value::Map(pairs)) => Some(
@@ -145,7 +194,7 @@ fn entry(v: Value) -> Result<Entry, String> {
             )
         }
     };
-    Ok(Entry { id, fields })
+    Ok(Entry { id, count, fields })
 }
 
 /// The reply of `XREADGROUP … STREAMS k1 k2 …`: for each stream key that had entries, its
@@ -197,10 +246,10 @@ pub fn dead_letter(e: Entry) -> DeadLetter {
     dl
 }
 
-/// Whether `tag` looks like a stream entry id (`<ms>-<seq>`), so scripts never receive something
+/// Whether `id` looks like a stream entry id (`<ms>-<seq>`), so scripts never receive something
 /// Redis would reject.
-pub fn is_entry_id(tag: &str) -> bool {
-    match tag.split_once('-') {
+pub fn is_entry_id(id: &str) -> bool {
+    match id.split_once('-') {
         Some((ms, seq)) => {
             !ms.is_empty()
                 && !seq.is_empty()
@@ -264,8 +313,19 @@ mod tests {
         assert_eq!(got[0].1[1].fields, None);
         let d = got[0].1[1].clone().into_delivery("q");
         assert!(d.job.is_err());
+        assert_eq!(d.tag, "2-0.1", "a first delivery has count 1");
         assert_eq!(read_reply(Value::Nil).unwrap(), vec![]);
         assert!(read_reply(Value::Int(3)).is_err());
+    }
+
+    #[test]
+    fn tags_round_trip_and_reject_garbage() {
+        let t = Tag::parse("1700000000000-3.2").unwrap();
+        assert_eq!((t.id.as_str(), t.count), ("1700000000000-3", 2));
+        assert_eq!(t.to_string(), "1700000000000-3.2");
+        for bad in ["1700000000000-3", "x-1.1", "1-1.", "1-1.x", "17.1", ""] {
+            assert_eq!(Tag::parse(bad), None, "{bad}");
+        }
     }
 
     #[test]

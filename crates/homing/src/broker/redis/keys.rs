@@ -21,6 +21,10 @@
 /// the same messages.
 pub const GROUP: &str = "homing";
 
+/// The consumer that owns requeued entries until a reservation claims them. Worker names are
+/// `<name>-<pid>-<hex>`, so none can be this.
+pub const REQUEUED: &str = "~requeued";
+
 /// The default key namespace.
 pub const DEFAULT_PREFIX: &str = "homing";
 

@@ -5,6 +5,10 @@
 //!   reservation is `XREADGROUP … >`, which puts the entry in the group's pending list under the
 //!   reserving consumer (late ack), and an ack is `XACK` + `XDEL`, so a stream only ever holds
 //!   ready and reserved messages and nothing is trimmed.
+//! - A requeued message stays where it is: it is handed (`XCLAIM`) to a placeholder consumer and
+//!   reservations claim from it before reading new entries, so a reclaimed job runs before the
+//!   backlog. A delivery's tag carries the entry's delivery count, which every hand-over raises,
+//!   so a zombie's ack of an old delivery matches nothing ([`scripts`] explains both).
 //! - Blocking reads run on a connection of their own per consumer: on a shared (multiplexed)
 //!   connection a `BLOCK` would hold up every other command behind it. Everything else shares one
 //!   auto-reconnecting [`ConnectionManager`].
@@ -35,8 +39,8 @@ use tokio::time::Instant;
 use super::*;
 use crate::error::Error;
 use crate::time::now;
-use entry::{int, is_entry_id, items, string};
-use keys::{Keys, GROUP};
+use entry::{int, items, string, Tag};
+use keys::{Keys, GROUP, REQUEUED};
 use scripts::Scripts;
 
 const BACKEND: &str = "redis";
@@ -48,6 +52,9 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How much longer than its `BLOCK` a reservation waits for the reply before it gives the
 /// connection up as broken.
 const READ_MARGIN: Duration = Duration::from_secs(2);
+/// The longest single `BLOCK`: a requeued message does not wake a blocked reader (nothing is
+/// added to the stream), so a long wait is cut into slices that look for requeued entries.
+const BLOCK_SLICE: Duration = Duration::from_secs(1);
 /// Most entry ids passed to one script call (Lua's `unpack` has a limit of a few thousand).
 const CHUNK: usize = 1000;
 /// A reserving consumer's connection is closed after this long unused (consumers of sessions
@@ -431,13 +438,52 @@ impl RedisBroker {
         }
     }
 
-    /// Groups entry ids by queue, dropping tags that are not entry ids (they name nothing here).
-    fn by_queue(deliveries: &[Delivery]) -> BTreeMap<&str, Vec<String>> {
-        let mut out: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-        for d in deliveries.iter().filter(|d| is_entry_id(&d.tag)) {
-            out.entry(d.queue.as_str()).or_default().push(d.tag.clone());
+    /// Groups deliveries by queue as script arguments (`id, count` pairs), at most [`CHUNK`]
+    /// per call, dropping tags this broker did not make (they name nothing here).
+    fn tag_args(deliveries: &[Delivery]) -> Vec<(&str, Vec<String>)> {
+        let mut by_queue: BTreeMap<&str, Vec<Tag>> = BTreeMap::new();
+        for d in deliveries {
+            if let Some(t) = Tag::parse(&d.tag) {
+                by_queue.entry(d.queue.as_str()).or_default().push(t);
+            }
+        }
+        let mut out = Vec::new();
+        for (queue, tags) in by_queue {
+            for chunk in tags.chunks(CHUNK) {
+                let args = chunk
+                    .iter()
+                    .flat_map(|t| [t.id.clone(), t.count.to_string()])
+                    .collect();
+                out.push((queue, args));
+            }
         }
         out
+    }
+
+    /// Claims up to `max` requeued entries of `queue` for `consumer`, oldest first.
+    async fn claim_requeued(
+        &self,
+        queue: &str,
+        consumer: &str,
+        max: usize,
+    ) -> Result<Vec<Delivery>> {
+        let mut c = self.manager().await?;
+        let v: Value = self
+            .scripts
+            .claim_requeued
+            .key(self.keys.stream(queue))
+            .arg(GROUP)
+            .arg(REQUEUED)
+            .arg(consumer)
+            .arg(max)
+            .invoke_async(&mut c)
+            .await
+            .map_err(err)?;
+        Ok(entry::counted_entries(v)
+            .map_err(shape)?
+            .into_iter()
+            .map(|e| e.into_delivery(queue))
+            .collect())
     }
 
     /// Deletes `consumer` from every queue's group in which it owns nothing; true when that was
@@ -499,83 +545,101 @@ impl Broker for RedisBroker {
             tokio::time::sleep(wait).await;
             return Ok(Vec::new());
         }
+        if consumer == REQUEUED {
+            return Err(Error::Invalid(format!(
+                "'{REQUEUED}' is reserved by the Redis broker"
+            )));
+        }
         self.ensure_groups(queues).await?;
-        let block = (wait.as_millis() > 0).then_some(wait);
+        let deadline = Instant::now() + wait;
         let reader = self.reader(consumer);
         let mut slot = reader.lock().await;
-        if queues.len() == 1 {
-            return self.read(&mut slot, consumer, queues, max, block).await;
-        }
-        // `COUNT` applies per stream, so reading several streams at once could reserve more than
-        // `max`. Take what is ready queue by queue first, without blocking...
-        let mut out = Vec::new();
-        for q in queues {
-            if out.len() >= max {
-                break;
+        loop {
+            // Requeued messages first (they keep their place at the head of their queue), then
+            // new ones, queue by queue, without blocking.
+            let mut out = Vec::new();
+            for q in queues {
+                if out.len() >= max {
+                    break;
+                }
+                out.extend(self.claim_requeued(q, consumer, max - out.len()).await?);
             }
-            let got = self
-                .read(
-                    &mut slot,
-                    consumer,
-                    std::slice::from_ref(q),
-                    max - out.len(),
-                    None,
-                )
+            // With one queue and nothing requeued, the blocking read below does the same work.
+            if queues.len() > 1 || !out.is_empty() {
+                for q in queues {
+                    if out.len() >= max {
+                        break;
+                    }
+                    let one = std::slice::from_ref(q);
+                    out.extend(
+                        self.read(&mut slot, consumer, one, max - out.len(), None)
+                            .await?,
+                    );
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !out.is_empty() || left.is_zero() {
+                return Ok(out);
+            }
+            let block = left.min(BLOCK_SLICE);
+            let mut out = self
+                .read(&mut slot, consumer, queues, max, Some(block))
                 .await?;
-            out.extend(got);
-        }
-        if !out.is_empty() || block.is_none() {
-            return Ok(out);
-        }
-        // ...and only when all were empty, block on all of them. Messages that arrived in
-        // several queues at the same instant can exceed `max`: the excess goes straight back.
-        let mut out = self.read(&mut slot, consumer, queues, max, block).await?;
-        drop(slot);
-        if out.len() > max {
-            let excess = out.split_off(max);
-            if let Err(e) = self.requeue(consumer, &excess).await {
-                tracing::error!(error = %e, consumer, "could not put back messages reserved beyond prefetch; they stay reserved until this consumer is lost");
+            // `COUNT` applies per stream: messages that arrived in several queues at the same
+            // instant can exceed `max`. The excess goes straight back, keeping its place.
+            if out.len() > max {
+                let excess = out.split_off(max);
+                if let Err(e) = self.requeue(consumer, &excess).await {
+                    tracing::error!(error = %e, consumer, "could not put back messages reserved beyond prefetch; they stay reserved until this consumer is lost");
+                }
+            }
+            if !out.is_empty() || Instant::now() >= deadline {
+                return Ok(out);
             }
         }
-        Ok(out)
     }
 
     async fn ack(&self, deliveries: &[Delivery]) -> Result<()> {
-        let mut calls = Vec::new();
-        for (queue, ids) in Self::by_queue(deliveries) {
-            for chunk in ids.chunks(CHUNK) {
+        let calls: Vec<_> = Self::tag_args(deliveries)
+            .into_iter()
+            .map(|(queue, tags)| {
                 let mut args = vec![GROUP.to_string()];
-                args.extend(chunk.iter().cloned());
-                calls.push((vec![self.keys.stream(queue)], args));
-            }
-        }
+                args.extend(tags);
+                (vec![self.keys.stream(queue)], args)
+            })
+            .collect();
         self.eval_each(&self.scripts.ack, &calls).await.map(|_| ())
     }
 
     async fn requeue(&self, consumer: &str, deliveries: &[Delivery]) -> Result<usize> {
-        let mut calls = Vec::new();
-        for (queue, ids) in Self::by_queue(deliveries) {
-            for chunk in ids.chunks(CHUNK) {
-                let mut args = vec![GROUP.to_string(), consumer.to_string()];
-                args.extend(chunk.iter().cloned());
-                calls.push((vec![self.keys.stream(queue)], args));
-            }
-        }
+        let calls: Vec<_> = Self::tag_args(deliveries)
+            .into_iter()
+            .map(|(queue, tags)| {
+                let mut args = vec![
+                    GROUP.to_string(),
+                    consumer.to_string(),
+                    REQUEUED.to_string(),
+                ];
+                args.extend(tags);
+                (vec![self.keys.stream(queue)], args)
+            })
+            .collect();
         let results = self.eval_each(&self.scripts.requeue, &calls).await?;
         Ok(results.iter().filter_map(int).sum::<i64>() as usize)
     }
 
     async fn dead_letter(&self, d: &Delivery, reason: &str) -> Result<()> {
-        if !is_entry_id(&d.tag) {
+        let Some(tag) = Tag::parse(&d.tag) else {
             return Ok(());
-        }
+        };
         let mut c = self.manager().await?;
         self.scripts
             .dead_letter
             .key(self.keys.stream(&d.queue))
             .key(self.keys.dead(&d.queue))
             .arg(GROUP)
-            .arg(&d.tag)
+            .arg(&tag.id)
+            .arg(tag.count)
             .arg(&d.queue)
             .arg(reason)
             .arg(now())
@@ -602,7 +666,7 @@ impl Broker for RedisBroker {
         let results = self.eval_each(&self.scripts.pending, &calls).await?;
         let mut out = Vec::new();
         for (queue, v) in queues.iter().zip(results) {
-            let entries = entry::entries(v).map_err(shape)?;
+            let entries = entry::counted_entries(v).map_err(shape)?;
             out.extend(entries.into_iter().map(|e| e.into_delivery(queue)));
         }
         out.truncate(limit);
@@ -676,6 +740,7 @@ impl Broker for RedisBroker {
             .query(::redis::cmd("SMEMBERS").arg(self.keys.workers()))
             .await?;
         candidates.extend(items(registered).map_err(shape)?.iter().filter_map(string));
+        candidates.remove(REQUEUED);
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
@@ -695,7 +760,7 @@ impl Broker for RedisBroker {
     }
 
     async fn remove_consumer(&self, consumer: &str) -> Result<bool> {
-        if !self.drop_consumer(consumer).await? {
+        if consumer == REQUEUED || !self.drop_consumer(consumer).await? {
             return Ok(false);
         }
         let mut c = self.manager().await?;
@@ -730,7 +795,7 @@ impl Broker for RedisBroker {
             .map(|q| {
                 (
                     vec![self.keys.stream(q), self.keys.dead(q)],
-                    vec![GROUP.to_string()],
+                    vec![GROUP.to_string(), REQUEUED.to_string()],
                 )
             })
             .collect();
@@ -744,14 +809,16 @@ impl Broker for RedisBroker {
                     .iter()
                     .map(|x| int(x).unwrap_or(0).max(0) as u64)
                     .collect();
-                let [len, pending, dead] = n[..] else {
+                let [len, pending, requeued, dead] = n[..] else {
                     return Err(shape(format!("DEPTH returned {n:?}")));
                 };
+                // Requeued entries are pending in Redis's eyes but ready in ours. A pending id
+                // whose entry was deleted by hand would make a plain difference negative.
+                let reserved = pending.saturating_sub(requeued).min(len);
                 Ok(QueueDepth {
                     queue,
-                    // A pending id whose entry was deleted by hand would make this negative.
-                    ready: len.saturating_sub(pending),
-                    reserved: pending.min(len),
+                    ready: len - reserved,
+                    reserved,
                     dead_letters: dead,
                 })
             })
