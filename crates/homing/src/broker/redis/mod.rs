@@ -420,14 +420,7 @@ impl RedisBroker {
             Err(ReadFail::Other(e)) => return Err(e),
             Err(ReadFail::NoGroup) => {}
         }
-        {
-            let mut known = lock(&self.groups);
-            for q in queues {
-                known.remove(q);
-            }
-        }
-        tracing::info!(queues = ?queues, "consumer group missing (first use, or Redis lost its data): creating it");
-        self.ensure_groups(queues).await?;
+        self.recreate_groups(queues).await?;
         match self.read_once(slot, consumer, queues, count, block).await {
             Ok(d) => Ok(d),
             Err(ReadFail::Other(e)) => Err(e),
@@ -460,30 +453,57 @@ impl RedisBroker {
         out
     }
 
-    /// Claims up to `max` requeued entries of `queue` for `consumer`, oldest first.
-    async fn claim_requeued(
+    /// Reserves up to `max` entries of `queue` for `consumer` without blocking: requeued ones
+    /// first, then new ones (the `RESERVE` script). Creates a missing group once.
+    async fn reserve_ready(
         &self,
         queue: &str,
         consumer: &str,
         max: usize,
     ) -> Result<Vec<Delivery>> {
-        let mut c = self.manager().await?;
-        let v: Value = self
-            .scripts
-            .claim_requeued
-            .key(self.keys.stream(queue))
-            .arg(GROUP)
-            .arg(REQUEUED)
-            .arg(consumer)
-            .arg(max)
-            .invoke_async(&mut c)
-            .await
-            .map_err(err)?;
-        Ok(entry::counted_entries(v)
-            .map_err(shape)?
-            .into_iter()
-            .map(|e| e.into_delivery(queue))
-            .collect())
+        for attempt in 0..2 {
+            let mut c = self.manager().await?;
+            let v: Value = self
+                .scripts
+                .reserve
+                .key(self.keys.stream(queue))
+                .arg(GROUP)
+                .arg(REQUEUED)
+                .arg(consumer)
+                .arg(max)
+                .invoke_async(&mut c)
+                .await
+                .map_err(err)?;
+            if int(&v) == Some(-1) {
+                if attempt == 0 {
+                    self.recreate_groups(std::slice::from_ref(&queue.to_string()))
+                        .await?;
+                }
+                continue;
+            }
+            return Ok(entry::counted_entries(v)
+                .map_err(shape)?
+                .into_iter()
+                .map(|e| e.into_delivery(queue))
+                .collect());
+        }
+        Err(Error::backend(
+            BACKEND,
+            "consumer group missing right after it was created",
+        ))
+    }
+
+    /// Forgets that these queues' groups exist and creates them again: they vanished (first use,
+    /// or Redis lost its data).
+    async fn recreate_groups(&self, queues: &[String]) -> Result<()> {
+        {
+            let mut known = lock(&self.groups);
+            for q in queues {
+                known.remove(q);
+            }
+        }
+        tracing::info!(queues = ?queues, "consumer group missing (first use, or Redis lost its data): creating it");
+        self.ensure_groups(queues).await
     }
 
     /// Deletes `consumer` from every queue's group in which it owns nothing; true when that was
@@ -562,20 +582,7 @@ impl Broker for RedisBroker {
                 if out.len() >= max {
                     break;
                 }
-                out.extend(self.claim_requeued(q, consumer, max - out.len()).await?);
-            }
-            // With one queue and nothing requeued, the blocking read below does the same work.
-            if queues.len() > 1 || !out.is_empty() {
-                for q in queues {
-                    if out.len() >= max {
-                        break;
-                    }
-                    let one = std::slice::from_ref(q);
-                    out.extend(
-                        self.read(&mut slot, consumer, one, max - out.len(), None)
-                            .await?,
-                    );
-                }
+                out.extend(self.reserve_ready(q, consumer, max - out.len()).await?);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if !out.is_empty() || left.is_zero() {

@@ -24,17 +24,22 @@
 
 use ::redis::Script;
 
-/// Claim entries the rescuer (or a shutting-down worker) put back, oldest first, for a
-/// reserving consumer. Entries deleted from the stream meanwhile are acknowledged away.
+/// Reserve up to a number of entries of one queue for a consumer, without blocking: first the
+/// entries the rescuer (or a shutting-down worker) put back, oldest first (they keep their place
+/// at the head of the queue), then new ones (`XREADGROUP … >`). One round trip for the common
+/// case of a busy queue; only an empty queue makes the caller block on its own connection.
+/// Requeued entries deleted from the stream meanwhile are acknowledged away.
 ///
 /// KEYS\[1\]: the queue stream. ARGV\[1\]: the group. ARGV\[2\]: the requeued-owner name.
-/// ARGV\[3\]: the reserving consumer. ARGV\[4\]: the most entries to claim.
-/// Returns `{{id, delivery count, {field, value, ...}}, ...}`.
-const CLAIM_REQUEUED: &str = r#"
+/// ARGV\[3\]: the reserving consumer. ARGV\[4\]: the most entries to reserve.
+/// Returns `{{id, delivery count, {field, value, ...}}, ...}`, or `-1` when the stream or its
+/// group does not exist (the caller creates it and tries again).
+const RESERVE: &str = r#"
 local group, parked, consumer = ARGV[1], ARGV[2], ARGV[3]
-local p = redis.pcall('XPENDING', KEYS[1], group, '-', '+', tonumber(ARGV[4]), parked)
-if p.err ~= nil then return {} end
+local max = tonumber(ARGV[4])
 local out = {}
+local p = redis.pcall('XPENDING', KEYS[1], group, '-', '+', max, parked)
+if p.err ~= nil then return -1 end
 for _, row in ipairs(p) do
   local id, n = row[1], row[4] + 1
   local e = redis.call('XRANGE', KEYS[1], id, id)
@@ -43,6 +48,13 @@ for _, row in ipairs(p) do
   else
     redis.call('XCLAIM', KEYS[1], group, consumer, 0, id, 'RETRYCOUNT', n, 'JUSTID')
     out[#out + 1] = {id, n, e[1][2]}
+  end
+end
+if #out < max then
+  local r = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', max - #out, 'STREAMS', KEYS[1], '>')
+  if type(r) == 'table' and r.err ~= nil then return -1 end
+  if r then
+    for _, e in ipairs(r[1][2]) do out[#out + 1] = {e[1], 1, e[2]} end
   end
 end
 return out
@@ -217,7 +229,7 @@ return 1
 /// restart, is loaded again on `NOSCRIPT`).
 #[derive(Debug)]
 pub struct Scripts {
-    pub claim_requeued: Script,
+    pub reserve: Script,
     pub ack: Script,
     pub requeue: Script,
     pub dead_letter: Script,
@@ -232,7 +244,7 @@ pub struct Scripts {
 impl Scripts {
     pub fn new() -> Self {
         Self {
-            claim_requeued: Script::new(CLAIM_REQUEUED),
+            reserve: Script::new(RESERVE),
             ack: Script::new(ACK),
             requeue: Script::new(REQUEUE),
             dead_letter: Script::new(DEAD_LETTER),
