@@ -35,7 +35,9 @@ pub struct Cli {
 
 #[derive(Debug, Clone, Args)]
 pub struct Global {
-    /// Where messages travel: sqlite://PATH (embedded default).
+    /// Where messages travel: sqlite://PATH (embedded default), redis://[:PASSWORD@]HOST:PORT/DB,
+    /// rediss://… (TLS) or redis+unix:///PATH/TO/SOCKET; `?prefix=NAME` sets the Redis key
+    /// namespace (default `homing`).
     #[arg(long, global = true, env = "HOMING_BROKER", default_value = homing::DEFAULT_URL, hide_env_values = true)]
     pub broker: String,
     /// Where job records live: sqlite://PATH (embedded default) or postgres://USER:PASSWORD@HOST/DB.

@@ -98,6 +98,13 @@ pub async fn migrate_store(store_url: &str) -> Result<MigrationReport> {
     )))
 }
 
+/// Whether `url` names a Redis broker (`redis://`, `rediss://`, `redis+unix://`, `unix://`).
+pub fn is_redis_url(url: &str) -> bool {
+    ["redis://", "rediss://", "redis+unix://", "unix://"]
+        .iter()
+        .any(|s| url.starts_with(s))
+}
+
 impl Backends {
     /// Opens the broker and store named by two URLs.
     pub async fn open(broker_url: &str, store_url: &str) -> Result<Backends> {
@@ -158,9 +165,17 @@ impl Backends {
             }
             #[cfg(not(feature = "sqlite"))]
             return Err(Error::Invalid("this build has no SQLite support".into()));
+        } else if is_redis_url(broker_url) {
+            #[cfg(feature = "redis")]
+            {
+                Arc::new(crate::broker::redis::RedisBroker::open(broker_url).await?)
+            }
+            #[cfg(not(feature = "redis"))]
+            return Err(Error::Invalid("this build has no Redis support".into()));
         } else {
             return Err(Error::Invalid(format!(
-                "unsupported broker URL '{}': expected sqlite://PATH",
+                "unsupported broker URL '{}': expected sqlite://PATH, redis://HOST:PORT/DB, \
+                 rediss://HOST:PORT/DB or redis+unix://PATH",
                 redact_url(broker_url)
             )));
         };

@@ -6,6 +6,8 @@
 //! acknowledged (late ack) or put back by the rescuer. Each method says what a crash in the middle
 //! leaves behind; [`crate::conformance::broker`] checks every implementation against it.
 
+#[cfg(feature = "redis")]
+pub mod redis;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 

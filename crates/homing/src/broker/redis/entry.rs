@@ -1,0 +1,339 @@
+//! Turns raw stream replies into deliveries and dead letters. Anyone with access to Redis can
+//! `XADD` anything to a queue stream, so nothing here trusts the fields: an entry that does not
+//! name a job still becomes a [`Delivery`] (with `job: Err(reason)`), which the worker
+//! dead-letters. Only a reply whose *shape* is not what Redis sends is an error.
+//!
+//! Replies are read as [`::redis::Value`] rather than through redis-rs's typed stream replies,
+//! because those need field names to be UTF-8 and would reject the whole batch (leaving its
+//! entries reserved by nobody who will ever process them) on one binary field.
+
+use ::redis::Value;
+
+use crate::broker::{DeadLetter, Delivery};
+use crate::job::JobId;
+
+/// The field of a message that names its job.
+pub const JOB_FIELD: &str = "job";
+
+/// One stream entry as Redis returned it. `fields` is `None` for an entry that was deleted
+/// while still pending (Redis reports such entries with a nil body). `count` is how many times
+/// it was delivered, part of its delivery's tag.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub id: String,
+    pub count: u64,
+    pub fields: Option<Vec<(Vec<u8>, Vec<u8>)>>,
+}
+
+impl Entry {
+    pub fn into_delivery(self, queue: &str) -> Delivery {
+        let job = match &self.fields {
+            None => Err("the message was deleted from the stream".to_string()),
+            Some(fields) => job_of(fields),
+        };
+        Delivery {
+            tag: Tag {
+                id: self.id,
+                count: self.count,
+            }
+            .to_string(),
+            queue: queue.to_string(),
+            job,
+        }
+    }
+}
+
+/// A delivery's tag: `<entry id>.<delivery count>`. The count changes every time the message
+/// changes hands, so an old delivery's tag never matches the message's current owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tag {
+    pub id: String,
+    pub count: u64,
+}
+
+impl Tag {
+    /// `None` for anything that is not a tag this broker made (it then names nothing here).
+    pub fn parse(tag: &str) -> Option<Tag> {
+        let (id, count) = tag.split_once('.')?;
+        if !is_entry_id(id) || count.is_empty() || count.len() > 19 {
+            return None;
+        }
+        Some(Tag {
+            id: id.to_string(),
+            count: count.parse().ok()?,
+        })
+    }
+}
+
+impl std::fmt::Display for Tag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.id, self.count)
+    }
+}
+
+/// The job an entry names: exactly one `job` field holding a job id. Extra fields are allowed
+/// (a newer producer may add some); anything else is a reason to dead-letter.
+pub fn job_of(fields: &[(Vec<u8>, Vec<u8>)]) -> Result<JobId, String> {
+    let mut jobs = fields.iter().filter(|(k, _)| k == JOB_FIELD.as_bytes());
+    let (Some((_, v)), None) = (jobs.next(), jobs.next()) else {
+        return Err(format!(
+            "undecodable message {}: expected exactly one '{JOB_FIELD}' field",
+            describe(fields)
+        ));
+    };
+    let text = std::str::from_utf8(v)
+        .map_err(|_| format!("undecodable message {}: job is not UTF-8", describe(fields)))?;
+    text.trim()
+        .parse::<JobId>()
+        .map_err(|e| format!("undecodable message {}: {e}", describe(fields)))
+}
+
+/// A short, printable rendering of an entry's fields for error messages.
+fn describe(fields: &[(Vec<u8>, Vec<u8>)]) -> String {
+    let mut s = String::from("{");
+    for (i, (k, v)) in fields.iter().enumerate() {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        s.push_str(&format!(
+            "{:?}: {:?}",
+            String::from_utf8_lossy(k),
+            String::from_utf8_lossy(v)
+        ));
+        if s.len() > 200 {
+            s.truncate(200);
+            s.push('…');
+            break;
+        }
+    }
+    s.push('}');
+    s
+}
+
+fn shape(what: &str, v: &Value) -> String {
+    let mut s = format!("unexpected reply shape for {what}: {v:?}");
+    s.truncate(300);
+    s
+}
+
+pub fn bytes(v: &Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b.clone()),
+        Value::SimpleString(s) => Some(s.as_bytes().to_vec()),
+        Value::Okay => Some(b"OK".to_vec()),
+        Value::Int(i) => Some(i.to_string().into_bytes()),
+        Value::VerbatimString { text, .. } => Some(text.as_bytes().to_vec()),
+        _ => None,
+    }
+}
+
+pub fn string(v: &Value) -> Option<String> {
+    bytes(v).map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+pub fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        other => string(other)?.parse().ok(),
+    }
+}
+
+/// The items of an array reply (`nil` reads as empty).
+pub fn items(v: Value) -> Result<Vec<Value>, String> {
+    match v {
+        Value::Nil => Ok(Vec::new()),
+        Value::Array(items) | Value::Set(items) => Ok(items),
+        other => Err(shape("an array", &other)),
+    }
+}
+
+/// `{{id, {field, value, ...} | nil}, ...}`: the body of `XRANGE`, `XREVRANGE`, and of each
+/// stream in `XREADGROUP … >` (a first delivery: count 1).
+pub fn entries(v: Value) -> Result<Vec<Entry>, String> {
+    items(v)?.into_iter().map(|e| entry(e, false)).collect()
+}
+
+/// `{{id, count, {field, value, ...}}, ...}`: what the scripts return for pending entries.
+pub fn counted_entries(v: Value) -> Result<Vec<Entry>, String> {
+    items(v)?.into_iter().map(|e| entry(e, true)).collect()
+}
+
+fn entry(v: Value, counted: bool) -> Result<Entry, String> {
+    let what = shape("a stream entry", &v);
+    let mut parts = items(v)?.into_iter();
+    let id = parts
+        .next()
+        .as_ref()
+        .and_then(string)
+        .ok_or_else(|| what.clone())?;
+    let count = if counted {
+        let n = parts.next().as_ref().and_then(int).ok_or(what)?;
+        n.max(0) as u64
+    } else {
+        1
+    };
+    let fields = match parts.next() {
+        None | Some(Value::Nil) => None,
+        Some(Value::Map(pairs)) => Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (bytes(k).unwrap_or_default(), bytes(v).unwrap_or_default()))
+                .collect(),
+        ),
+        Some(list) => {
+            let flat = items(list)?;
+            Some(
+                flat.chunks_exact(2)
+                    .map(|kv| {
+                        (
+                            bytes(&kv[0]).unwrap_or_default(),
+                            bytes(&kv[1]).unwrap_or_default(),
+                        )
+                    })
+                    .collect(),
+            )
+        }
+    };
+    Ok(Entry { id, count, fields })
+}
+
+/// The reply of `XREADGROUP … STREAMS k1 k2 …`: for each stream key that had entries, its
+/// entries. `nil` (the block timed out) is no entries.
+pub fn read_reply(v: Value) -> Result<Vec<(String, Vec<Entry>)>, String> {
+    let streams: Vec<(Value, Value)> = match v {
+        Value::Nil => return Ok(Vec::new()),
+        Value::Map(pairs) => pairs,
+        Value::Array(list) => list
+            .into_iter()
+            .map(|s| {
+                let what = shape("a stream", &s);
+                let mut kv = items(s)?.into_iter();
+                match (kv.next(), kv.next()) {
+                    (Some(k), Some(v)) => Ok((k, v)),
+                    _ => Err(what),
+                }
+            })
+            .collect::<Result<_, String>>()?,
+        other => return Err(shape("XREADGROUP", &other)),
+    };
+    streams
+        .into_iter()
+        .map(|(k, v)| {
+            let key = string(&k).ok_or_else(|| shape("a stream key", &k))?;
+            Ok((key, entries(v)?))
+        })
+        .collect()
+}
+
+/// A dead-letter stream entry, as written by the `DEAD_LETTER` script.
+pub fn dead_letter(e: Entry) -> DeadLetter {
+    let mut dl = DeadLetter {
+        queue: String::new(),
+        payload: String::new(),
+        reason: String::new(),
+        at: 0,
+    };
+    for (k, v) in e.fields.unwrap_or_default() {
+        let v = String::from_utf8_lossy(&v).into_owned();
+        match k.as_slice() {
+            b"queue" => dl.queue = v,
+            b"payload" => dl.payload = v,
+            b"reason" => dl.reason = v,
+            b"at" => dl.at = v.parse().unwrap_or(0),
+            _ => {}
+        }
+    }
+    dl
+}
+
+/// Whether `id` looks like a stream entry id (`<ms>-<seq>`), so scripts never receive something
+/// Redis would reject.
+pub fn is_entry_id(id: &str) -> bool {
+    match id.split_once('-') {
+        Some((ms, seq)) => {
+            !ms.is_empty()
+                && !seq.is_empty()
+                && ms.bytes().all(|b| b.is_ascii_digit())
+                && seq.bytes().all(|b| b.is_ascii_digit())
+                && ms.len() <= 20
+                && seq.len() <= 20
+        }
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &[u8]) -> Value {
+        Value::BulkString(s.to_vec())
+    }
+
+    #[test]
+    fn a_job_field_decodes() {
+        let id = crate::job::new_job_id();
+        let fields = vec![(b"job".to_vec(), id.to_string().into_bytes())];
+        assert_eq!(job_of(&fields), Ok(id));
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for fields in [
+            vec![],
+            vec![(b"job".to_vec(), b"not-a-uuid".to_vec())],
+            vec![(b"job".to_vec(), vec![0xff, 0xfe])],
+            vec![(vec![0xff], vec![0x00])],
+            vec![
+                (b"job".to_vec(), b"a".to_vec()),
+                (b"job".to_vec(), b"b".to_vec()),
+            ],
+        ] {
+            let e = job_of(&fields).unwrap_err();
+            assert!(e.starts_with("undecodable message"), "{e}");
+        }
+    }
+
+    #[test]
+    fn read_reply_keeps_binary_fields() {
+        let reply = Value::Array(vec![Value::Array(vec![
+            bulk(b"k"),
+            Value::Array(vec![
+                Value::Array(vec![
+                    bulk(b"1-0"),
+                    Value::Array(vec![bulk(&[0xff]), bulk(b"x")]),
+                ]),
+                Value::Array(vec![bulk(b"2-0"), Value::Nil]),
+            ]),
+        ])]);
+        let got = read_reply(reply).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0, "k");
+        assert_eq!(got[0].1[0].fields, Some(vec![(vec![0xff], b"x".to_vec())]));
+        assert_eq!(got[0].1[1].fields, None);
+        let d = got[0].1[1].clone().into_delivery("q");
+        assert!(d.job.is_err());
+        assert_eq!(d.tag, "2-0.1", "a first delivery has count 1");
+        assert_eq!(read_reply(Value::Nil).unwrap(), vec![]);
+        assert!(read_reply(Value::Int(3)).is_err());
+    }
+
+    #[test]
+    fn tags_round_trip_and_reject_garbage() {
+        let t = Tag::parse("1700000000000-3.2").unwrap();
+        assert_eq!((t.id.as_str(), t.count), ("1700000000000-3", 2));
+        assert_eq!(t.to_string(), "1700000000000-3.2");
+        for bad in ["1700000000000-3", "x-1.1", "1-1.", "1-1.x", "17.1", ""] {
+            assert_eq!(Tag::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn entry_ids_are_checked() {
+        assert!(is_entry_id("1700000000000-0"));
+        assert!(!is_entry_id("17"));
+        assert!(!is_entry_id("a-b"));
+        assert!(!is_entry_id("-1"));
+        assert!(!is_entry_id("1-"));
+    }
+}

@@ -1,0 +1,465 @@
+//! What the Redis broker must do beyond the shared conformance suite, on a real `redis-server`:
+//! garbage written straight into a stream, a lost worker's messages, Redis losing its data
+//! (`FLUSHALL`), the connection going away and coming back, and a worker running end to end.
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use homing::broker::redis::RedisBroker;
+use homing::broker::{Broker, Delivery};
+use homing::conformance::{new_job, unique_queue};
+use homing::maintenance::{reconciler, rescuer, MaintenanceConfig};
+use homing::sqlite::Db;
+use homing::store::sqlite::SqliteStore;
+use homing::store::{Dispatch, StartOutcome, Store};
+use homing::{Client, EnqueueRequest, JobId, JobState, Worker, WorkerConfig};
+use redis_server::{shared, unique_prefix, RedisServer};
+
+const SHORT: Duration = Duration::from_millis(50);
+
+async fn open(url: &str) -> Arc<RedisBroker> {
+    Arc::new(RedisBroker::open(url).await.expect("open redis broker"))
+}
+
+fn sqlite_store() -> Arc<dyn Store> {
+    let dir = tempfile::tempdir().expect("temp dir").keep();
+    Arc::new(SqliteStore::new(
+        Db::open(dir.join("homing.db")).expect("open sqlite"),
+    ))
+}
+
+/// A job in the store, published to the broker, as `Client::enqueue` leaves it.
+async fn enqueued(store: &dyn Store, broker: &dyn Broker, queue: &str) -> JobId {
+    let job = new_job(queue, "t");
+    let id = job.id;
+    store.insert(vec![job]).await.expect("insert");
+    broker
+        .publish(&[Dispatch {
+            id,
+            queue: queue.to_string(),
+        }])
+        .await
+        .expect("publish");
+    store.mark_dispatched(&[id]).await.expect("dispatched");
+    id
+}
+
+/// A raw connection to `server`, for writing what no homing producer would.
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url("raw"))
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_in_a_stream_is_delivered_undecodable_and_dead_lettered() {
+    let server = shared();
+    let b = open(&server.url(&unique_prefix("garbage"))).await;
+    let q = unique_queue("g");
+    let good = homing::job::new_job_id();
+    b.publish(&[Dispatch {
+        id: good,
+        queue: q.clone(),
+    }])
+    .await
+    .unwrap();
+    let stream = b.keys().stream(&q);
+    server.cli(&["XADD", &stream, "*", "foo", "bar"]);
+    server.cli(&["XADD", &stream, "*", "job", "not-a-uuid"]);
+    let mut c = raw(server).await;
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("job")
+        .arg(&[0xffu8, 0xfe][..])
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg(&[0xffu8][..])
+        .arg("binary field name")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+
+    let got = b
+        .reserve("w", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 5, "garbage is delivered, not dropped: {got:?}");
+    assert_eq!(got[0].job, Ok(good));
+    let bad: Vec<&Delivery> = got.iter().filter(|d| d.job.is_err()).collect();
+    assert_eq!(bad.len(), 4);
+    for d in &bad {
+        let reason = d.job.clone().unwrap_err();
+        assert!(reason.starts_with("undecodable message"), "{reason}");
+        b.dead_letter(d, &reason).await.unwrap();
+    }
+
+    let dl = b.dead_letters(100).await.unwrap();
+    assert_eq!(dl.len(), 4);
+    assert!(dl.iter().all(|d| d.queue == q && d.at > 0));
+    assert!(
+        dl.iter()
+            .any(|d| d.payload.contains("foo") && d.payload.contains("bar")),
+        "the garbage stays inspectable: {dl:?}"
+    );
+    assert!(dl.iter().any(|d| d.payload == "not-a-uuid"));
+    assert_eq!(
+        server.cli(&["XLEN", &stream]),
+        "1",
+        "only the good message is left"
+    );
+    let depth = b
+        .depths()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|d| d.queue == q)
+        .unwrap();
+    assert_eq!((depth.ready, depth.reserved, depth.dead_letters), (0, 1, 4));
+    let pending = b.pending("w", 10).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].job, Ok(good));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_worker_s_messages_are_requeued_by_the_rescuer() {
+    let server = shared();
+    let b = open(&server.url(&unique_prefix("lost"))).await;
+    let store = sqlite_store();
+    let q = unique_queue("lost");
+    let id = enqueued(&*store, &*b, &q).await;
+    server.cli(&["XADD", &b.keys().stream(&q), "*", "not", "a job"]);
+
+    b.register("w1", Duration::from_millis(200)).await.unwrap();
+    let got = b
+        .reserve("w1", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 2);
+    let outcome = store.start(&[id], "w1", homing::time::now()).await.unwrap();
+    assert!(matches!(outcome[0], StartOutcome::Run(_)));
+
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(!b.heartbeat("w1", Duration::from_secs(1)).await.unwrap());
+    assert!(b
+        .lost_consumers()
+        .await
+        .unwrap()
+        .contains(&"w1".to_string()));
+
+    let report = rescuer::sweep(&*b, &*store).await.unwrap();
+    assert_eq!(report.requeued, 1, "{report:?}");
+    assert_eq!(report.lost_workers, 1, "{report:?}");
+    let job = store.get(id).await.unwrap().unwrap();
+    assert_eq!((job.state, job.crashes), (JobState::Queued, 1));
+    assert!(b
+        .dead_letters(10)
+        .await
+        .unwrap()
+        .iter()
+        .any(|d| d.queue == q && d.payload.contains("a job")));
+
+    // The lost worker is gone from Redis entirely, and its message went to the next worker.
+    assert!(!b
+        .lost_consumers()
+        .await
+        .unwrap()
+        .contains(&"w1".to_string()));
+    let consumers = server.cli(&["XINFO", "CONSUMERS", &b.keys().stream(&q), "homing"]);
+    assert!(!consumers.contains("w1"), "{consumers}");
+    assert!(b.pending("w1", 10).await.unwrap().is_empty());
+    let again = b
+        .reserve("w2", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].job, Ok(id));
+    assert_ne!(
+        again[0].tag, got[0].tag,
+        "a requeued message is a new entry"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_pending_entry_is_acknowledged_away() {
+    let server = shared();
+    let b = open(&server.url(&unique_prefix("deleted"))).await;
+    let q = unique_queue("del");
+    let ids: Vec<JobId> = (0..2).map(|_| homing::job::new_job_id()).collect();
+    let msgs: Vec<Dispatch> = ids
+        .iter()
+        .map(|id| Dispatch {
+            id: *id,
+            queue: q.clone(),
+        })
+        .collect();
+    b.publish(&msgs).await.unwrap();
+    let got = b
+        .reserve("w", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
+    let stream = b.keys().stream(&q);
+    let entry_id = got[0].tag.split('.').next().unwrap();
+    assert_eq!(server.cli(&["XDEL", &stream, entry_id]), "1");
+
+    let pending = b.pending("w", 10).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].job, Ok(ids[1]));
+    let summary = server.cli(&["XPENDING", &stream, "homing"]);
+    assert!(
+        summary.starts_with('1'),
+        "the deleted id left the pending list: {summary}"
+    );
+    assert_eq!(b.requeue("w", &got[..1]).await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserving_from_several_queues_never_exceeds_max() {
+    let b = open(&shared().url(&unique_prefix("multi"))).await;
+    let (qa, qb) = (unique_queue("qa"), unique_queue("qb"));
+    let msgs: Vec<Dispatch> = [&qa, &qa, &qa, &qb, &qb, &qb]
+        .iter()
+        .map(|q| Dispatch {
+            id: homing::job::new_job_id(),
+            queue: q.to_string(),
+        })
+        .collect();
+    b.publish(&msgs).await.unwrap();
+    let queues = [qa.clone(), qb.clone()];
+    let first = b.reserve("w", &queues, 4, SHORT).await.unwrap();
+    assert_eq!(first.len(), 4);
+    assert_eq!(b.pending("w", 100).await.unwrap().len(), 4);
+    let rest = b.reserve("w", &queues, 10, SHORT).await.unwrap();
+    assert_eq!(rest.len(), 2);
+    assert!(b.reserve("w", &queues, 10, SHORT).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_reservation_picks_up_a_requeued_message() {
+    let b = open(&shared().url(&unique_prefix("wake"))).await;
+    let q = unique_queue("wake");
+    let id = homing::job::new_job_id();
+    b.publish(&[Dispatch {
+        id,
+        queue: q.clone(),
+    }])
+    .await
+    .unwrap();
+    let lost = b
+        .reserve("lost", std::slice::from_ref(&q), 1, SHORT)
+        .await
+        .unwrap();
+    let b2 = b.clone();
+    let requeuer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        b2.requeue("lost", &lost).await.unwrap()
+    });
+    // Requeueing adds nothing to the stream, so it cannot wake a blocked XREADGROUP; the wait
+    // is sliced so the message is still picked up long before the wait ends.
+    let t = Instant::now();
+    let got = b
+        .reserve(
+            "fresh",
+            std::slice::from_ref(&q),
+            1,
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(requeuer.await.unwrap(), 1);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].job, Ok(id));
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_is_detected_and_the_store_re_dispatches() {
+    let server = RedisServer::unix();
+    let b = open(&server.url("flush")).await;
+    let store = sqlite_store();
+    let q = unique_queue("flush");
+    let id = enqueued(&*store, &*b, &q).await;
+
+    assert!(
+        !b.check_marker().await.unwrap(),
+        "a fresh server has no marker"
+    );
+    assert!(b.check_marker().await.unwrap());
+    b.register("w", Duration::from_secs(30)).await.unwrap();
+    assert_eq!(
+        b.reserve("w", std::slice::from_ref(&q), 1, SHORT)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    server.cli(&["FLUSHALL"]);
+
+    assert!(
+        !b.heartbeat("w", Duration::from_secs(30)).await.unwrap(),
+        "a worker whose heartbeat vanished learns it was presumed dead"
+    );
+    assert!(b.pending("w", 10).await.unwrap().is_empty());
+    let config = MaintenanceConfig {
+        dispatch_grace: Duration::ZERO,
+        ..MaintenanceConfig::for_heartbeat(Duration::from_millis(100))
+    };
+    let report = reconciler::pass(&*b, &*store, &config, false)
+        .await
+        .unwrap();
+    assert!(report.broker_data_lost, "{report:?}");
+    assert_eq!(report.published, 1, "{report:?}");
+    assert!(b.check_marker().await.unwrap(), "the marker is set again");
+
+    // The group vanished with the data; reserving re-creates it and finds the re-published job.
+    let got = b
+        .reserve("w2", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].job, Ok(id));
+    assert_eq!(b.depths().await.unwrap()[0].reserved, 1);
+}
+
+/// Runs `op` against a stopped server: it must fail as `Unavailable`, quickly.
+async fn fails_fast<T: std::fmt::Debug>(
+    what: &str,
+    op: impl std::future::Future<Output = homing::Result<T>>,
+) {
+    let t = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(15), op)
+        .await
+        .unwrap_or_else(|_| panic!("{what} hung with the server down"));
+    let e = r.expect_err(what);
+    assert!(e.is_transient(), "{what}: {e:?} should be Unavailable");
+    assert!(!e.to_string().contains("s3cret"), "password leaked: {e}");
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "{what} took {:?}",
+        t.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_loss_is_unavailable_and_the_same_broker_recovers() {
+    let mut server = RedisServer::tcp("s3cret");
+    let b = open(&server.url("conn")).await;
+    let q = unique_queue("conn");
+    let msg = |id| Dispatch {
+        id,
+        queue: q.clone(),
+    };
+    b.publish(&[msg(homing::job::new_job_id())]).await.unwrap();
+    let got = b
+        .reserve("w", std::slice::from_ref(&q), 1, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    b.register("w", Duration::from_secs(30)).await.unwrap();
+
+    server.stop();
+    let queues = [q.clone()];
+    fails_fast("publish", b.publish(&[msg(homing::job::new_job_id())])).await;
+    fails_fast(
+        "reserve",
+        b.reserve("w", &queues, 1, Duration::from_millis(300)),
+    )
+    .await;
+    fails_fast("ack", b.ack(&got)).await;
+    fails_fast("heartbeat", b.heartbeat("w", Duration::from_secs(30))).await;
+    fails_fast("lost_consumers", b.lost_consumers()).await;
+    fails_fast("check_marker", b.check_marker()).await;
+
+    server.restart();
+    let id = homing::job::new_job_id();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match b.publish(&[msg(id)]).await {
+            Ok(()) => break,
+            Err(e) => {
+                assert!(e.is_transient(), "{e:?}");
+                assert!(Instant::now() < deadline, "never reconnected: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let got = loop {
+        match b.reserve("w", std::slice::from_ref(&q), 1, SHORT).await {
+            Ok(got) => break got,
+            Err(e) => {
+                assert!(e.is_transient(), "{e:?}");
+                assert!(Instant::now() < deadline, "reserve never recovered: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].job, Ok(id));
+    assert!(
+        !b.check_marker().await.unwrap(),
+        "the restarted server (no persistence) lost the marker"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_runs_jobs_end_to_end_on_redis() {
+    let server = shared();
+    let b = open(&server.url(&unique_prefix("e2e"))).await;
+    let store = sqlite_store();
+    let q = unique_queue("e2e");
+    let client = Client::new(b.clone(), store.clone());
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        let mut req = EnqueueRequest::new("builtin.noop", serde_json::json!({ "n": n }));
+        req.options.queue = Some(q.clone());
+        ids.push(client.enqueue(req).await.unwrap().id);
+    }
+    let config = WorkerConfig {
+        queues: vec![q.clone()],
+        concurrency: 4,
+        heartbeat_interval: Duration::from_millis(200),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::new(
+        b.clone(),
+        store.clone(),
+        homing::builtin::registry(),
+        config,
+    );
+    let stop = homing::CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+    for (n, id) in ids.iter().enumerate() {
+        let job = client.wait(*id, Duration::from_secs(20)).await.unwrap();
+        assert_eq!(job.state, JobState::Succeeded, "{job:?}");
+        assert_eq!(job.result, Some(serde_json::json!({ "n": n })));
+    }
+    // The worker's first reconciler pass finds no marker (a fresh namespace) and publishes the
+    // queued jobs again; those duplicates are skipped by the guard and acknowledged too. Every
+    // acknowledged message must leave the stream.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.cli(&["XLEN", &b.keys().stream(&q)]) != "0" {
+        assert!(
+            Instant::now() < deadline,
+            "acknowledged messages are deleted: {} left",
+            server.cli(&["XLEN", &b.keys().stream(&q)])
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    assert!(
+        b.lost_consumers().await.unwrap().is_empty(),
+        "a worker that shut down cleanly is not lost"
+    );
+}
