@@ -60,7 +60,11 @@ impl Style {
             key: format!(
                 "{} {}",
                 NAMES[pc as usize],
-                if mode == Mode::Major { "major" } else { "minor" }
+                if mode == Mode::Major {
+                    "major"
+                } else {
+                    "minor"
+                }
             ),
             timbre: (0.5 + 0.5 * a).clamp(0.0, 1.0),
             dynamics: (0.55 + 0.3 * a).clamp(0.2, 1.0),

@@ -40,10 +40,7 @@ pub async fn generate(
         .send()
         .await
         .map_err(|e| {
-            TaskError::retry(format!(
-                "inference endpoint {shown}: {}",
-                e.without_url()
-            ))
+            TaskError::retry(format!("inference endpoint {shown}: {}", e.without_url()))
         })?;
     let status = resp.status();
     if status.is_server_error() || status.as_u16() == 429 {
@@ -57,10 +54,7 @@ pub async fn generate(
         )));
     }
     let body = resp.bytes().await.map_err(|e| {
-        TaskError::retry(format!(
-            "inference endpoint {shown}: {}",
-            e.without_url()
-        ))
+        TaskError::retry(format!("inference endpoint {shown}: {}", e.without_url()))
     })?;
     if body.len() > MAX_TRACK_BYTES {
         return Err(TaskError::fatal(format!(

@@ -121,7 +121,10 @@ impl Pipelines {
     }
 
     /// The routes under `/v1/documents` and `/v1/exhibitions`, enqueuing through `client`.
-    pub fn router<S: Clone + Send + Sync + 'static>(&self, client: homing::Client) -> axum::Router<S> {
+    pub fn router<S: Clone + Send + Sync + 'static>(
+        &self,
+        client: homing::Client,
+    ) -> axum::Router<S> {
         api::router(api::ApiState {
             pipelines: self.clone(),
             client,

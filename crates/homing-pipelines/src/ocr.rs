@@ -128,11 +128,7 @@ pub async fn extract(
         .await?;
         // Rendered pages are large; keep at most one on disk at a time.
         let _ = tokio::fs::remove_file(&image).await;
-        texts.push(
-            String::from_utf8_lossy(&recognised)
-                .trim_end()
-                .to_string(),
-        );
+        texts.push(String::from_utf8_lossy(&recognised).trim_end().to_string());
         methods.push(Method::Ocr);
     }
     Ok(Extracted {

@@ -3,10 +3,10 @@
 //! Arguments go to the program as they are, never through a shell, and a child outliving its
 //! job (time-out, cancellation, the handler dropped) is killed.
 
+use homing::CancellationToken;
 use std::ffi::OsStr;
 use std::process::Stdio;
 use std::time::Duration;
-use homing::CancellationToken;
 
 /// The Debian package that provides a program, for error messages that tell an operator what
 /// to install.

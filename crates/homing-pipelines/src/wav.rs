@@ -37,7 +37,9 @@ pub fn duration_ms(wav: &[u8]) -> Option<u64> {
         let len = u32::from_le_bytes(wav[pos + 4..pos + 8].try_into().ok()?) as usize;
         let body = pos + 8;
         if id == b"fmt " && body + 12 <= wav.len() {
-            byte_rate = Some(u32::from_le_bytes(wav[body + 8..body + 12].try_into().ok()?));
+            byte_rate = Some(u32::from_le_bytes(
+                wav[body + 8..body + 12].try_into().ok()?,
+            ));
         }
         if id == b"data" {
             let rate = byte_rate.filter(|r| *r > 0)? as u64;

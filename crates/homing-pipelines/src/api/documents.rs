@@ -20,7 +20,9 @@ fn ocr_key(document: &str) -> String {
 fn check_callback(raw: &str) -> Result<String, ApiError> {
     let raw = raw.trim();
     if raw.len() > 2048 {
-        return Err(ApiError::bad_request("callback_url is longer than 2048 bytes"));
+        return Err(ApiError::bad_request(
+            "callback_url is longer than 2048 bytes",
+        ));
     }
     let url = reqwest::Url::parse(raw)
         .map_err(|e| ApiError::bad_request(format!("callback_url is not a URL: {e}")))?;
@@ -63,7 +65,9 @@ pub async fn create(
     let (pdf, filename) =
         file.ok_or_else(|| ApiError::bad_request("missing the part `file` (the PDF)"))?;
     if !pdf.starts_with(b"%PDF-") {
-        return Err(ApiError::unsupported("`file` is not a PDF (it must start with %PDF-)"));
+        return Err(ApiError::unsupported(
+            "`file` is not a PDF (it must start with %PDF-)",
+        ));
     }
 
     let s = st.services().await?;

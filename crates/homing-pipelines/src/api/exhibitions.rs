@@ -45,7 +45,11 @@ pub async fn create(
         let ext = match image::guess_format(&bytes) {
             Ok(image::ImageFormat::Png) => "png",
             Ok(image::ImageFormat::Jpeg) => "jpg",
-            _ => return Err(ApiError::unsupported(format!("image {n} is not a PNG or JPEG"))),
+            _ => {
+                return Err(ApiError::unsupported(format!(
+                    "image {n} is not a PNG or JPEG"
+                )))
+            }
         };
         uploads.push(Upload {
             bytes,

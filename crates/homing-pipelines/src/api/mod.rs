@@ -79,5 +79,6 @@ fn display_name(field: &Field<'_>) -> Option<String> {
 
 /// Parses a path id as a UUID, so nothing else reaches the database or an object key.
 fn parse_id(raw: &str, what: &str) -> Result<uuid::Uuid, ApiError> {
-    uuid::Uuid::parse_str(raw).map_err(|_| ApiError::bad_request(format!("invalid {what} id {raw:?}")))
+    uuid::Uuid::parse_str(raw)
+        .map_err(|_| ApiError::bad_request(format!("invalid {what} id {raw:?}")))
 }

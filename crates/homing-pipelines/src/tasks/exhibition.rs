@@ -101,9 +101,9 @@ impl Task for ComposeTrack {
                 .map_err(|e| TaskError::fatal(format!("the emotion job's result: {e}")))?,
             None => {
                 let track = s.state.track(&a.exhibition, a.index).await?;
-                let reading = track.and_then(|t| t.reading).ok_or_else(|| {
-                    TaskError::fatal("no emotion was read for this track")
-                })?;
+                let reading = track
+                    .and_then(|t| t.reading)
+                    .ok_or_else(|| TaskError::fatal("no emotion was read for this track"))?;
                 serde_json::from_value(reading)
                     .map_err(|e| TaskError::fatal(format!("the stored emotion: {e}")))?
             }
@@ -126,15 +126,24 @@ impl Task for ComposeTrack {
                 .await?;
             tracing::info!(%job, exhibition = %a.exhibition, index = a.index, emotion = emotion.emotion.as_str(), engine, "generating a track");
             let track = match &settings.bgm_endpoint {
-                Some(url) => inference::generate(&s.http, url, &job, &emotion, &style, settings.bgm_seconds).await?,
+                Some(url) => {
+                    inference::generate(&s.http, url, &job, &emotion, &style, settings.bgm_seconds)
+                        .await?
+                }
                 None => {
-                    let (style, seconds, seed, cancel) =
-                        (style.clone(), settings.bgm_seconds, seed(ctx.job_id()), ctx.cancellation_token());
+                    let (style, seconds, seed, cancel) = (
+                        style.clone(),
+                        settings.bgm_seconds,
+                        seed(ctx.job_id()),
+                        ctx.cancellation_token(),
+                    );
                     let samples = tokio::task::spawn_blocking(move || {
                         compose::compose(&style, seconds, seed, &cancel)
                     })
                     .await?
-                    .ok_or_else(|| TaskError::retry("composition stopped: the job was cancelled"))?;
+                    .ok_or_else(|| {
+                        TaskError::retry("composition stopped: the job was cancelled")
+                    })?;
                     wav::encode(&samples, compose::SAMPLE_RATE)
                 }
             };
@@ -151,12 +160,24 @@ impl Task for ComposeTrack {
             duration
         } else {
             tracing::info!(%job, exhibition = %a.exhibition, index = a.index, "the track is already stored by an earlier run of this job; not generating it again");
-            s.objects.get(&key).await?.as_deref().and_then(wav::duration_ms)
+            s.objects
+                .get(&key)
+                .await?
+                .as_deref()
+                .and_then(wav::duration_ms)
         };
 
         let style_json = serde_json::to_value(&style).unwrap_or_default();
         s.state
-            .track_stored(&a.exhibition, a.index, ctx.epoch(), &key, &style_json, duration_ms, engine)
+            .track_stored(
+                &a.exhibition,
+                a.index,
+                ctx.epoch(),
+                &key,
+                &style_json,
+                duration_ms,
+                engine,
+            )
             .await?;
         let ready = s.state.complete_if_all_stored(&a.exhibition, &job).await?;
         if ready {

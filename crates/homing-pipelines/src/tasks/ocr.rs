@@ -55,7 +55,11 @@ impl Task for Extract {
         let methods: Vec<String> = out
             .methods
             .iter()
-            .map(|m| serde_json::to_value(m).ok().and_then(|v| v.as_str().map(String::from)))
+            .map(|m| {
+                serde_json::to_value(m)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+            })
             .map(Option::unwrap_or_default)
             .collect();
         let chars = out.text.chars().count();
@@ -147,10 +151,14 @@ impl Task for Notify {
                     })?;
                 let status = resp.status();
                 if status.is_server_error() || status.as_u16() == 429 {
-                    return Err(TaskError::retry(format!("callback to {to} answered {status}")));
+                    return Err(TaskError::retry(format!(
+                        "callback to {to} answered {status}"
+                    )));
                 }
                 if !status.is_success() {
-                    return Err(TaskError::fatal(format!("callback to {to} answered {status}")));
+                    return Err(TaskError::fatal(format!(
+                        "callback to {to} answered {status}"
+                    )));
                 }
                 tracing::info!(document = %doc.id, status = "SUCCESS", ocr_state = %a.parent.state, to = %to, "issuance notification delivered");
                 "callback"
