@@ -781,7 +781,10 @@ async fn a_track_stored_before_the_crash_is_not_generated_again() {
 
 /// A local HTTP server that records every notification it receives.
 #[derive(Clone, Default)]
-struct Inbox(Arc<Mutex<Vec<(Option<String>, Value)>>>);
+struct Inbox(Arc<Mutex<Vec<Received>>>);
+
+/// A notification as received: its `Idempotency-Key` header and its JSON body.
+type Received = (Option<String>, Value);
 
 impl Inbox {
     async fn start() -> (Inbox, String) {
@@ -813,7 +816,7 @@ impl Inbox {
         (inbox, url)
     }
 
-    fn received(&self) -> Vec<(Option<String>, Value)> {
+    fn received(&self) -> Vec<Received> {
         self.0.lock().unwrap().clone()
     }
 }
