@@ -4,6 +4,7 @@ mod api;
 mod cli;
 mod commands;
 mod output;
+mod pipelines;
 mod signals;
 mod tasks;
 mod views;

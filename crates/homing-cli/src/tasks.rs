@@ -1,10 +1,11 @@
-//! The tasks this binary's workers run: homing's built-ins, plus (only when
+//! The tasks this binary's workers run: homing's built-ins and the pipelines', plus (only when
 //! `HOMING_TEST_TASKS=1`) tasks that misbehave on purpose for the crash and poison tests.
 
 use homing::{Registry, TaskDefaults, TaskError};
 
 pub fn registry() -> Registry {
     let mut r = homing::builtin::registry();
+    r.merge(&crate::pipelines::registry());
     if std::env::var("HOMING_TEST_TASKS").as_deref() == Ok("1") {
         add_test_tasks(&mut r);
     }

@@ -57,6 +57,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs/:id/cancel", post(jobs::cancel))
         .route("/v1/queues", get(status::queues))
         .route("/v1/workers", get(status::workers))
+        .merge(crate::pipelines::router(state.client.clone()))
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn(declared_length_limit))

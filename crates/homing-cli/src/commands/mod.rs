@@ -39,6 +39,7 @@ pub async fn open(g: &Global, create: bool) -> anyhow::Result<Backends> {
 
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let g = cli.global;
+    crate::pipelines::init(&g)?;
     match cli.command {
         Command::Up(a) => serve::up(&g, a).await,
         Command::Server(a) => serve::server(&g, a).await,

@@ -62,7 +62,7 @@ async fn serve_api(
 pub async fn up(g: &Global, a: UpArgs) -> anyhow::Result<ExitCode> {
     let backends = open(g, true).await?;
     let stop = signals::shutdown_token();
-    let config = worker_config(a.queues, &a.tuning, true)?;
+    let config = worker_config(a.queues.clone(), &a.tuning, true)?;
     let worker = Worker::new(
         backends.broker.clone(),
         backends.store.clone(),
@@ -71,10 +71,15 @@ pub async fn up(g: &Global, a: UpArgs) -> anyhow::Result<ExitCode> {
     );
     let worker_stop = CancellationToken::new();
     let worker_task = tokio::spawn(worker.run(worker_stop.clone()));
+    let pipeline_workers =
+        crate::pipelines::spawn_workers(&backends, &a.tuning, &a.queues, &worker_stop);
     let api = serve_api(backends, a.listen, stop.clone()).await;
-    // The API is down (signal or error): let the worker finish gracefully.
+    // The API is down (signal or error): let the workers finish gracefully.
     worker_stop.cancel();
     let worker_result = worker_task.await.context("worker task failed")?;
+    for w in pipeline_workers {
+        w.await.context("worker task failed")??;
+    }
     api?;
     worker_result?;
     Ok(ExitCode::SUCCESS)

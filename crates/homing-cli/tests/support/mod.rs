@@ -89,6 +89,11 @@ impl Env {
 
     /// Starts a long-running `homing` process; its log goes to `<dir>/<name>.log`.
     pub fn spawn(&self, name: &str, args: &[&str]) -> Proc {
+        self.spawn_with_env(name, args, &[])
+    }
+
+    /// Like [`Env::spawn`], with extra environment variables for this process only.
+    pub fn spawn_with_env(&self, name: &str, args: &[&str], vars: &[(&str, &str)]) -> Proc {
         let log_path = self.dir.path().join(format!("{name}.log"));
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -98,6 +103,7 @@ impl Env {
         let child = self
             .command(args)
             .env("HOMING_LOG", "info")
+            .envs(vars.iter().copied())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .spawn()

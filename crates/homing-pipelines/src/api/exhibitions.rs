@@ -1,0 +1,217 @@
+//! `POST /v1/exhibitions` takes exactly three images and starts their emotion → track chains;
+//! `GET /v1/exhibitions/{id}` shows progress; `GET …/tracks/{index}` downloads a track.
+
+use axum::extract::{Multipart, Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use super::{display_name, parse_id, read_field, ApiError, ApiState, IMAGE_LIMIT};
+use crate::objects::keys;
+use crate::state::NewTrack;
+use crate::tasks::exhibition::{BGM, EMOTION};
+use homing::{EnqueueRequest, FollowUp, JobOptions, JobState};
+
+const IMAGES: usize = 3;
+
+struct Upload {
+    bytes: Vec<u8>,
+    name: Option<String>,
+    ext: &'static str,
+}
+
+pub async fn create(
+    State(st): State<ApiState>,
+    multipart: Result<Multipart, axum::extract::multipart::MultipartRejection>,
+) -> Result<Response, ApiError> {
+    let mut multipart = multipart?;
+    let mut uploads = Vec::with_capacity(IMAGES);
+    while let Some(mut field) = multipart.next_field().await? {
+        let name = field.name().unwrap_or("").to_string();
+        if name != "images" {
+            return Err(ApiError::bad_request(format!(
+                "unexpected part {name:?}: send exactly {IMAGES} parts named `images`"
+            )));
+        }
+        if uploads.len() == IMAGES {
+            return Err(ApiError::bad_request(format!(
+                "too many images: send exactly {IMAGES} parts named `images`"
+            )));
+        }
+        let display = display_name(&field);
+        let n = uploads.len() + 1;
+        let bytes = read_field(&mut field, IMAGE_LIMIT, &format!("image {n}")).await?;
+        let ext = match image::guess_format(&bytes) {
+            Ok(image::ImageFormat::Png) => "png",
+            Ok(image::ImageFormat::Jpeg) => "jpg",
+            _ => {
+                return Err(ApiError::unsupported(format!(
+                    "image {n} is not a PNG or JPEG"
+                )))
+            }
+        };
+        uploads.push(Upload {
+            bytes,
+            name: display,
+            ext,
+        });
+    }
+    if uploads.len() != IMAGES {
+        return Err(ApiError::bad_request(format!(
+            "got {} image(s): send exactly {IMAGES} parts named `images`",
+            uploads.len()
+        )));
+    }
+
+    let s = st.services().await?;
+    let id = homing::job::new_job_id().to_string();
+    let mut tracks = Vec::with_capacity(IMAGES);
+    for (i, u) in uploads.into_iter().enumerate() {
+        let key = keys::image(&id, i, u.ext);
+        s.objects.put(&key, u.bytes).await?;
+        tracks.push(NewTrack {
+            image_name: u.name,
+            image_key: key,
+        });
+    }
+    s.state.insert_exhibition(&id, tracks).await?;
+    let reqs = (0..IMAGES)
+        .map(|i| EnqueueRequest {
+            task: EMOTION.into(),
+            args: json!({ "exhibition": id, "index": i }),
+            options: JobOptions {
+                queue: Some("emotion".into()),
+                idempotency_key: Some(format!("{EMOTION}:{id}:{i}")),
+                // The track job is enqueued in the same store transaction as the emotion's
+                // success, with the emotion as its parent's result.
+                on_success: Some(FollowUp {
+                    task: BGM.into(),
+                    queue: Some("bgm".into()),
+                    args: json!({ "exhibition": id, "index": i }),
+                }),
+                ..JobOptions::default()
+            },
+        })
+        .collect();
+    let jobs = st.client.enqueue_many(reqs).await?;
+    s.state
+        .set_emotion_jobs(&id, jobs.iter().map(|j| j.id.to_string()).collect())
+        .await?;
+    tracing::info!(exhibition = %id, "exhibition created");
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, format!("/v1/exhibitions/{id}"))],
+        Json(json!({ "id": id, "state": "processing", "url": format!("/v1/exhibitions/{id}") })),
+    )
+        .into_response())
+}
+
+async fn job_state(st: &ApiState, id: Option<&str>) -> Result<Option<JobState>, ApiError> {
+    let Some(id) = id.and_then(|j| j.parse().ok()) else {
+        return Ok(None);
+    };
+    Ok(st.client.store().get(id).await?.map(|j| j.state))
+}
+
+fn given_up(s: Option<JobState>) -> bool {
+    matches!(
+        s,
+        Some(JobState::Failed | JobState::Dead | JobState::Cancelled)
+    )
+}
+
+pub async fn get(
+    State(st): State<ApiState>,
+    Path(raw): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id = parse_id(&raw, "exhibition")?.to_string();
+    let s = st.services().await?;
+    let (e, tracks) = s
+        .state
+        .exhibition(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no exhibition {id}")))?;
+    let mut failed = false;
+    let mut out = Vec::with_capacity(tracks.len());
+    for t in tracks {
+        let emotion_state = job_state(&st, t.emotion_job.as_deref()).await?;
+        let bgm_state = job_state(&st, t.bgm_job.as_deref()).await?;
+        let state = if t.track_key.is_some() {
+            "ready"
+        } else if given_up(emotion_state) || given_up(bgm_state) {
+            failed = true;
+            "failed"
+        } else if t.emotion.is_some() {
+            "composing"
+        } else {
+            "reading emotion"
+        };
+        let reading = t.reading.unwrap_or_default();
+        out.push(json!({
+            "index": t.index,
+            "image": t.image_name.unwrap_or_else(|| format!("image {}", t.index + 1)),
+            "emotion": t.emotion,
+            "valence": reading.get("valence"),
+            "arousal": reading.get("arousal"),
+            "state": state,
+            "url": t.track_key.as_ref().map(|_| format!("/v1/exhibitions/{id}/tracks/{}", t.index)),
+            "duration_ms": t.duration_ms,
+            "style": t.style,
+            "engine": t.engine,
+            "emotion_job": t.emotion_job,
+            "bgm_job": t.bgm_job,
+            "generations": { "started": t.generations_started, "completed": t.generations_finished },
+        }));
+    }
+    let state = if e.state == "ready" {
+        "ready"
+    } else if failed {
+        "failed"
+    } else {
+        "processing"
+    };
+    Ok(Json(json!({
+        "id": e.id,
+        "state": state,
+        "created_at": homing::time::rfc3339(e.created_at),
+        "ready_at": e.ready_at.map(homing::time::rfc3339),
+        "tracks": out,
+    })))
+}
+
+pub async fn track(
+    State(st): State<ApiState>,
+    Path((raw, index)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&raw, "exhibition")?.to_string();
+    let index: u32 = index
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("invalid track index {index:?}")))?;
+    let s = st.services().await?;
+    let t = s
+        .state
+        .track(&id, index)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no track {index} in exhibition {id}")))?;
+    let key = t
+        .track_key
+        .ok_or_else(|| ApiError::not_found("this track is not generated yet"))?;
+    let wav = s
+        .objects
+        .get(&key)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the track file is missing"))?;
+    let emotion = t.emotion.unwrap_or_default();
+    Ok((
+        [
+            (header::CONTENT_TYPE, "audio/wav".to_string()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"exhibition-{id}-{index}-{emotion}.wav\""),
+            ),
+        ],
+        wav,
+    )
+        .into_response())
+}
