@@ -13,114 +13,17 @@ use homing::{EnqueueRequest, JobState};
 /// three times and restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_mid_job_loses_nothing_and_completes_nothing_twice() {
-    kill_9_scenario(Env::sqlite()).await;
+    kill_9_scenario(Env::sqlite(), Scenario::default()).await;
 }
 
 /// The same scenario with the store in PostgreSQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_mid_job_with_a_postgres_store() {
-    kill_9_scenario(Env::sqlite_broker_postgres_store().await).await;
-}
-
-pub async fn kill_9_scenario(env: Env) {
-    let counter = Counter::start().await;
-    let client = env.client().await;
-    let queue = "crash";
-    let mut w1 = env.worker("w1-0", queue, &["--concurrency", "4"]);
-    let _w2 = env.worker("w2", queue, &["--concurrency", "4"]);
-    wait_workers(&client, queue, 2, Duration::from_secs(20)).await;
-
-    let reqs: Vec<EnqueueRequest> = (0..200)
-        .map(|_| {
-            let mut r = http_job(&counter.url("delay_ms=300"));
-            r.options.queue = Some(queue.into());
-            r
-        })
-        .collect();
-    let ids: Vec<_> = client
-        .enqueue_many(reqs)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|i| i.id)
-        .collect();
-
-    let mut kills = Vec::new();
-    for round in 1..=3 {
-        // Let the worker get into its jobs, then kill it while handlers are mid-call.
-        tokio::time::sleep(Duration::from_millis(1200)).await;
-        let running_before = client
-            .store()
-            .running(1000)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|(_, w, _)| !w.is_empty())
-            .count();
-        assert!(
-            running_before > 0,
-            "round {round}: jobs should be running when the worker is killed"
-        );
-        w1.kill9();
-        kills.push(Instant::now());
-        w1 = env.worker(&format!("w1-{round}"), queue, &["--concurrency", "4"]);
-    }
-
-    let jobs = wait_all_terminal(&client, &ids, Duration::from_secs(120)).await;
-    let mut reclaimed = 0;
-    for j in &jobs {
-        assert_eq!(
-            j.state,
-            JobState::Succeeded,
-            "job {} ended {:?}: {:?}",
-            j.id,
-            j.state,
-            j.error
-        );
-        let result = j.result.as_ref().expect("a succeeded job has its result");
-        assert_eq!(result["status"], 200);
-        assert_eq!(
-            result["body"]["key"],
-            j.id.to_string(),
-            "the result is this job's own call"
-        );
-        assert_eq!(j.attempts, 0, "crashes must not spend retries");
-        assert_eq!(
-            j.epoch,
-            u64::from(j.crashes) + 1,
-            "one start per delivery: {j:?}"
-        );
-        if j.crashes > 0 {
-            reclaimed += 1;
-        }
-        // The external witness: every extra call is explained by a kill during the earlier one,
-        // and the job ran again within heartbeat TTL (600 ms) + one sweep (200 ms) + 1 s.
-        let calls = counter.calls(&j.id.to_string());
-        assert!(!calls.is_empty(), "job {} never called the service", j.id);
-        for pair in calls.windows(2) {
-            let kill = kills
-                .iter()
-                .find(|k| **k >= pair[0].at && **k <= pair[1].at)
-                .unwrap_or_else(|| panic!("job {} called twice without a kill in between", j.id));
-            let recovery = pair[1].at.duration_since(*kill);
-            assert!(
-                recovery <= Duration::from_millis(600 + 200 + 1000),
-                "job {} ran again {recovery:?} after the kill",
-                j.id
-            );
-        }
-        assert!(calls.len() <= 1 + kills.len());
-    }
-    assert!(
-        reclaimed >= 3,
-        "each kill should have interrupted at least one job (reclaimed {reclaimed})"
-    );
-    assert_eq!(
-        counter.total(),
-        jobs.iter()
-            .map(|j| counter.count(&j.id.to_string()))
-            .sum::<usize>()
-    );
+    kill_9_scenario(
+        Env::sqlite_broker_postgres_store().await,
+        Scenario::default(),
+    )
+    .await;
 }
 
 /// Guarantee 4: a job far longer than the heartbeat TTL is never redelivered while its worker lives.

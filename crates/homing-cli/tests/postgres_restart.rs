@@ -1,0 +1,39 @@
+//! Issue 4, test 3: PostgreSQL restarted in the middle of 1,000 jobs. Its own test binary,
+//! because it restarts the PostgreSQL server that every test in a binary shares.
+
+mod support;
+
+use std::time::Duration;
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_restart_mid_run_loses_nothing() {
+    let env = Env::sqlite_broker_postgres_store().await;
+    let counter = Counter::start().await;
+    let w: Vec<Proc> = (0..2)
+        .map(|i| env.worker(&format!("w{i}"), "pgr", &["--concurrency", "8"]))
+        .collect();
+    wait_workers(&env.client().await, "pgr", 2, Duration::from_secs(20)).await;
+    let ids = load(&env, &counter, "pgr", 1000).await;
+    wait_progress(&env, &ids, 200).await;
+    let pg = support::postgres::server();
+    pg.stop();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    pg.start();
+    let client = env.client().await;
+    let unfinished = {
+        let mut n = 0;
+        for id in &ids {
+            if !client.get(*id).await.unwrap().state.is_terminal() {
+                n += 1;
+            }
+        }
+        n
+    };
+    assert!(unfinished > 0, "the restart should have happened mid-run");
+    assert_all_once(&env, &counter, &ids, Duration::from_secs(180)).await;
+    assert!(
+        w.iter().any(|p| p.log_text().contains("unavailable")),
+        "the workers noticed the outage"
+    );
+}
