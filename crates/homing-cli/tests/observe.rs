@@ -116,8 +116,12 @@ async fn every_route_but_healthz_needs_a_token() {
     assert_eq!(r.status().as_u16(), 401);
 }
 
-/// Parses Prometheus text with `prometheus_client`'s parser: (name, labels) → value.
-fn parse_prometheus(text: &str) -> HashMap<(String, Vec<(String, String)>), f64> {
+type Labels = Vec<(String, String)>;
+/// Samples by (name, sorted labels).
+type Samples = HashMap<(String, Labels), f64>;
+
+/// Parses Prometheus text with `prometheus_client`'s parser.
+fn parse_prometheus(text: &str) -> Samples {
     let venv = test_venv();
     let script = r#"
 import json, sys
@@ -148,17 +152,12 @@ print(json.dumps(out))
         "prometheus_client refused /metrics: {}\n{text}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let samples: Vec<(String, Vec<(String, String)>, f64)> =
-        serde_json::from_slice(&out.stdout).unwrap();
+    let samples: Vec<(String, Labels, f64)> = serde_json::from_slice(&out.stdout).unwrap();
     samples.into_iter().map(|(n, l, v)| ((n, l), v)).collect()
 }
 
-fn sample(
-    m: &HashMap<(String, Vec<(String, String)>), f64>,
-    name: &str,
-    labels: &[(&str, &str)],
-) -> f64 {
-    let mut l: Vec<(String, String)> = labels
+fn sample(m: &Samples, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let mut l: Labels = labels
         .iter()
         .map(|(a, b)| (a.to_string(), b.to_string()))
         .collect();
