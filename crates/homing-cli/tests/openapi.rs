@@ -84,8 +84,8 @@ async fn api_conforms_to_its_openapi_document() {
                 "--request-timeout",
                 "10000",
                 "--no-color",
-                "--hypothesis-database=none",
             ])
+            // Hypothesis keeps a cache in the working directory: not in the source tree.
             .current_dir(&workdir)
             .env("SCHEMATHESIS_TELEMETRY", "false")
             .output()
