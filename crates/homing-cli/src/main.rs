@@ -3,6 +3,7 @@
 mod api;
 mod cli;
 mod commands;
+mod config;
 mod output;
 mod signals;
 mod tasks;

@@ -89,14 +89,24 @@ impl Env {
 
     /// Starts a long-running `homing` process; its log goes to `<dir>/<name>.log`.
     pub fn spawn(&self, name: &str, args: &[&str]) -> Proc {
+        self.spawn_env(name, args, &[])
+    }
+
+    /// Like [`Env::spawn`], with extra environment variables (tokens, webhooks).
+    pub fn spawn_env(&self, name: &str, args: &[&str], envs: &[(&str, &str)]) -> Proc {
         let log_path = self.dir.path().join(format!("{name}.log"));
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)
             .expect("log file");
-        let child = self
-            .command(args)
+        let mut cmd = self.command(args);
+        cmd.env_remove("HOMING_CONFIG")
+            .env_remove("HOMING_WEBHOOKS");
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let child = cmd
             .env("HOMING_LOG", "info")
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -125,6 +135,15 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Takes charge of a child started elsewhere (killed when dropped, like the others).
+    pub fn adopt(child: Child, log: PathBuf, name: &str) -> Proc {
+        Proc {
+            child: Some(child),
+            log,
+            name: name.to_string(),
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
@@ -327,4 +346,61 @@ pub fn http_job(url: &str) -> homing::EnqueueRequest {
         "builtin.http",
         serde_json::json!({ "url": url, "timeout": "30s" }),
     )
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `homing up` on a free port with a fast heartbeat and waits until it answers; returns
+/// the process and its base URL.
+pub async fn start_up(env: &Env, envs: &[(&str, &str)]) -> (Proc, String) {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let args = [
+        "up",
+        "--listen",
+        listen.as_str(),
+        "--heartbeat-interval",
+        "200ms",
+    ];
+    let proc = env.spawn_env("up", &args, envs);
+    let base = format!("http://{listen}");
+    let http = reqwest::Client::new();
+    eventually(Duration::from_secs(30), "homing up to answer", || async {
+        http.get(format!("{base}/healthz"))
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status().is_success())
+    })
+    .await;
+    (proc, base)
+}
+
+/// The repository's root (tests run with the crate directory as working directory).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The test virtualenv (schemathesis, prometheus_client), created by `scripts/test-venv` when
+/// missing. Fails, naming the package, when python3 or its venv module is absent.
+pub fn test_venv() -> PathBuf {
+    let venv = std::env::var_os("HOMING_TEST_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/test-venv"));
+    let out = Command::new(repo_root().join("scripts/test-venv"))
+        .arg(&venv)
+        .output()
+        .expect("run scripts/test-venv (needs bash)");
+    assert!(
+        out.status.success(),
+        "scripts/test-venv failed (install the Debian packages python3 and python3-venv): {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    venv
 }
