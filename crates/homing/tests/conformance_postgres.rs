@@ -292,9 +292,16 @@ async fn two_dispatchers_fan_out_each_event_once() {
         taken += t;
         published.extend(p);
     }
-    assert_eq!(taken, events, "each pending event is taken by one dispatcher");
+    assert_eq!(
+        taken, events,
+        "each pending event is taken by one dispatcher"
+    );
     let unique: HashSet<JobId> = published.iter().copied().collect();
-    assert_eq!(unique.len(), published.len(), "a delivery was published twice");
+    assert_eq!(
+        unique.len(),
+        published.len(),
+        "a delivery was published twice"
+    );
     let mut delivered = HashSet::new();
     for key in want.keys() {
         let d = b
@@ -302,10 +309,16 @@ async fn two_dispatchers_fan_out_each_event_once() {
             .await
             .unwrap()
             .unwrap_or_else(|| panic!("no delivery {key}"));
-        assert_eq!((d.task.as_str(), d.queue.as_str()), (WEBHOOK_TASK, WEBHOOK_QUEUE));
+        assert_eq!(
+            (d.task.as_str(), d.queue.as_str()),
+            (WEBHOOK_TASK, WEBHOOK_QUEUE)
+        );
         delivered.insert(d.id);
     }
-    assert_eq!(delivered, unique, "every delivery inserted once and published once");
+    assert_eq!(
+        delivered, unique,
+        "every delivery inserted once and published once"
+    );
     let (total,): (i64,) = sqlx::query_as("SELECT count(*) FROM homing_jobs WHERE task = $1")
         .bind(WEBHOOK_TASK)
         .fetch_one(a.pool())
@@ -358,6 +371,48 @@ async fn migrations_race_safely_and_are_recorded_once() {
         .map(|m| (m.version, m.name.to_string()))
         .collect();
     assert_eq!(recorded, expected);
+}
+
+/// A deployment that applied version 1 (with jobs in it) upgrades in place: 0001 is never edited,
+/// so 0002 alone must bring its schema to what this build reads and writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_database_upgrades_with_its_jobs() {
+    let url = server().fresh_database().await;
+    let s = PgStore::open(&url, PgOptions::default()).await.unwrap();
+    let old = new_job(&homing::conformance::unique_queue("v1"), "t");
+    sqlx::raw_sql(include_str!(
+        "../src/store/postgres/migrations/0001_init.sql"
+    ))
+    .execute(s.pool())
+    .await
+    .unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE homing_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, \
+         applied_at TIMESTAMPTZ NOT NULL DEFAULT now()); \
+         INSERT INTO homing_migrations (version, name) VALUES (1, '0001_init')",
+    )
+    .execute(s.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO homing_jobs (id, task, queue, state, args, max_crashes, created_at, \
+         updated_at, finished_at) VALUES ($1, $2, $3, 'succeeded', '{}', 3, $4, $4, $4)",
+    )
+    .bind(old.id)
+    .bind(&old.task)
+    .bind(&old.queue)
+    .bind(old.created_at)
+    .execute(s.pool())
+    .await
+    .unwrap();
+    assert_eq!(s.migrate().await.unwrap(), vec!["0002_events"]);
+    let j = s.get(old.id).await.unwrap().expect("old job kept");
+    assert_eq!((j.state, j.callback_url), (JobState::Succeeded, None));
+    let fin = s.finished_since(old.created_at).await.unwrap();
+    assert!(fin.iter().any(|c| c.queue == old.queue && c.succeeded == 1));
+    let ev = NewEvent::worker(WORKER_READY, "w-v1", serde_json::json!({}));
+    let id = s.record_event(ev, now()).await.unwrap();
+    assert_eq!(s.events(id - 1, 10).await.unwrap()[0].kind, WORKER_READY);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
