@@ -166,6 +166,9 @@ pub struct EnqueueArgs {
     /// Deliveries lost with their worker before the job is dead (default 3).
     #[arg(long)]
     pub max_crashes: Option<u32>,
+    /// Call this http(s) URL (a JSON POST of the event, with retries) when the job finishes.
+    #[arg(long)]
+    pub callback_url: Option<String>,
     /// Enqueue even if no worker has ever registered this task.
     #[arg(long)]
     pub allow_unknown_task: bool,

@@ -3,6 +3,7 @@
 mod api;
 mod cli;
 mod commands;
+mod config;
 mod output;
 mod pipelines;
 mod signals;

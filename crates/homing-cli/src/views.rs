@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use homing::broker::QueueDepth;
-use homing::store::{QueueStats, WorkerRecord};
+use homing::store::{FinishedCounts, QueueStats, WorkerRecord};
 use homing::time::{now, Micros};
 use homing::{Backends, Result};
 
@@ -14,11 +14,18 @@ pub struct QueueView {
     pub jobs: QueueStats,
     /// What the broker holds for the queue.
     pub broker: QueueDepth,
+    /// Jobs that finished in the last hour, by state.
+    pub last_hour: FinishedCounts,
+    /// Jobs finished per second over the last minute.
+    pub throughput_per_s: f64,
 }
 
 pub async fn queues(b: &Backends) -> Result<Vec<QueueView>> {
     let stats = b.store.queue_stats().await?;
     let depths = b.broker.depths().await?;
+    let t = now();
+    let hour = b.store.finished_since(t - 3600 * 1_000_000).await?;
+    let minute = b.store.finished_since(t - 60 * 1_000_000).await?;
     let mut names: Vec<String> = stats.iter().map(|s| s.queue.clone()).collect();
     names.extend(depths.iter().map(|d| d.queue.clone()));
     names.sort();
@@ -42,6 +49,19 @@ pub async fn queues(b: &Backends) -> Result<Vec<QueueView>> {
                     queue: q.clone(),
                     ..Default::default()
                 }),
+            last_hour: hour
+                .iter()
+                .find(|h| h.queue == q)
+                .cloned()
+                .unwrap_or(FinishedCounts {
+                    queue: q.clone(),
+                    ..Default::default()
+                }),
+            throughput_per_s: minute
+                .iter()
+                .find(|m| m.queue == q)
+                .map(|m| (m.succeeded + m.failed + m.dead + m.cancelled) as f64 / 60.0)
+                .unwrap_or(0.0),
         })
         .collect())
 }
@@ -54,7 +74,22 @@ pub struct WorkerView {
     pub last_seen_age_s: f64,
     /// Whether its heartbeat is current in the broker.
     pub alive: bool,
+    /// What it is running now, and since when.
+    pub running_jobs: Vec<RunningView>,
 }
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunningView {
+    pub id: homing::JobId,
+    pub task: String,
+    pub queue: String,
+    #[serde(with = "homing::time::opt_rfc3339")]
+    pub started_at: Option<Micros>,
+    pub running_for_s: f64,
+}
+
+/// Most running jobs listed per worker (its concurrency is usually lower).
+const RUNNING_SHOWN: usize = 50;
 
 pub async fn workers(b: &Backends, since: Micros) -> Result<Vec<WorkerView>> {
     let records = b.store.workers(since).await?;
@@ -62,9 +97,25 @@ pub async fn workers(b: &Backends, since: Micros) -> Result<Vec<WorkerView>> {
     let mut out = Vec::with_capacity(records.len());
     for r in records {
         let alive = r.status == "live" && b.broker.is_alive(&r.info.id).await?;
+        let mut running_jobs = Vec::new();
+        for id in r.running.iter().take(RUNNING_SHOWN) {
+            if let Some(j) = b.store.get(*id).await? {
+                running_jobs.push(RunningView {
+                    id: j.id,
+                    task: j.task,
+                    queue: j.queue,
+                    started_at: j.started_at,
+                    running_for_s: j
+                        .started_at
+                        .map(|s| ((t - s).max(0) as f64) / 1e6)
+                        .unwrap_or(0.0),
+                });
+            }
+        }
         out.push(WorkerView {
             last_seen_age_s: ((t - r.last_seen).max(0) as f64) / 1e6,
             alive,
+            running_jobs,
             record: r,
         });
     }

@@ -241,7 +241,14 @@ async fn job_lifecycle_over_http() {
     assert_eq!(w["status"], "live");
     let page = http.get(format!("{base}/")).send().await.unwrap();
     assert_eq!(page.status(), 200);
-    assert!(page.text().await.unwrap().contains("/v1/queues"));
+    assert!(page.text().await.unwrap().contains("/dashboard/app.js"));
+    let script = http
+        .get(format!("{base}/dashboard/app.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(script.status(), 200);
+    assert!(script.text().await.unwrap().contains("/v1/queues"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -5,6 +5,7 @@
 #[allow(dead_code)]
 mod postgres;
 
+use homing::store::postgres::MIGRATIONS;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -30,16 +31,18 @@ async fn migrate_applies_once_and_every_command_uses_the_postgres_store() {
 
     let first = homing(dir.path(), &["migrate", "--store", &url]);
     assert!(first.status.success(), "{}", text(&first.stderr));
-    assert!(
-        text(&first.stdout).contains("applied 0001_init"),
-        "{}",
-        text(&first.stdout)
-    );
+    for m in MIGRATIONS {
+        assert!(
+            text(&first.stdout).contains(&format!("applied {}", m.name)),
+            "{}",
+            text(&first.stdout)
+        );
+    }
     let second = homing(dir.path(), &["migrate", "--store", &url, "--json"]);
     assert!(second.status.success(), "{}", text(&second.stderr));
     let report: serde_json::Value = serde_json::from_slice(&second.stdout).unwrap();
     assert_eq!(report["applied"], serde_json::json!([]));
-    assert_eq!(report["latest"], "0001_init");
+    assert_eq!(report["latest"], MIGRATIONS.last().unwrap().name);
 
     // The embedded broker's file must exist for enqueue; migrating it as a store creates it.
     let sqlite = homing(dir.path(), &["migrate", "--store", &broker]);

@@ -16,6 +16,10 @@ use crate::time::{micros, now};
 /// their address in the args.
 pub const MAX_ARGS_BYTES: usize = 1024 * 1024;
 
+/// The longest countdown, time limit or retry delay a job may ask for; beyond it a due date
+/// would be meaningless (and arithmetic on it could overflow).
+pub const MAX_DELAY: Duration = Duration::from_secs(366 * 24 * 3600);
+
 /// One job to enqueue.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EnqueueRequest {
@@ -109,6 +113,20 @@ impl Client {
                 .unwrap_or_else(|| "default".into()),
         };
         validate_name("queue", &queue)?;
+        if let Some(u) = &req.options.callback_url {
+            crate::job::validate_callback_url(u).map_err(Error::Invalid)?;
+        }
+        for (what, d) in [
+            ("countdown", req.options.countdown),
+            ("time_limit", req.options.time_limit),
+        ] {
+            if d.is_some_and(|d| d > MAX_DELAY) {
+                return Err(Error::Invalid(format!("{what} may be at most 366 days")));
+            }
+        }
+        if let Some(p) = &req.options.retry_policy {
+            p.validate(MAX_DELAY).map_err(Error::Invalid)?;
+        }
         if let Some(k) = &req.options.idempotency_key {
             if k.is_empty() || k.len() > 512 {
                 return Err(Error::Invalid("idempotency_key must be 1-512 bytes".into()));
@@ -151,7 +169,13 @@ impl Client {
             .into_iter()
             .map(|r| self.prepare(r, at))
             .collect::<Result<Vec<_>>>()?;
+        let tasks: Vec<String> = jobs.iter().map(|j| j.task.clone()).collect();
         let inserted = self.store.insert(jobs).await?;
+        for (i, task) in inserted.iter().zip(&tasks) {
+            if !i.existed {
+                crate::metrics::count(crate::metrics::JOBS_ENQUEUED, &i.queue, task);
+            }
+        }
         let to_send: Vec<Dispatch> = inserted
             .iter()
             .filter(|i| i.needs_dispatch())

@@ -129,6 +129,10 @@ pub struct JobOptions {
     pub on_success: Option<FollowUp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_failure: Option<FollowUp>,
+    /// An `http(s)` URL called (as a `builtin.webhook` delivery, with retries) when the job
+    /// reaches a terminal state. A secret: shown only redacted, see [`redact_secret_url`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_url: Option<String>,
 }
 
 /// A job as handed to [`crate::store::Store::insert`]: fully resolved, with its id chosen.
@@ -188,6 +192,61 @@ pub struct Job {
     pub on_failure: Option<FollowUp>,
     #[serde(default)]
     pub cancel_requested: bool,
+    /// Serialised redacted (`scheme://host/…`): every view of a job (API, CLI, webhooks, the
+    /// dashboard) goes through serde, so the full URL never leaves the store.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "redacted_opt"
+    )]
+    pub callback_url: Option<String>,
+}
+
+/// A URL that may carry a secret (a webhook token in its path or query), reduced to what is safe
+/// to show or log: `scheme://host/…`. Credentials before `@` are dropped too.
+pub fn redact_secret_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    let host = authority
+        .rsplit_once('@')
+        .map(|(_, h)| h)
+        .unwrap_or(authority);
+    let tail = if end < rest.len() { "/…" } else { "" };
+    if scheme.is_empty() {
+        format!("{host}{tail}")
+    } else {
+        format!("{scheme}://{host}{tail}")
+    }
+}
+
+/// Checks a callback or webhook URL: `http` or `https`, a host, at most 2048 bytes.
+pub fn validate_callback_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    let ok = url.len() <= 2048
+        && !url.chars().any(|c| c.is_control() || c.is_whitespace())
+        && rest.is_some_and(|r| {
+            let end = r.find(['/', '?', '#']).unwrap_or(r.len());
+            let host = r[..end].rsplit('@').next().unwrap_or("");
+            !host.is_empty() && !host.starts_with(':')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(
+            "callback_url must be an http:// or https:// URL with a host, at most 2048 bytes"
+                .into(),
+        )
+    }
+}
+
+fn redacted_opt<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(u) => s.serialize_str(&redact_secret_url(u)),
+        None => s.serialize_none(),
+    }
 }
 
 /// Durations in job options travel as human strings (`"30s"`) or as milliseconds.
@@ -243,5 +302,21 @@ mod tests {
         assert!(
             serde_json::from_value::<JobOptions>(serde_json::json!({"countdown": "x"})).is_err()
         );
+    }
+
+    #[test]
+    fn secret_urls_are_redacted_and_checked() {
+        assert_eq!(
+            redact_secret_url("https://discord.example/api/webhooks/123/tok?x=1"),
+            "https://discord.example/…"
+        );
+        assert_eq!(
+            redact_secret_url("http://user:pw@127.0.0.1:9000"),
+            "http://127.0.0.1:9000"
+        );
+        assert!(validate_callback_url("http://127.0.0.1:9/cb").is_ok());
+        assert!(validate_callback_url("ftp://x/y").is_err());
+        assert!(validate_callback_url("http:///path").is_err());
+        assert!(validate_callback_url("http://a b/").is_err());
     }
 }

@@ -56,8 +56,10 @@ pub mod broker;
 pub mod builtin;
 pub mod client;
 pub mod error;
+pub mod events;
 pub mod job;
 pub mod maintenance;
+pub mod metrics;
 pub mod retry;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

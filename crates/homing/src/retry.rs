@@ -57,6 +57,26 @@ impl RetryPolicy {
         }
     }
 
+    /// Checks that every delay is at most `max` and the jitter a fraction in `[0, 1]`.
+    pub fn validate(&self, max: Duration) -> Result<(), String> {
+        let ok = match *self {
+            RetryPolicy::Fixed { delay } => delay <= max,
+            RetryPolicy::Exponential {
+                base,
+                max: cap,
+                jitter,
+            } => base <= max && cap <= max && jitter.is_finite() && (0.0..=1.0).contains(&jitter),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "retry_policy: delays may be at most {} and jitter must be between 0 and 1",
+                humantime::format_duration(max)
+            ))
+        }
+    }
+
     /// The delay before retry number `n`, with random jitter.
     pub fn delay(&self, n: u32) -> Duration {
         self.delay_with(n, fastrand::f64())

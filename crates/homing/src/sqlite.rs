@@ -18,7 +18,7 @@ const BACKEND: &str = "sqlite";
 /// How long a write waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS jobs (
@@ -85,6 +85,23 @@ CREATE TABLE IF NOT EXISTS heartbeats (
     expires_at INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"#;
+
+/// Version 2: the events outbox (alerts and webhooks), per-job callback URLs, and an index for
+/// "finished in the last hour".
+const SCHEMA_V2: &str = r#"
+ALTER TABLE jobs ADD COLUMN callback_url TEXT;
+CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished_at) WHERE finished_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    job_id TEXT,
+    worker TEXT,
+    data TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    dispatched_at INTEGER
+);
+CREATE INDEX IF NOT EXISTS events_pending ON events(id) WHERE dispatched_at IS NULL;
 "#;
 
 /// An open database file.
@@ -215,9 +232,16 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
         return Ok(());
     }
     conn.execute_batch("BEGIN IMMEDIATE")?;
-    let res = conn
-        .execute_batch(SCHEMA)
-        .and_then(|_| conn.pragma_update(None, "user_version", SCHEMA_VERSION));
+    // Re-read under the write lock: another process may have migrated meanwhile.
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    let mut res = Ok(());
+    if version < 1 {
+        res = conn.execute_batch(SCHEMA);
+    }
+    if version < 2 {
+        res = res.and_then(|_| conn.execute_batch(SCHEMA_V2));
+    }
+    let res = res.and_then(|_| conn.pragma_update(None, "user_version", SCHEMA_VERSION));
     match res {
         Ok(()) => conn.execute_batch("COMMIT"),
         Err(e) => {

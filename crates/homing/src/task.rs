@@ -332,6 +332,11 @@ impl Context {
         self.cancel.cancelled().await
     }
 
+    /// The store, for built-in tasks that read other jobs (a webhook resolving a callback URL).
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
     pub fn cancellation_token(&self) -> CancellationToken {
         self.cancel.clone()
     }

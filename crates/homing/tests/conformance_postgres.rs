@@ -10,6 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use homing::conformance::new_job;
+use homing::events::{
+    NewEvent, Subscriber, CALLBACK_TARGET, WEBHOOK_QUEUE, WEBHOOK_TASK, WORKER_LOST, WORKER_READY,
+    WORKER_SHUTDOWN,
+};
 use homing::job::{JobId, JobState};
 use homing::store::postgres::{PgOptions, PgStore, MIGRATIONS};
 use homing::store::{Committed, Completion, Lost, Outcome, StartOutcome, Store};
@@ -205,6 +209,132 @@ async fn two_reconcilers_share_the_outbox_and_leases_expire() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_dispatchers_fan_out_each_event_once() {
+    let (a, b) = two_pools().await;
+    let worker = homing::conformance::unique_queue("fan");
+    let mut want: HashMap<String, usize> = HashMap::new();
+    let mut events = 0;
+    for i in 0..90 {
+        let kind = [WORKER_READY, WORKER_SHUTDOWN, WORKER_LOST][i % 3];
+        let ev = NewEvent::worker(kind, &worker, serde_json::json!({ "i": i }));
+        let id = a.record_event(ev, now()).await.unwrap();
+        events += 1;
+        want.insert(format!("{id}:all"), 0);
+        if kind == WORKER_LOST {
+            want.insert(format!("{id}:lost"), 0);
+        }
+    }
+    // Job events too: failures with a callback go to the subscription and the callback URL.
+    let q = homing::conformance::unique_queue("fan");
+    let jobs: Vec<_> = (0..30)
+        .map(|_| {
+            let mut j = new_job(&q, "t");
+            j.options.callback_url = Some("http://127.0.0.1:9/cb".into());
+            j
+        })
+        .collect();
+    let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    a.insert(jobs).await.unwrap();
+    let done: Vec<Completion> = a
+        .start(&ids, "w-fan", now())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| match o {
+            StartOutcome::Run(j) => Completion {
+                id: j.id,
+                epoch: j.epoch,
+                outcome: Outcome::Failed {
+                    error: "boom".into(),
+                },
+            },
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    a.complete(&done, now()).await.unwrap();
+    for e in a.events(0, 10_000).await.unwrap() {
+        if e.job_id.is_some_and(|j| ids.contains(&j)) {
+            events += 1;
+            want.insert(format!("{}:all", e.id), 0);
+            want.insert(format!("{}:{CALLBACK_TARGET}", e.id), 0);
+        }
+    }
+    let subs = vec![
+        Subscriber {
+            name: "all".into(),
+            events: vec!["*".into()],
+        },
+        Subscriber {
+            name: "lost".into(),
+            events: vec![WORKER_LOST.into()],
+        },
+    ];
+    let mut handles = Vec::new();
+    for i in 0..6 {
+        let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let subs = subs.clone();
+        handles.push(tokio::spawn(async move {
+            let (mut taken, mut published) = (0, Vec::new());
+            loop {
+                // Small batches, so the dispatchers interleave.
+                let out = s.fan_out(&subs, 7, now()).await.unwrap();
+                if out.events == 0 {
+                    return (taken, published);
+                }
+                taken += out.events;
+                published.extend(out.dispatch.into_iter().map(|d| d.id));
+            }
+        }));
+    }
+    let (mut taken, mut published) = (0, Vec::new());
+    for h in handles {
+        let (t, p) = h.await.unwrap();
+        taken += t;
+        published.extend(p);
+    }
+    assert_eq!(
+        taken, events,
+        "each pending event is taken by one dispatcher"
+    );
+    let unique: HashSet<JobId> = published.iter().copied().collect();
+    assert_eq!(
+        unique.len(),
+        published.len(),
+        "a delivery was published twice"
+    );
+    let mut delivered = HashSet::new();
+    for key in want.keys() {
+        let d = b
+            .get_by_key(key)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("no delivery {key}"));
+        assert_eq!(
+            (d.task.as_str(), d.queue.as_str()),
+            (WEBHOOK_TASK, WEBHOOK_QUEUE)
+        );
+        delivered.insert(d.id);
+    }
+    assert_eq!(
+        delivered, unique,
+        "every delivery inserted once and published once"
+    );
+    let (total,): (i64,) = sqlx::query_as("SELECT count(*) FROM homing_jobs WHERE task = $1")
+        .bind(WEBHOOK_TASK)
+        .fetch_one(a.pool())
+        .await
+        .unwrap();
+    assert_eq!(total as usize, want.len(), "no delivery inserted twice");
+    assert!(a
+        .events(0, 10_000)
+        .await
+        .unwrap()
+        .iter()
+        .all(|e| e.dispatched_at.is_some()));
+    assert_eq!(b.fan_out(&subs, 100, now()).await.unwrap().events, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn migrations_race_safely_and_are_recorded_once() {
     let url = server().fresh_database().await;
     let mut handles = Vec::new();
@@ -241,6 +371,48 @@ async fn migrations_race_safely_and_are_recorded_once() {
         .map(|m| (m.version, m.name.to_string()))
         .collect();
     assert_eq!(recorded, expected);
+}
+
+/// A deployment that applied version 1 (with jobs in it) upgrades in place: 0001 is never edited,
+/// so 0002 alone must bring its schema to what this build reads and writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_database_upgrades_with_its_jobs() {
+    let url = server().fresh_database().await;
+    let s = PgStore::open(&url, PgOptions::default()).await.unwrap();
+    let old = new_job(&homing::conformance::unique_queue("v1"), "t");
+    sqlx::raw_sql(include_str!(
+        "../src/store/postgres/migrations/0001_init.sql"
+    ))
+    .execute(s.pool())
+    .await
+    .unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE homing_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, \
+         applied_at TIMESTAMPTZ NOT NULL DEFAULT now()); \
+         INSERT INTO homing_migrations (version, name) VALUES (1, '0001_init')",
+    )
+    .execute(s.pool())
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO homing_jobs (id, task, queue, state, args, max_crashes, created_at, \
+         updated_at, finished_at) VALUES ($1, $2, $3, 'succeeded', '{}', 3, $4, $4, $4)",
+    )
+    .bind(old.id)
+    .bind(&old.task)
+    .bind(&old.queue)
+    .bind(old.created_at)
+    .execute(s.pool())
+    .await
+    .unwrap();
+    assert_eq!(s.migrate().await.unwrap(), vec!["0002_events"]);
+    let j = s.get(old.id).await.unwrap().expect("old job kept");
+    assert_eq!((j.state, j.callback_url), (JobState::Succeeded, None));
+    let fin = s.finished_since(old.created_at).await.unwrap();
+    assert!(fin.iter().any(|c| c.queue == old.queue && c.succeeded == 1));
+    let ev = NewEvent::worker(WORKER_READY, "w-v1", serde_json::json!({}));
+    let id = s.record_event(ev, now()).await.unwrap();
+    assert_eq!(s.events(id - 1, 10).await.unwrap()[0].kind, WORKER_READY);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! `/v1/jobs`: enqueue, read, list, retry and cancel.
+//! `/v1/jobs`: enqueue, read, list, retry and cancel (the event stream is in `events.rs`).
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -31,12 +31,14 @@ pub struct CreateJob {
     pub time_limit: Option<Duration>,
     pub on_success: Option<FollowUp>,
     pub on_failure: Option<FollowUp>,
+    /// Called (a JSON POST of the event, with retries) when the job reaches a terminal state.
+    pub callback_url: Option<String>,
     /// Accept a task that no worker has registered yet.
     #[serde(default)]
     pub allow_unknown_task: bool,
 }
 
-fn parse_id(s: &str) -> Result<JobId, ApiError> {
+pub fn parse_id(s: &str) -> Result<JobId, ApiError> {
     s.parse()
         .map_err(|_| ApiError::bad_request(format!("'{s}' is not a job id (a UUID)")))
 }
@@ -86,6 +88,7 @@ pub async fn create(
             time_limit: body.time_limit,
             on_success: body.on_success,
             on_failure: body.on_failure,
+            callback_url: body.callback_url,
         },
     };
     let inserted = state.client.enqueue(req).await?;

@@ -1,9 +1,12 @@
-//! The HTTP API (`/v1`, JSON) and the operator's page at `/`. Handlers are thin: they parse,
+//! The HTTP API (`/v1`, JSON, described by the OpenAPI document at `/v1/openapi.json`), the
+//! Prometheus endpoint at `/metrics`, and the dashboard at `/`. Handlers are thin: they parse,
 //! call the library's [`homing::Client`] or store, and map errors to `{"error": {code, message}}`
 //! without leaking internals — never a 500 for a client's mistake.
 
 mod error;
+mod events;
 mod jobs;
+mod metrics;
 mod status;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -15,6 +18,7 @@ use std::sync::Arc;
 
 pub use error::ApiError;
 use homing::{Backends, Client, Registry};
+pub use metrics::install_recorder;
 
 /// Largest request body accepted (a job's args are limited to 1 MiB of JSON).
 pub const BODY_LIMIT: usize = 2 * 1024 * 1024;
@@ -26,23 +30,23 @@ pub struct AppState {
     pub backends: Backends,
     /// Tasks this binary knows without any worker registering them.
     pub builtin: Registry,
-    /// With `HOMING_API_TOKEN` set, every route but `/healthz` requires it.
-    pub token: Option<Arc<str>>,
+    /// When not empty, every route but `/healthz` and the dashboard's static files requires
+    /// one of these tokens.
+    pub tokens: Arc<Vec<Arc<str>>>,
+    /// Renders this process's metrics; `None` when no recorder is installed.
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 impl AppState {
-    pub fn new(backends: Backends, builtin: Registry) -> Self {
-        let token = std::env::var("HOMING_API_TOKEN")
-            .ok()
-            .filter(|t| !t.is_empty())
-            .map(Arc::from);
+    pub fn new(backends: Backends, builtin: Registry, tokens: Vec<Arc<str>>) -> Self {
         let client = Client::new(backends.broker.clone(), backends.store.clone())
             .with_registry(builtin.clone());
         Self {
             client,
             backends,
             builtin,
-            token,
+            tokens: Arc::new(tokens),
+            metrics: None,
         }
     }
 }
@@ -50,11 +54,16 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/", get(status::page))
+        .route("/dashboard/app.js", get(status::script))
+        .route("/dashboard/style.css", get(status::style))
         .route("/healthz", get(status::healthz))
+        .route("/metrics", get(metrics::render))
+        .route("/v1/openapi.json", get(status::openapi))
         .route("/v1/jobs", post(jobs::create).get(jobs::list))
         .route("/v1/jobs/:id", get(jobs::get))
         .route("/v1/jobs/:id/retry", post(jobs::retry))
         .route("/v1/jobs/:id/cancel", post(jobs::cancel))
+        .route("/v1/jobs/:id/events", get(events::stream))
         .route("/v1/queues", get(status::queues))
         .route("/v1/workers", get(status::workers))
         .merge(crate::pipelines::router(state.client.clone()))
@@ -63,6 +72,15 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn(declared_length_limit))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
+}
+
+/// Routes anyone may fetch: the health check, and the dashboard's static shell, which holds no
+/// data (it asks for a token and sends it with every API call it makes).
+fn is_open(path: &str) -> bool {
+    matches!(
+        path,
+        "/healthz" | "/" | "/dashboard/app.js" | "/dashboard/style.css"
+    )
 }
 
 /// Compares two byte strings in time that depends only on their lengths, not their contents.
@@ -92,11 +110,16 @@ async fn declared_length_limit(req: Request, next: Next) -> Response {
     }
 }
 
+/// Whether `given` equals any of `tokens`. Every token is compared, in constant time each, so
+/// the time taken reveals neither which token nor how much of one matched.
+fn token_matches(given: &[u8], tokens: &[Arc<str>]) -> bool {
+    tokens
+        .iter()
+        .fold(false, |ok, t| ok | constant_time_eq(given, t.as_bytes()))
+}
+
 async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let Some(token) = &state.token else {
-        return next.run(req).await;
-    };
-    if req.uri().path() == "/healthz" {
+    if state.tokens.is_empty() || is_open(req.uri().path()) {
         return next.run(req).await;
     }
     let given = req
@@ -105,13 +128,13 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    if constant_time_eq(given.as_bytes(), token.as_bytes()) {
+    if token_matches(given.as_bytes(), &state.tokens) {
         next.run(req).await
     } else {
         ApiError::new(
             axum::http::StatusCode::UNAUTHORIZED,
             "unauthorized",
-            "missing or wrong API token: send `Authorization: Bearer <HOMING_API_TOKEN>`",
+            "missing or wrong API token: send `Authorization: Bearer <token>` (HOMING_API_TOKEN or api_tokens in HOMING_CONFIG)",
         )
         .into_response()
     }
@@ -125,5 +148,14 @@ mod tests {
         assert!(!super::constant_time_eq(b"secret", b"secreT"));
         assert!(!super::constant_time_eq(b"secret", b"secret2"));
         assert!(!super::constant_time_eq(b"", b"x"));
+    }
+
+    #[test]
+    fn any_configured_token_opens() {
+        let tokens: Vec<std::sync::Arc<str>> = vec!["alpha".into(), "beta-token".into()];
+        assert!(super::token_matches(b"alpha", &tokens));
+        assert!(super::token_matches(b"beta-token", &tokens));
+        assert!(!super::token_matches(b"beta", &tokens));
+        assert!(!super::token_matches(b"", &tokens));
     }
 }

@@ -1,6 +1,8 @@
-//! Health, queues, workers, and the page at `/`.
+//! Health, queues, workers, the OpenAPI document, and the dashboard's static files (embedded in
+//! the binary: no front-end build step, nothing to install next to it).
 
 use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use axum::Json;
@@ -32,7 +34,33 @@ pub async fn workers(State(state): State<AppState>) -> Result<Response, ApiError
     Ok(Json(serde_json::json!({ "workers": ws })).into_response())
 }
 
-/// A small self-refreshing overview; the API is the interface, this is a window onto it.
+/// The dashboard: a static shell whose script reads and steers everything through the API.
 pub async fn page() -> Html<&'static str> {
-    Html(include_str!("page.html"))
+    Html(include_str!("../dashboard/index.html"))
+}
+
+pub async fn script() -> Response {
+    (
+        [(CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("../dashboard/app.js"),
+    )
+        .into_response()
+}
+
+pub async fn style() -> Response {
+    (
+        [(CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("../dashboard/style.css"),
+    )
+        .into_response()
+}
+
+/// The OpenAPI 3 document, written by hand next to the routes it describes; the schemathesis
+/// test (`tests/openapi.rs`) fuzzes the server against it so the two cannot drift apart.
+pub async fn openapi() -> Response {
+    (
+        [(CONTENT_TYPE, "application/json")],
+        include_str!("openapi.json"),
+    )
+        .into_response()
 }

@@ -59,6 +59,7 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
             time_limit: a.time_limit,
             on_success: None,
             on_failure: None,
+            callback_url: a.callback_url,
         },
     };
     let inserted = client.enqueue(req).await?;

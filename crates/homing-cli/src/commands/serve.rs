@@ -1,5 +1,9 @@
 //! The long-running commands: `homing up` (everything in one process), `homing server` (API and
 //! maintenance) and `homing worker`. All stop gracefully on SIGTERM/SIGINT.
+//!
+//! `up` and `server` also run the outbox dispatcher and a small webhook worker (queue
+//! `homing.webhooks`), so events reach their subscriptions; a `worker` does so only when it has
+//! webhooks configured.
 
 use anyhow::Context as _;
 use std::process::ExitCode;
@@ -9,9 +13,12 @@ use tokio_util::sync::CancellationToken;
 use super::open;
 use crate::api::{self, AppState};
 use crate::cli::{Global, ServerArgs, UpArgs, WorkerArgs, WorkerTuning};
+use crate::config::Config;
 use crate::{signals, tasks};
-use homing::maintenance::{Maintenance, MaintenanceConfig};
-use homing::{Backends, Worker, WorkerConfig};
+use homing::builtin::webhook::Webhook;
+use homing::events::WEBHOOK_QUEUE;
+use homing::maintenance::{dispatcher, Maintenance, MaintenanceConfig};
+use homing::{Backends, Registry, Worker, WorkerConfig};
 
 fn worker_config(
     queues: Vec<String>,
@@ -36,8 +43,73 @@ fn worker_config(
     })
 }
 
+/// How often the outbox dispatcher looks for new events.
+const DISPATCH_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The small worker that delivers webhooks, on its own queue and slots so that a slow receiver
+/// never holds up the user's jobs.
+fn webhook_worker(backends: &Backends, config: &Config, heartbeat: Duration) -> Worker {
+    let mut registry = Registry::new();
+    registry.register(Webhook::new(config.webhooks.clone()));
+    let wc = WorkerConfig {
+        queues: vec![WEBHOOK_QUEUE.to_string()],
+        concurrency: 4,
+        heartbeat_interval: heartbeat,
+        maintenance: false,
+        name: Some("webhooks".into()),
+        ..WorkerConfig::default()
+    };
+    Worker::new(
+        backends.broker.clone(),
+        backends.store.clone(),
+        registry,
+        wc,
+    )
+}
+
+/// Event fan-out plus webhook delivery, stopped together.
+struct Notifier {
+    stop: CancellationToken,
+    dispatcher: tokio::task::JoinHandle<()>,
+    worker: tokio::task::JoinHandle<homing::Result<()>>,
+}
+
+impl Notifier {
+    fn start(backends: &Backends, config: &Config, heartbeat: Duration) -> Notifier {
+        let stop = CancellationToken::new();
+        if !config.webhooks.is_empty() {
+            let names: Vec<&str> = config.webhooks.iter().map(|w| w.name.as_str()).collect();
+            tracing::info!(webhooks = ?names, "delivering events to webhooks");
+        }
+        let dispatcher = dispatcher::spawn(
+            backends.broker.clone(),
+            backends.store.clone(),
+            config.subscribers(),
+            DISPATCH_INTERVAL,
+            stop.clone(),
+        );
+        let worker = tokio::spawn(webhook_worker(backends, config, heartbeat).run(stop.clone()));
+        Notifier {
+            stop,
+            dispatcher,
+            worker,
+        }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.dispatcher.await;
+        match self.worker.await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "webhook worker failed"),
+            Err(e) => tracing::warn!(error = %e, "webhook worker panicked"),
+            Ok(Ok(())) => {}
+        }
+    }
+}
+
 async fn serve_api(
     backends: Backends,
+    config: &Config,
     listen: std::net::SocketAddr,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -45,14 +117,15 @@ async fn serve_api(
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
-    let state = AppState::new(backends, tasks::registry());
-    let auth = if state.token.is_some() {
-        " (API token required)"
-    } else {
+    let mut state = AppState::new(backends, tasks::registry(), config.api_tokens.clone());
+    state.metrics = api::install_recorder();
+    let auth = if state.tokens.is_empty() {
         ""
+    } else {
+        " (API token required)"
     };
     println!("homing is up: http://{addr}/  (API under http://{addr}/v1){auth}");
-    tracing::info!(%addr, "HTTP API listening");
+    tracing::info!(%addr, "HTTP API and dashboard listening");
     axum::serve(listener, api::router(state))
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await
@@ -60,32 +133,37 @@ async fn serve_api(
 }
 
 pub async fn up(g: &Global, a: UpArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::from_env()?;
     let backends = open(g, true).await?;
     let stop = signals::shutdown_token();
-    let config = worker_config(a.queues.clone(), &a.tuning, true)?;
+    let heartbeat = a.tuning.heartbeat_interval;
+    let config_w = worker_config(a.queues.clone(), &a.tuning, true)?;
     let worker = Worker::new(
         backends.broker.clone(),
         backends.store.clone(),
         tasks::registry(),
-        config,
+        config_w,
     );
     let worker_stop = CancellationToken::new();
     let worker_task = tokio::spawn(worker.run(worker_stop.clone()));
     let pipeline_workers =
         crate::pipelines::spawn_workers(&backends, &a.tuning, &a.queues, &worker_stop);
-    let api = serve_api(backends, a.listen, stop.clone()).await;
+    let notifier = Notifier::start(&backends, &config, heartbeat);
+    let api = serve_api(backends, &config, a.listen, stop.clone()).await;
     // The API is down (signal or error): let the workers finish gracefully.
     worker_stop.cancel();
     let worker_result = worker_task.await.context("worker task failed")?;
     for w in pipeline_workers {
         w.await.context("worker task failed")??;
     }
+    notifier.stop().await;
     api?;
     worker_result?;
     Ok(ExitCode::SUCCESS)
 }
 
 pub async fn server(g: &Global, a: ServerArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::from_env()?;
     let backends = open(g, true).await?;
     let stop = signals::shutdown_token();
     let mc = MaintenanceConfig {
@@ -98,18 +176,33 @@ pub async fn server(g: &Global, a: ServerArgs) -> anyhow::Result<ExitCode> {
         mc,
         stop.child_token(),
     );
-    let api = serve_api(backends, a.listen, stop.clone()).await;
+    let notifier = Notifier::start(
+        &backends,
+        &config,
+        a.rescue_interval.min(Duration::from_secs(2)),
+    );
+    let api = serve_api(backends, &config, a.listen, stop.clone()).await;
     stop.cancel();
+    notifier.stop().await;
     maintenance.stop().await;
     api?;
     Ok(ExitCode::SUCCESS)
 }
 
 pub async fn worker(g: &Global, a: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::from_env()?;
     let backends = open(g, true).await?;
     let stop = signals::shutdown_token();
-    let config = worker_config(a.queues, &a.tuning, !a.no_maintenance)?;
-    let worker = Worker::new(backends.broker, backends.store, tasks::registry(), config);
-    worker.run(stop).await?;
+    let heartbeat = a.tuning.heartbeat_interval;
+    let config_w = worker_config(a.queues, &a.tuning, !a.no_maintenance)?;
+    // Only a worker that knows the subscriptions may fan events out (see the dispatcher's docs).
+    let notifier =
+        (!config.webhooks.is_empty()).then(|| Notifier::start(&backends, &config, heartbeat));
+    let worker = Worker::new(backends.broker, backends.store, tasks::registry(), config_w);
+    let result = worker.run(stop).await;
+    if let Some(n) = notifier {
+        n.stop().await;
+    }
+    result?;
     Ok(ExitCode::SUCCESS)
 }

@@ -100,8 +100,10 @@ impl Env {
             .append(true)
             .open(&log_path)
             .expect("log file");
-        let child = self
-            .command(args)
+        let mut cmd = self.command(args);
+        cmd.env_remove("HOMING_CONFIG")
+            .env_remove("HOMING_WEBHOOKS");
+        let child = cmd
             .env("HOMING_LOG", "info")
             .envs(vars.iter().copied())
             .stdout(log.try_clone().expect("log"))
@@ -131,6 +133,15 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Takes charge of a child started elsewhere (killed when dropped, like the others).
+    pub fn adopt(child: Child, log: PathBuf, name: &str) -> Proc {
+        Proc {
+            child: Some(child),
+            log,
+            name: name.to_string(),
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
@@ -545,4 +556,61 @@ pub async fn wait_progress(env: &Env, ids: &[homing::JobId], done: usize) {
         },
     )
     .await;
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `homing up` on a free port with a fast heartbeat and waits until it answers; returns
+/// the process and its base URL.
+pub async fn start_up(env: &Env, envs: &[(&str, &str)]) -> (Proc, String) {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let args = [
+        "up",
+        "--listen",
+        listen.as_str(),
+        "--heartbeat-interval",
+        "200ms",
+    ];
+    let proc = env.spawn_with_env("up", &args, envs);
+    let base = format!("http://{listen}");
+    let http = reqwest::Client::new();
+    eventually(Duration::from_secs(30), "homing up to answer", || async {
+        http.get(format!("{base}/healthz"))
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status().is_success())
+    })
+    .await;
+    (proc, base)
+}
+
+/// The repository's root (tests run with the crate directory as working directory).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The test virtualenv (schemathesis, prometheus_client), created by `scripts/test-venv` when
+/// missing. Fails, naming the package, when python3 or its venv module is absent.
+pub fn test_venv() -> PathBuf {
+    let venv = std::env::var_os("HOMING_TEST_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/test-venv"));
+    let out = Command::new(repo_root().join("scripts/test-venv"))
+        .arg(&venv)
+        .output()
+        .expect("run scripts/test-venv (needs bash)");
+    assert!(
+        out.status.success(),
+        "scripts/test-venv failed (install the Debian packages python3 and python3-venv): {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    venv
 }

@@ -1,5 +1,6 @@
-//! `builtin.sleep {ms}`: waits, stopping early when cancelled. For trying out long jobs,
-//! shutdown and cancellation.
+//! `builtin.sleep {ms}`: waits, stopping early when cancelled, and reports progress in quarters
+//! when it sleeps a second or more. For trying out long jobs, shutdown, cancellation and the
+//! dashboard's progress bar.
 
 use serde::Deserialize;
 use std::time::Duration;
@@ -22,9 +23,22 @@ impl Task for Sleep {
     type Output = serde_json::Value;
 
     async fn run(&self, ctx: Context, args: SleepArgs) -> Result<serde_json::Value, TaskError> {
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(args.ms)) => Ok(serde_json::json!({ "slept_ms": args.ms })),
-            _ = ctx.cancelled() => Err(TaskError::retry("cancelled while sleeping")),
+        // Short sleeps (benchmarks) stay one timer; progress writes would dominate them.
+        let steps: u64 = if args.ms >= 1000 { 4 } else { 1 };
+        for step in 1..=steps {
+            let part = Duration::from_millis(args.ms / steps);
+            tokio::select! {
+                _ = tokio::time::sleep(part) => {}
+                _ = ctx.cancelled() => return Err(TaskError::retry("cancelled while sleeping")),
+            }
+            if step < steps {
+                ctx.progress(
+                    step as f64 / steps as f64,
+                    format!("slept {} of {} ms", args.ms / steps * step, args.ms),
+                )
+                .await;
+            }
         }
+        Ok(serde_json::json!({ "slept_ms": args.ms }))
     }
 }

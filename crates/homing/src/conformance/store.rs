@@ -20,7 +20,9 @@ macro_rules! store_conformance {
             release_counts_nothing, outbox_tracks_dispatch, cancel_rules, operator_retry_rules,
             list_filters_and_pages, concurrent_starts_have_one_winner, concurrent_claims_are_exclusive,
             progress_is_fenced, workers_registry, queue_stats_count, start_defers_and_reports_missing,
-            mark_dead_is_final
+            mark_dead_is_final, failed_transition_writes_one_event, stale_commit_writes_no_event,
+            dead_transitions_write_events, callback_jobs_get_terminal_events,
+            fan_out_inserts_each_delivery_once, worker_gone_reports_one_change, finished_since_counts
         );
     };
 }
@@ -697,7 +699,7 @@ pub async fn workers_registry(s: Arc<dyn Store>) {
         .await
         .unwrap()
         .contains(&format!("{id}.task")));
-    s.worker_gone(&id, "lost", t + 6).await.unwrap();
+    assert!(s.worker_gone(&id, "lost", t + 6).await.unwrap());
     let ws = s.workers(t - 1).await.unwrap();
     assert_eq!(ws.iter().find(|w| w.info.id == id).unwrap().status, "lost");
 }
@@ -760,4 +762,310 @@ pub async fn mark_dead_is_final(s: Arc<dyn Store>) {
     assert_eq!(j.state, JobState::Dead);
     assert_eq!(j.error.as_deref(), Some("undecodable"));
     assert!(!s.mark_dead(nj.id, "again", now()).await.unwrap());
+}
+
+/// Every event of `job` recorded so far (cases may share a store, so always filter).
+async fn job_events(s: &dyn Store, job: crate::job::JobId) -> Vec<crate::events::Event> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = s.events(after, 500).await.expect("events");
+        let Some(last) = page.last() else {
+            return out;
+        };
+        after = last.id;
+        out.extend(page.into_iter().filter(|e| e.job_id == Some(job)));
+    }
+}
+
+pub async fn failed_transition_writes_one_event(s: Arc<dyn Store>) {
+    let q = unique_queue("evf");
+    let nj = new_job(&q, "t.ev");
+    insert_one(&*s, nj.clone()).await;
+    let job = run_one(&*s, nj.id, "w-ev").await;
+    // A retry and a success without a callback are not events.
+    let ok = new_job(&q, "t.ev");
+    insert_one(&*s, ok.clone()).await;
+    let okj = run_one(&*s, ok.id, "w-ev").await;
+    let done = [
+        Completion {
+            id: job.id,
+            epoch: job.epoch,
+            outcome: Outcome::Failed {
+                error: "boom".into(),
+            },
+        },
+        Completion {
+            id: okj.id,
+            epoch: okj.epoch,
+            outcome: Outcome::Succeeded(serde_json::json!(1)),
+        },
+    ];
+    let r = s.complete(&done, now()).await.unwrap();
+    assert!(matches!(
+        r[0],
+        Committed::Applied {
+            state: JobState::Failed,
+            ..
+        }
+    ));
+    let evs = job_events(&*s, job.id).await;
+    assert_eq!(
+        evs.len(),
+        1,
+        "exactly one event for one failed transition: {evs:?}"
+    );
+    assert_eq!(evs[0].kind, crate::events::JOB_FAILED);
+    assert!(evs[0].dispatched_at.is_none(), "a new event is pending");
+    let j = evs[0].to_json();
+    assert_eq!(j["event"], "job.failed");
+    assert_eq!(j["job"]["id"], serde_json::json!(job.id));
+    assert_eq!(j["job"]["state"], "failed");
+    assert_eq!(j["job"]["error"], "boom");
+    assert!(job_events(&*s, okj.id).await.is_empty());
+}
+
+pub async fn stale_commit_writes_no_event(s: Arc<dyn Store>) {
+    let q = unique_queue("evs");
+    let nj = new_job(&q, "t");
+    insert_one(&*s, nj.clone()).await;
+    let first = run_one(&*s, nj.id, "w-old").await;
+    assert_eq!(
+        s.mark_lost(nj.id, "w-old", now()).await.unwrap(),
+        Lost::Requeued
+    );
+    let second = run_one(&*s, nj.id, "w-new").await;
+    let stale = Completion {
+        id: nj.id,
+        epoch: first.epoch,
+        outcome: Outcome::Failed {
+            error: "zombie".into(),
+        },
+    };
+    assert_eq!(
+        s.complete(&[stale], now()).await.unwrap(),
+        vec![Committed::Stale]
+    );
+    assert!(
+        job_events(&*s, nj.id).await.is_empty(),
+        "a rejected commit writes no event"
+    );
+    let ok = Completion {
+        id: nj.id,
+        epoch: second.epoch,
+        outcome: Outcome::Succeeded(serde_json::json!(null)),
+    };
+    s.complete(&[ok], now()).await.unwrap();
+    assert!(job_events(&*s, nj.id).await.is_empty());
+}
+
+pub async fn dead_transitions_write_events(s: Arc<dyn Store>) {
+    let q = unique_queue("evd");
+    // Crash budget spent in mark_lost.
+    let mut a = new_job(&q, "t");
+    a.options.max_crashes = Some(1);
+    insert_one(&*s, a.clone()).await;
+    run_one(&*s, a.id, "w-a").await;
+    assert_eq!(s.mark_lost(a.id, "w-a", now()).await.unwrap(), Lost::Dead);
+    // An undecodable delivery.
+    let b = new_job(&q, "t");
+    insert_one(&*s, b.clone()).await;
+    assert!(s.mark_dead(b.id, "garbage", now()).await.unwrap());
+    assert!(!s.mark_dead(b.id, "again", now()).await.unwrap());
+    for id in [a.id, b.id] {
+        let evs = job_events(&*s, id).await;
+        assert_eq!(evs.len(), 1, "one job.dead event for {id}: {evs:?}");
+        assert_eq!(evs[0].kind, crate::events::JOB_DEAD);
+    }
+}
+
+pub async fn callback_jobs_get_terminal_events(s: Arc<dyn Store>) {
+    let q = unique_queue("evc");
+    let mut nj = new_job(&q, "t");
+    nj.options.callback_url = Some("https://hooks.example/secret-token/x?k=v".into());
+    insert_one(&*s, nj.clone()).await;
+    let stored = s.get(nj.id).await.unwrap().unwrap();
+    assert_eq!(
+        stored.callback_url, nj.options.callback_url,
+        "the store keeps the full URL"
+    );
+    let shown = serde_json::to_value(&stored).unwrap();
+    assert_eq!(
+        shown["callback_url"], "https://hooks.example/…",
+        "views are redacted"
+    );
+    let job = run_one(&*s, nj.id, "w-cb").await;
+    let c = Completion {
+        id: job.id,
+        epoch: job.epoch,
+        outcome: Outcome::Succeeded(serde_json::json!("ok")),
+    };
+    s.complete(&[c], now()).await.unwrap();
+    let evs = job_events(&*s, nj.id).await;
+    assert_eq!(evs.len(), 1, "{evs:?}");
+    assert_eq!(evs[0].kind, "job.succeeded");
+    assert!(!evs[0].to_json().to_string().contains("secret-token"));
+    // A cancelled callback job reports too.
+    let mut other = new_job(&q, "t");
+    other.options.callback_url = Some("http://127.0.0.1:9/cb".into());
+    insert_one(&*s, other.clone()).await;
+    s.cancel(other.id, now()).await.unwrap();
+    let evs2 = job_events(&*s, other.id).await;
+    assert_eq!(evs2.len(), 1);
+    assert_eq!(evs2[0].kind, "job.cancelled");
+    // Fan-out sends it to the callback target even with no subscriptions.
+    s.fan_out(&[], 10_000, now()).await.unwrap();
+    let key = format!("{}:{}", evs[0].id, crate::events::CALLBACK_TARGET);
+    let d = s
+        .get_by_key(&key)
+        .await
+        .unwrap()
+        .expect("callback delivery job");
+    assert_eq!(d.task, crate::events::WEBHOOK_TASK);
+    assert_eq!(d.queue, crate::events::WEBHOOK_QUEUE);
+    assert_eq!(d.args["callback_job"], serde_json::json!(nj.id));
+    assert!(d.args.get("subscription").is_none());
+    assert!(
+        !d.args.to_string().contains("secret-token"),
+        "args never carry the URL"
+    );
+}
+
+pub async fn fan_out_inserts_each_delivery_once(s: Arc<dyn Store>) {
+    let worker = unique_queue("evw");
+    let mut ids = Vec::new();
+    for kind in [
+        crate::events::WORKER_READY,
+        crate::events::WORKER_SHUTDOWN,
+        crate::events::WORKER_LOST,
+    ] {
+        let ev = crate::events::NewEvent::worker(kind, &worker, serde_json::json!({}));
+        ids.push((s.record_event(ev, now()).await.unwrap(), kind));
+    }
+    let subs = vec![
+        crate::events::Subscriber {
+            name: "all".into(),
+            events: vec!["*".into()],
+        },
+        crate::events::Subscriber {
+            name: "lost-only".into(),
+            events: vec![crate::events::WORKER_LOST.into()],
+        },
+    ];
+    // Many dispatchers at once, each fanning out small batches.
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (s, subs) = (s.clone(), subs.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            for _ in 0..20 {
+                let out = s.fan_out(&subs, 2, now()).await.expect("fan_out");
+                got.extend(out.dispatch.into_iter().map(|d| d.id));
+            }
+            got
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let mut expected = Vec::new();
+    for (id, kind) in &ids {
+        let mut targets = vec!["all"];
+        if *kind == crate::events::WORKER_LOST {
+            targets.push("lost-only");
+        }
+        for t in targets {
+            let job = s
+                .get_by_key(&format!("{id}:{t}"))
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("delivery {id}:{t}"));
+            assert_eq!(job.args["subscription"], t);
+            assert_eq!(job.args["event"]["id"], *id);
+            assert_eq!(job.args["event"]["worker"]["id"], worker.as_str());
+            expected.push(job.id);
+        }
+        assert!(
+            s.get_by_key(&format!("{id}:lost-only"))
+                .await
+                .unwrap()
+                .is_some()
+                == (*kind == crate::events::WORKER_LOST)
+        );
+    }
+    let mine: Vec<_> = all.iter().filter(|i| expected.contains(i)).collect();
+    assert_eq!(
+        mine.len(),
+        expected.len(),
+        "each delivery returned for publishing exactly once"
+    );
+    let evs = s.events(ids[0].0 - 1, 10_000).await.unwrap();
+    for (id, _) in &ids {
+        let e = evs.iter().find(|e| e.id == *id).expect("event kept");
+        assert!(e.dispatched_at.is_some(), "event {id} marked dispatched");
+    }
+}
+
+pub async fn worker_gone_reports_one_change(s: Arc<dyn Store>) {
+    let id = unique_queue("gone");
+    let info = WorkerInfo {
+        id: id.clone(),
+        hostname: "h".into(),
+        pid: 1,
+        queues: vec!["q".into()],
+        concurrency: 1,
+        tasks: vec![],
+        started_at: now(),
+    };
+    s.register_worker(&info, now()).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (s, id) = (s.clone(), id.clone());
+        tasks.push(tokio::spawn(async move {
+            s.worker_gone(&id, "lost", now()).await.unwrap()
+        }));
+    }
+    let mut changed = 0;
+    for t in tasks {
+        changed += t.await.unwrap() as u32;
+    }
+    assert_eq!(changed, 1, "exactly one rescuer changes the row");
+    assert!(!s.worker_gone(&id, "stopped", now()).await.unwrap());
+    assert!(!s
+        .worker_gone("no-such-worker", "lost", now())
+        .await
+        .unwrap());
+}
+
+pub async fn finished_since_counts(s: Arc<dyn Store>) {
+    let q = unique_queue("fin");
+    let t0 = now();
+    for outcome in [
+        Outcome::Succeeded(serde_json::json!(1)),
+        Outcome::Succeeded(serde_json::json!(2)),
+        Outcome::Failed { error: "x".into() },
+    ] {
+        let nj = new_job(&q, "t");
+        insert_one(&*s, nj.clone()).await;
+        let j = run_one(&*s, nj.id, "w-fin").await;
+        s.complete(
+            &[Completion {
+                id: j.id,
+                epoch: j.epoch,
+                outcome,
+            }],
+            t0,
+        )
+        .await
+        .unwrap();
+    }
+    let c = s.finished_since(t0).await.unwrap();
+    let mine = c.iter().find(|c| c.queue == q).expect("queue counted");
+    assert_eq!((mine.succeeded, mine.failed, mine.dead), (2, 1, 0));
+    let later = s.finished_since(t0 + 1).await.unwrap();
+    assert!(
+        !later.iter().any(|c| c.queue == q),
+        "older finishes are not counted"
+    );
 }

@@ -6,7 +6,10 @@
 //! - [`scheduler`]: turns scheduled jobs whose time has come into queued ones.
 //! - [`reconciler`]: publishes what the store lists as undispatched, notices a broker that lost
 //!   its data, and recovers running jobs whose worker and message are both gone.
+//! - [`dispatcher`]: fans pending events out into webhook deliveries (started separately, by
+//!   the processes that hold the webhook configuration).
 
+pub mod dispatcher;
 pub mod reconciler;
 pub mod rescuer;
 pub mod scheduler;

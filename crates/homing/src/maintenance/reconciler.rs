@@ -76,6 +76,7 @@ pub async fn pass(
         if let Lost::Requeued = store.mark_lost(id, &worker, now()).await? {
             tracing::warn!(event = "job.reclaimed", job = %id, %worker, "reclaimed a running job whose worker and message are gone");
             if let Some(job) = store.get(id).await? {
+                crate::metrics::count(crate::metrics::JOBS_RECLAIMED, &job.queue, &job.task);
                 orphans.push(Dispatch {
                     id,
                     queue: job.queue,

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
 use crate::error::Result;
+use crate::events::{NewEvent, WORKER_LOST};
 use crate::job::JobState;
 use crate::store::{Lost, Store};
 use crate::time::now;
@@ -39,6 +40,7 @@ pub struct SweepReport {
 pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport> {
     let mut report = SweepReport::default();
     for consumer in broker.lost_consumers().await? {
+        let mut reclaimed = 0u64;
         loop {
             let pending = broker.pending(&consumer, 100).await?;
             if pending.is_empty() {
@@ -54,14 +56,24 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
                     }
                 };
                 let lost = store.mark_lost(id, &consumer, now()).await?;
+                let task = || async {
+                    match store.get(id).await {
+                        Ok(Some(j)) => j.task,
+                        _ => "unknown".to_string(),
+                    }
+                };
                 let requeue = match lost {
                     Lost::Requeued => {
-                        tracing::warn!(event = "job.reclaimed", job = %id, worker = %consumer, "reclaimed a job from a lost worker");
+                        let task = task().await;
+                        crate::metrics::count(crate::metrics::JOBS_RECLAIMED, &d.queue, &task);
+                        tracing::warn!(event = "job.reclaimed", job = %id, %task, queue = %d.queue, worker = %consumer, "reclaimed a job from a lost worker");
                         true
                     }
                     Lost::NotOwned(JobState::Queued) => true,
                     Lost::Dead => {
-                        tracing::error!(event = "job.dead", job = %id, worker = %consumer, "job lost its worker too often; it is dead");
+                        let task = task().await;
+                        crate::metrics::count(crate::metrics::JOBS_DEAD, &d.queue, &task);
+                        tracing::error!(event = "job.dead", job = %id, %task, queue = %d.queue, worker = %consumer, "job lost its worker too often; it is dead");
                         report.dead += 1;
                         false
                     }
@@ -79,6 +91,7 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
                 if requeue {
                     if broker.requeue(&consumer, std::slice::from_ref(&d)).await? > 0 {
                         report.requeued += 1;
+                        reclaimed += 1;
                         store.mark_dispatched(&[id]).await?;
                     }
                 } else {
@@ -89,8 +102,17 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
         }
         if broker.remove_consumer(&consumer).await? {
             report.lost_workers += 1;
-            tracing::warn!(event = "worker.lost", worker = %consumer, "worker lost: its heartbeat expired");
-            store.worker_gone(&consumer, "lost", now()).await?;
+            // Several rescuers may get here for one worker; only the one whose store update
+            // changed the row reports it, so the alert goes out once.
+            if store.worker_gone(&consumer, "lost", now()).await? {
+                tracing::warn!(event = "worker.lost", worker = %consumer, reclaimed, "worker lost: its heartbeat expired");
+                let ev = NewEvent::worker(
+                    WORKER_LOST,
+                    &consumer,
+                    serde_json::json!({ "reclaimed": reclaimed }),
+                );
+                store.record_event(ev, now()).await?;
+            }
         }
     }
     Ok(report)

@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
+use crate::events::{Event, NewEvent, Subscriber};
 use crate::job::{Job, JobId, JobState, NewJob};
 use crate::time::Micros;
 
@@ -148,6 +149,26 @@ pub struct QueueStats {
     pub cancelled: u64,
 }
 
+/// Jobs of one queue that finished since a given time (the dashboard's "last hour").
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FinishedCounts {
+    pub queue: String,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub dead: u64,
+    pub cancelled: u64,
+}
+
+/// What one [`Store::fan_out`] call did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FanOut {
+    /// Pending events it handled (marked dispatched), matching subscribers or not.
+    pub events: usize,
+    /// The `builtin.webhook` jobs it inserted, to publish now (the reconciler publishes them
+    /// otherwise).
+    pub dispatch: Vec<Dispatch>,
+}
+
 /// What a worker says about itself when it starts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerInfo {
@@ -269,12 +290,47 @@ pub trait Store: Send + Sync + 'static {
     /// Records that a worker was alive at `now`.
     async fn worker_seen(&self, id: &str, now: Micros) -> Result<()>;
 
-    /// Records a worker's end: `stopped` or `lost`.
-    async fn worker_gone(&self, id: &str, status: &str, now: Micros) -> Result<()>;
+    /// Records a worker's end: `stopped` or `lost`, only if it is still `live`. Returns whether
+    /// this call changed the row, so that of several rescuers declaring the same worker lost
+    /// exactly one emits `worker.lost`.
+    async fn worker_gone(&self, id: &str, status: &str, now: Micros) -> Result<bool>;
 
     /// Workers heard of since `since`, newest first.
     async fn workers(&self, since: Micros) -> Result<Vec<WorkerRecord>>;
 
     /// Every task name that any worker has registered, sorted.
     async fn known_tasks(&self) -> Result<Vec<String>>;
+
+    /// Per queue, jobs whose `finished_at >= since`, by terminal state. Backed by an index on
+    /// `finished_at`, so the dashboard's "last hour" stays cheap on a large table.
+    async fn finished_since(&self, since: Micros) -> Result<Vec<FinishedCounts>>;
+
+    /// Appends an event that no job transition carries (`worker.ready`, `worker.shutdown`,
+    /// `worker.lost`) and returns its id. Job events (`job.failed`, `job.dead`, and terminal
+    /// events of jobs with a `callback_url`) are never recorded through this: `complete`,
+    /// `start`, `mark_lost`, `mark_dead` and `cancel` write them in the transition's own
+    /// transaction (see [`NewEvent::for_terminal`]).
+    ///
+    /// Crash contract: one insert; a crash before it loses the event, never half of one.
+    async fn record_event(&self, event: NewEvent, now: Micros) -> Result<i64>;
+
+    /// The outbox dispatcher's step: takes up to `limit` pending events, oldest first, and for
+    /// each matching subscriber (and for the job's `callback_url`, target
+    /// [`crate::events::CALLBACK_TARGET`]) inserts a `builtin.webhook` job on
+    /// [`crate::events::WEBHOOK_QUEUE`] with idempotency key `<event id>:<target>` and args
+    /// `{"event": <event JSON>, "subscription": <name>}` (or `"callback_job": <job id>`), then
+    /// marks the event dispatched. Events that match nothing are marked dispatched too.
+    ///
+    /// Crash contract: one transaction: a crash fans out all of the batch or none of it; two
+    /// concurrent callers never take the same event, and the idempotency keys make a repeated
+    /// fan-out of an event insert nothing new.
+    async fn fan_out(
+        &self,
+        subscribers: &[Subscriber],
+        limit: usize,
+        now: Micros,
+    ) -> Result<FanOut>;
+
+    /// Events with an id greater than `after`, oldest first, at most `limit` (pending or not).
+    async fn events(&self, after: i64, limit: usize) -> Result<Vec<Event>>;
 }

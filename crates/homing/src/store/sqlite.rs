@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::error::Error;
+use crate::events::{CALLBACK_TARGET, WEBHOOK_QUEUE, WEBHOOK_TASK};
 use crate::job::{FollowUp, JobOptions, DEFAULT_MAX_CRASHES};
 use crate::sqlite::Db;
 
@@ -29,7 +30,8 @@ impl SqliteStore {
 
 const COLUMNS: &str = "id, task, queue, state, args, result, error, attempts, crashes, epoch, \
     max_retries, max_crashes, retry_policy, time_limit_ms, idempotency_key, progress, worker, \
-    created_at, scheduled_at, started_at, finished_at, cancel_requested, on_success, on_failure";
+    created_at, scheduled_at, started_at, finished_at, cancel_requested, on_success, on_failure, \
+    callback_url";
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(format!("corrupt {what}: {e}").into())
@@ -81,6 +83,7 @@ fn row_to_job(row: &Row<'_>) -> rusqlite::Result<Job> {
         cancel_requested: row.get::<_, i64>(21)? != 0,
         on_success: typed_col(row, 22, "on_success")?,
         on_failure: typed_col(row, 23, "on_failure")?,
+        callback_url: row.get(24)?,
     })
 }
 
@@ -130,8 +133,9 @@ fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result<Inserted> 
     };
     tx.prepare_cached(
         "INSERT INTO jobs (id, task, queue, state, args, max_retries, max_crashes, retry_policy, \
-         time_limit_ms, idempotency_key, created_at, scheduled_at, updated_at, on_success, on_failure) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?11, ?13, ?14)",
+         time_limit_ms, idempotency_key, created_at, scheduled_at, updated_at, on_success, on_failure, \
+         callback_url) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?11, ?13, ?14, ?15)",
     )?
     .execute(params![
         job.id.to_string(),
@@ -148,6 +152,7 @@ fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result<Inserted> 
         scheduled,
         o.on_success.as_ref().map(to_json),
         o.on_failure.as_ref().map(to_json),
+        o.callback_url,
     ])?;
     Ok(Inserted {
         id: job.id,
@@ -257,6 +262,9 @@ fn complete_one(tx: &Transaction<'_>, c: &Completion, now: Micros) -> rusqlite::
             JobState::Dead
         }
     };
+    if NewEvent::wanted(&job, state) {
+        terminal_event(tx, &id, now)?;
+    }
     let follow = match state {
         JobState::Succeeded => job.on_success.as_ref(),
         JobState::Failed | JobState::Dead => job.on_failure.as_ref(),
@@ -286,10 +294,72 @@ fn dead_with_follow_up(
         params![job.id.to_string(), reason, now],
     )?;
     job.error = Some(reason.to_string());
+    if NewEvent::wanted(job, JobState::Dead) {
+        terminal_event(tx, &job.id.to_string(), now)?;
+    }
     if let Some(f) = job.on_failure.clone() {
         insert_one(tx, &follow_up_job(job, &f, JobState::Dead, now))?;
     }
     Ok(())
+}
+
+/// Writes the event of a terminal transition just made to job `id`, inside that transition's
+/// transaction (DESIGN.md section 1, guarantee 9: follow-up work commits with its cause).
+fn terminal_event(tx: &Transaction<'_>, id: &str, now: Micros) -> rusqlite::Result<()> {
+    if let Some(ev) = get_job(tx, id)?.as_ref().and_then(NewEvent::for_terminal) {
+        insert_event(tx, &ev, now)?;
+    }
+    Ok(())
+}
+
+fn insert_event(tx: &Transaction<'_>, ev: &NewEvent, now: Micros) -> rusqlite::Result<i64> {
+    tx.prepare_cached(
+        "INSERT INTO events (kind, job_id, worker, data, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![
+        ev.kind,
+        ev.job_id.map(|i| i.to_string()),
+        ev.worker,
+        to_json(&ev.data),
+        now
+    ])?;
+    Ok(tx.last_insert_rowid())
+}
+
+fn row_to_event(r: &Row<'_>) -> rusqlite::Result<Event> {
+    let job_id: Option<String> = r.get(2)?;
+    Ok(Event {
+        id: r.get(0)?,
+        kind: r.get(1)?,
+        job_id: job_id.map(parse_id).transpose()?,
+        worker: r.get(3)?,
+        data: json_col(r, 4, "event data")?.unwrap_or(serde_json::Value::Null),
+        created_at: r.get(5)?,
+        dispatched_at: r.get(6)?,
+    })
+}
+
+const EVENT_COLUMNS: &str = "id, kind, job_id, worker, data, created_at, dispatched_at";
+
+/// The delivery job for one event and one target.
+fn webhook_job(ev: &Event, target: &str, now: Micros) -> NewJob {
+    let mut args = serde_json::json!({ "event": ev.to_json() });
+    match (target, ev.job_id) {
+        (CALLBACK_TARGET, Some(job)) => args["callback_job"] = serde_json::json!(job),
+        _ => args["subscription"] = serde_json::json!(target),
+    }
+    NewJob {
+        id: crate::job::new_job_id(),
+        task: WEBHOOK_TASK.into(),
+        queue: WEBHOOK_QUEUE.into(),
+        args,
+        options: JobOptions {
+            idempotency_key: Some(format!("{}:{target}", ev.id)),
+            ..JobOptions::default()
+        },
+        created_at: now,
+        run_at: None,
+    }
 }
 
 fn parse_id(s: String) -> rusqlite::Result<JobId> {
@@ -431,6 +501,9 @@ impl Store for SqliteStore {
                          updated_at = ?2 WHERE id = ?1",
                         params![id.to_string(), now],
                     )?;
+                    if NewEvent::wanted(&job, JobState::Cancelled) {
+                        terminal_event(tx, &id.to_string(), now)?;
+                    }
                     return Ok(Lost::Cancelled);
                 }
                 if crashes >= job.max_crashes {
@@ -644,6 +717,9 @@ impl Store for SqliteStore {
                              finished_at = ?2, updated_at = ?2 WHERE id = ?1",
                             params![sid, now],
                         )?;
+                        if NewEvent::wanted(&job, JobState::Cancelled) {
+                            terminal_event(tx, &sid, now)?;
+                        }
                     }
                     JobState::Running => {
                         tx.execute(
@@ -757,7 +833,7 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn worker_gone(&self, id: &str, status: &str, now: Micros) -> Result<()> {
+    async fn worker_gone(&self, id: &str, status: &str, now: Micros) -> Result<bool> {
         let (id, status) = (id.to_string(), status.to_string());
         self.db
             .write(move |tx| {
@@ -766,7 +842,7 @@ impl Store for SqliteStore {
                      AND status = 'live'",
                     params![id, status, now],
                 )
-                .map(|_| ())
+                .map(|n| n == 1)
             })
             .await
     }
@@ -815,6 +891,115 @@ impl Store for SqliteStore {
                 let mut st = c.prepare_cached("SELECT name FROM tasks ORDER BY name")?;
                 let rows = st.query_map([], |r| r.get::<_, String>(0))?;
                 rows.collect()
+            })
+            .await
+    }
+
+    async fn finished_since(&self, since: Micros) -> Result<Vec<FinishedCounts>> {
+        self.db
+            .read(move |c| {
+                let mut st = c.prepare_cached(
+                    "SELECT queue, state, count(*) FROM jobs WHERE finished_at >= ?1 \
+                     AND finished_at IS NOT NULL GROUP BY queue, state ORDER BY queue",
+                )?;
+                let rows = st.query_map([since], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                })?;
+                let mut out: Vec<FinishedCounts> = Vec::new();
+                for r in rows {
+                    let (queue, state, n) = r?;
+                    if out.last().map(|q| q.queue != queue).unwrap_or(true) {
+                        out.push(FinishedCounts {
+                            queue,
+                            ..Default::default()
+                        });
+                    }
+                    let q = out.last_mut().expect("pushed above");
+                    let n = n as u64;
+                    match state.as_str() {
+                        "succeeded" => q.succeeded = n,
+                        "failed" => q.failed = n,
+                        "dead" => q.dead = n,
+                        "cancelled" => q.cancelled = n,
+                        _ => {}
+                    }
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn record_event(&self, event: NewEvent, now: Micros) -> Result<i64> {
+        self.db.write(move |tx| insert_event(tx, &event, now)).await
+    }
+
+    async fn fan_out(
+        &self,
+        subscribers: &[Subscriber],
+        limit: usize,
+        now: Micros,
+    ) -> Result<FanOut> {
+        let subscribers = subscribers.to_vec();
+        self.db
+            .write(move |tx| {
+                let events = tx
+                    .prepare_cached(&format!(
+                        "SELECT {EVENT_COLUMNS} FROM events WHERE dispatched_at IS NULL \
+                         ORDER BY id LIMIT ?1"
+                    ))?
+                    .query_map([limit as i64], row_to_event)?
+                    .collect::<rusqlite::Result<Vec<Event>>>()?;
+                let mut out = FanOut {
+                    events: events.len(),
+                    dispatch: Vec::new(),
+                };
+                let mut has_callback =
+                    tx.prepare_cached("SELECT callback_url IS NOT NULL FROM jobs WHERE id = ?1")?;
+                let mut done =
+                    tx.prepare_cached("UPDATE events SET dispatched_at = ?2 WHERE id = ?1")?;
+                for ev in &events {
+                    let mut targets: Vec<&str> = subscribers
+                        .iter()
+                        .filter(|s| s.matches(&ev.kind))
+                        .map(|s| s.name.as_str())
+                        .collect();
+                    if let Some(job) = ev.job_id {
+                        let cb = has_callback
+                            .query_row([job.to_string()], |r| r.get::<_, bool>(0))
+                            .optional()?
+                            .unwrap_or(false);
+                        if cb {
+                            targets.push(CALLBACK_TARGET);
+                        }
+                    }
+                    for t in targets {
+                        let ins = insert_one(tx, &webhook_job(ev, t, now))?;
+                        if ins.needs_dispatch() {
+                            out.dispatch.push(Dispatch {
+                                id: ins.id,
+                                queue: ins.queue,
+                            });
+                        }
+                    }
+                    done.execute(params![ev.id, now])?;
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn events(&self, after: i64, limit: usize) -> Result<Vec<Event>> {
+        self.db
+            .read(move |c| {
+                c.prepare_cached(&format!(
+                    "SELECT {EVENT_COLUMNS} FROM events WHERE id > ?1 ORDER BY id LIMIT ?2"
+                ))?
+                .query_map(params![after, limit as i64], row_to_event)?
+                .collect()
             })
             .await
     }

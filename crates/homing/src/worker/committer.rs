@@ -96,6 +96,7 @@ async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
             match r {
                 Committed::Applied { state, dispatch } => {
                     log_outcome(item, c, state);
+                    count_outcome(item, c);
                     to_dispatch.extend(dispatch);
                 }
                 Committed::Stale => {
@@ -120,6 +121,18 @@ async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
     })
     .await;
     drop(batch);
+}
+
+fn count_outcome(item: &Item, c: &Completion) {
+    use crate::metrics::*;
+    let name = match c.outcome {
+        Outcome::Succeeded(_) => JOBS_SUCCEEDED,
+        Outcome::Failed { .. } => JOBS_FAILED,
+        Outcome::Retry { .. } => JOBS_RETRIED,
+        Outcome::Dead { .. } => JOBS_DEAD,
+        _ => return,
+    };
+    count(name, &item.delivery.queue, &item.task);
 }
 
 fn log_outcome(item: &Item, c: &Completion, state: JobState) {

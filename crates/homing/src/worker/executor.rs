@@ -98,6 +98,15 @@ async fn start_batch(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermi
     for ((r, slot), outcome) in items.into_iter().zip(outcomes) {
         match outcome {
             StartOutcome::Run(job) => {
+                crate::metrics::count(crate::metrics::JOBS_STARTED, &job.queue, &job.task);
+                let ready_since = job.created_at.max(job.scheduled_at.unwrap_or(0));
+                let started = job.started_at.unwrap_or(ready_since);
+                crate::metrics::duration(
+                    crate::metrics::JOB_QUEUE_WAIT,
+                    &job.queue,
+                    &job.task,
+                    Duration::from_micros((started - ready_since).max(0) as u64),
+                );
                 let s2 = s.clone();
                 s.executors.spawn(run(s2, r, *job, slot));
             }
@@ -110,7 +119,12 @@ async fn start_batch(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermi
                 ack_only(s, r).await;
             }
             StartOutcome::Dead => {
-                tracing::error!(event = "job.dead", job = %r.id, "crash budget spent: job is dead");
+                let task = match s.store.get(r.id).await {
+                    Ok(Some(j)) => j.task,
+                    _ => "unknown".into(),
+                };
+                crate::metrics::count(crate::metrics::JOBS_DEAD, &r.delivery.queue, &task);
+                tracing::error!(event = "job.dead", job = %r.id, %task, queue = %r.delivery.queue, "crash budget spent: job is dead");
                 ack_only(s, r).await;
             }
             StartOutcome::Missing => {
@@ -204,6 +218,7 @@ async fn run(s: Arc<Session>, r: Reserved, job: Job, slot: OwnedSemaphorePermit)
     }
     let job = Arc::new(job);
     let ctx = Context::new(job.clone(), token.clone(), s.store.clone(), time_limit);
+    let began = tokio::time::Instant::now();
     let mut handle = tokio::spawn(handler.call(ctx, job.args.clone()));
     enum Ended {
         Returned(Result<Result<serde_json::Value, TaskError>, tokio::task::JoinError>),
@@ -224,6 +239,12 @@ async fn run(s: Arc<Session>, r: Reserved, job: Job, slot: OwnedSemaphorePermit)
         .unwrap_or_else(|p| p.into_inner())
         .remove(&job.id);
     drop(slot);
+    crate::metrics::duration(
+        crate::metrics::JOB_DURATION,
+        &job.queue,
+        &job.task,
+        began.elapsed(),
+    );
     // A stop request decides the outcome unless the handler had already succeeded: a handler
     // that notices the cancellation and returns an error must not be retried.
     let outcome = match (ended, running.reason()) {
@@ -300,6 +321,7 @@ mod tests {
             on_success: None,
             on_failure: None,
             cancel_requested: false,
+            callback_url: None,
         }
     }
 

@@ -25,6 +25,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::broker::Broker;
 use crate::error::Result;
+use crate::events::{NewEvent, WORKER_READY, WORKER_SHUTDOWN};
 use crate::job::JobId;
 use crate::maintenance::{Maintenance, MaintenanceConfig};
 use crate::store::{Store, WorkerInfo};
@@ -254,6 +255,20 @@ impl Worker {
             started_at: now(),
         };
         self.store.register_worker(&info, now()).await?;
+        // The seeds' worker_ready alert. Losing it to a store hiccup must not stop the worker.
+        let ready = NewEvent::worker(
+            WORKER_READY,
+            &id,
+            serde_json::json!({
+                "hostname": info.hostname,
+                "pid": info.pid,
+                "queues": info.queues,
+                "concurrency": info.concurrency,
+            }),
+        );
+        if let Err(e) = self.store.record_event(ready, now()).await {
+            tracing::warn!(error = %e, "could not record the worker.ready event");
+        }
         tracing::info!(
             event = "worker.ready",
             worker = %id,
@@ -323,10 +338,22 @@ impl Worker {
             if let Err(e) = self.broker.unregister(id).await {
                 tracing::warn!(error = %e, "could not remove the heartbeat");
             }
-            if let Err(e) = self.store.worker_gone(id, "stopped", now()).await {
-                tracing::warn!(error = %e, "could not record the worker's stop");
+            match self.store.worker_gone(id, "stopped", now()).await {
+                Ok(true) => {
+                    let ev = NewEvent::worker(
+                        WORKER_SHUTDOWN,
+                        id,
+                        serde_json::json!({ "queues": self.config.queues }),
+                    );
+                    if let Err(e) = self.store.record_event(ev, now()).await {
+                        tracing::warn!(error = %e, "could not record the worker.shutdown event");
+                    }
+                }
+                // A rescuer already declared this worker lost (it paused past its TTL).
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "could not record the worker's stop"),
             }
-            tracing::info!(event = "worker.shutdown", worker = %id, "worker stopped");
+            tracing::info!(event = "worker.shutdown", worker = %id, "worker stopped gracefully");
         }
         end
     }

@@ -18,11 +18,18 @@ pub struct Migration {
 }
 
 /// Every migration, in the order it must be applied.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "0001_init",
-    sql: include_str!("migrations/0001_init.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_init",
+        sql: include_str!("migrations/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_events",
+        sql: include_str!("migrations/0002_events.sql"),
+    },
+];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are
 /// per database, so two homing databases on one server do not wait for each other.

@@ -5,8 +5,9 @@
 //! - `start`, `complete`, `mark_lost`, `mark_dead`, `retry` and `cancel` lock the rows they decide
 //!   on (`FOR UPDATE`); a second caller waits and then decides on the committed result, so a job
 //!   starts once and a lost delivery is counted once.
-//! - `claim_due` and `undispatched` claim with `FOR UPDATE SKIP LOCKED`, so schedulers and
-//!   reconcilers running side by side take disjoint rows instead of queueing behind each other.
+//! - `claim_due`, `undispatched` and `fan_out` claim with `FOR UPDATE SKIP LOCKED`, so
+//!   schedulers, reconcilers and event dispatchers running side by side take disjoint rows instead
+//!   of queueing behind each other.
 //! - Statements that lock several rows lock them in id order, so two batches never deadlock.
 //!
 //! Every method is one transaction. Timestamps are BIGINT microseconds, as in SQLite, so that
@@ -27,6 +28,7 @@ use std::time::Duration;
 use super::*;
 use crate::backend::redact_url;
 use crate::error::Error;
+use crate::events::{CALLBACK_TARGET, WEBHOOK_QUEUE, WEBHOOK_TASK};
 use crate::job::{FollowUp, JobOptions, DEFAULT_MAX_CRASHES};
 
 pub use migrations::{Migration, MIGRATIONS};
@@ -224,6 +226,7 @@ const COLUMNS: &[&str] = &[
     "cancel_requested",
     "on_success",
     "on_failure",
+    "callback_url",
 ];
 
 /// The job columns in `row_to_job`'s order, qualified with `alias` when it is not empty.
@@ -296,6 +299,7 @@ fn row_to_job(row: &PgRow) -> sqlx::Result<Job> {
         cancel_requested: row.try_get(21)?,
         on_success: json_col(row, 22, "on_success")?,
         on_failure: json_col(row, 23, "on_failure")?,
+        callback_url: row.try_get(24)?,
     })
 }
 
@@ -397,6 +401,7 @@ async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> sqlx::Result<V
     let mut scheduled: Vec<Option<i64>> = Vec::with_capacity(n);
     let mut on_success: Vec<Option<String>> = Vec::with_capacity(n);
     let mut on_failure: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut callback_urls: Vec<Option<String>> = Vec::with_capacity(n);
     for &i in &send {
         let j = &jobs[i];
         let o: &JobOptions = &j.options;
@@ -421,19 +426,21 @@ async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> sqlx::Result<V
         });
         on_success.push(o.on_success.as_ref().map(to_json));
         on_failure.push(o.on_failure.as_ref().map(to_json));
+        callback_urls.push(o.callback_url.clone());
     }
     let inserted: HashSet<JobId> = sqlx::query_scalar(
         "INSERT INTO homing_jobs (id, task, queue, state, args, max_retries, max_crashes, \
          retry_policy, time_limit_ms, idempotency_key, created_at, scheduled_at, updated_at, \
-         on_success, on_failure) \
+         on_success, on_failure, callback_url) \
          SELECT u.id, u.task, u.queue, u.state, u.args, u.max_retries, u.max_crashes, \
                 u.retry_policy, u.time_limit_ms, u.idempotency_key, u.created_at, u.scheduled_at, \
-                u.created_at, u.on_success, u.on_failure \
+                u.created_at, u.on_success, u.on_failure, u.callback_url \
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], \
                      $7::int8[], $8::text[], $9::int8[], $10::text[], $11::int8[], $12::int8[], \
-                     $13::text[], $14::text[]) \
+                     $13::text[], $14::text[], $15::text[]) \
               AS u(id, task, queue, state, args, max_retries, max_crashes, retry_policy, \
-                   time_limit_ms, idempotency_key, created_at, scheduled_at, on_success, on_failure) \
+                   time_limit_ms, idempotency_key, created_at, scheduled_at, on_success, on_failure, \
+                   callback_url) \
          ON CONFLICT DO NOTHING RETURNING id",
     )
     .bind(&ids)
@@ -450,6 +457,7 @@ async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> sqlx::Result<V
     .bind(&scheduled)
     .bind(&on_success)
     .bind(&on_failure)
+    .bind(&callback_urls)
     .fetch_all(&mut *conn)
     .await?
     .into_iter()
@@ -550,6 +558,140 @@ fn follow_up_job(parent: &Job, f: &FollowUp, state: JobState, now: Micros) -> Ne
     }
 }
 
+/// Writes the event of a terminal transition just made to job `id`, inside that transition's
+/// transaction (DESIGN.md section 1, guarantee 9: follow-up work commits with its cause). The job
+/// is read back so the event carries it exactly as committed, as the SQLite store's does.
+async fn terminal_event(conn: &mut PgConnection, id: JobId, now: Micros) -> sqlx::Result<()> {
+    if let Some(ev) = get_job(conn, id, false)
+        .await?
+        .as_ref()
+        .and_then(NewEvent::for_terminal)
+    {
+        insert_event(conn, &ev, now).await?;
+    }
+    Ok(())
+}
+
+async fn insert_event(conn: &mut PgConnection, ev: &NewEvent, now: Micros) -> sqlx::Result<i64> {
+    sqlx::query_scalar(
+        "INSERT INTO homing_events (kind, job_id, worker, data, created_at) \
+         VALUES ($1, $2, $3, $4, $5) RETURNING id",
+    )
+    .bind(&ev.kind)
+    .bind(ev.job_id)
+    .bind(ev.worker.as_deref().map(clean))
+    .bind(to_json(&ev.data))
+    .bind(now)
+    .fetch_one(conn)
+    .await
+}
+
+const EVENT_COLUMNS: &str = "id, kind, job_id, worker, data, created_at, dispatched_at";
+
+fn row_to_event(r: &PgRow) -> sqlx::Result<Event> {
+    Ok(Event {
+        id: r.try_get(0)?,
+        kind: r.try_get(1)?,
+        job_id: r.try_get(2)?,
+        worker: r.try_get(3)?,
+        data: json_col(r, 4, "event data")?.unwrap_or(serde_json::Value::Null),
+        created_at: r.try_get(5)?,
+        dispatched_at: r.try_get(6)?,
+    })
+}
+
+/// The delivery job for one event and one target (a subscription's name or [`CALLBACK_TARGET`]).
+fn webhook_job(ev: &Event, target: &str, now: Micros) -> NewJob {
+    let mut args = serde_json::json!({ "event": ev.to_json() });
+    match (target, ev.job_id) {
+        (CALLBACK_TARGET, Some(job)) => args["callback_job"] = serde_json::json!(job),
+        _ => args["subscription"] = serde_json::json!(target),
+    }
+    NewJob {
+        id: crate::job::new_job_id(),
+        task: WEBHOOK_TASK.into(),
+        queue: WEBHOOK_QUEUE.into(),
+        args,
+        options: JobOptions {
+            idempotency_key: Some(format!("{}:{target}", ev.id)),
+            ..JobOptions::default()
+        },
+        created_at: now,
+        run_at: None,
+    }
+}
+
+async fn fan_out_tx(
+    pool: &PgPool,
+    subscribers: &[Subscriber],
+    limit: usize,
+    now: Micros,
+) -> sqlx::Result<FanOut> {
+    let mut tx = pool.begin().await?;
+    // SKIP LOCKED: events another dispatcher is fanning out are left to it, so two dispatchers
+    // take disjoint batches instead of queueing behind each other. An event it has committed
+    // meanwhile fails the re-checked `dispatched_at IS NULL` when its lock is taken.
+    let sql = format!(
+        "SELECT {EVENT_COLUMNS} FROM homing_events WHERE dispatched_at IS NULL \
+         ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+    );
+    let events = sqlx::query(&sql)
+        .bind(limit.min(i64::MAX as usize) as i64)
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(row_to_event)
+        .collect::<sqlx::Result<Vec<Event>>>()?;
+    if events.is_empty() {
+        tx.commit().await?;
+        return Ok(FanOut::default());
+    }
+    let job_ids: Vec<JobId> = events.iter().filter_map(|e| e.job_id).collect();
+    let with_callback: HashSet<JobId> = if job_ids.is_empty() {
+        HashSet::new()
+    } else {
+        sqlx::query_scalar(
+            "SELECT id FROM homing_jobs WHERE id = ANY($1) AND callback_url IS NOT NULL",
+        )
+        .bind(lock_order(&job_ids))
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .collect()
+    };
+    let mut deliveries = Vec::new();
+    for ev in &events {
+        for s in subscribers.iter().filter(|s| s.matches(&ev.kind)) {
+            deliveries.push(webhook_job(ev, &s.name, now));
+        }
+        if ev.job_id.is_some_and(|j| with_callback.contains(&j)) {
+            deliveries.push(webhook_job(ev, CALLBACK_TARGET, now));
+        }
+    }
+    // The keys (`<event id>:<target>`) make a repeated fan-out of an event (a batch whose commit
+    // was not heard, then retried) return the existing deliveries instead of duplicating them.
+    let dispatch = insert_jobs(&mut tx, &deliveries)
+        .await?
+        .into_iter()
+        .filter(Inserted::needs_dispatch)
+        .map(|i| Dispatch {
+            id: i.id,
+            queue: i.queue,
+        })
+        .collect();
+    let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+    sqlx::query("UPDATE homing_events SET dispatched_at = $2 WHERE id = ANY($1)")
+        .bind(&ids)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(FanOut {
+        events: events.len(),
+        dispatch,
+    })
+}
+
 /// Makes a locked job `dead` and enqueues its `on_failure` follow-up in the same transaction.
 /// The follow-up is left undispatched: the reconciler publishes it.
 async fn dead_with_follow_up(
@@ -570,6 +712,9 @@ async fn dead_with_follow_up(
     .await?;
     job.state = JobState::Dead;
     job.error = Some(reason.into_owned());
+    if NewEvent::wanted(job, JobState::Dead) {
+        terminal_event(conn, job.id, now).await?;
+    }
     if let Some(f) = job.on_failure.clone() {
         insert_jobs(conn, &[follow_up_job(job, &f, JobState::Dead, now)]).await?;
     }
@@ -665,6 +810,9 @@ async fn complete_tx(
     let mut ok_ids = Vec::new();
     let mut ok_results = Vec::new();
     let mut follow_ups: Vec<(usize, NewJob)> = Vec::new();
+    // Written after every update of the batch (successes are written last, together), in the
+    // order of the completions, as one by one would.
+    let mut with_event: Vec<JobId> = Vec::new();
     for c in done {
         let Some(job) = jobs.get_mut(&c.id) else {
             out.push(Committed::Stale);
@@ -763,6 +911,9 @@ async fn complete_tx(
                 JobState::Dead
             }
         };
+        if NewEvent::wanted(job, state) {
+            with_event.push(job.id);
+        }
         // A second completion of the same run in this batch must find it no longer running.
         job.state = state;
         let follow = match state {
@@ -786,6 +937,9 @@ async fn complete_tx(
         .bind(now)
         .execute(&mut *tx)
         .await?;
+    }
+    for id in with_event {
+        terminal_event(&mut tx, id, now).await?;
     }
     if !follow_ups.is_empty() {
         let new: Vec<NewJob> = follow_ups.iter().map(|(_, j)| j.clone()).collect();
@@ -831,6 +985,9 @@ async fn mark_lost_tx(pool: &PgPool, id: JobId, worker: &str, now: Micros) -> sq
         .bind(now)
         .execute(&mut *tx)
         .await?;
+        if NewEvent::wanted(&job, JobState::Cancelled) {
+            terminal_event(&mut tx, id, now).await?;
+        }
         Lost::Cancelled
     } else if crashes >= job.max_crashes {
         let reason = format!(
@@ -1189,9 +1346,16 @@ impl Store for PgStore {
                 .bind(now)
                 .execute(&mut *tx)
                 .await?;
-            let job = get_job(&mut tx, id, false).await?;
+            let after = get_job(&mut tx, id, false)
+                .await?
+                .ok_or_else(|| corrupt("cancel", "row vanished"))?;
+            if after.state == JobState::Cancelled && NewEvent::wanted(&job, JobState::Cancelled) {
+                if let Some(ev) = NewEvent::for_terminal(&after) {
+                    insert_event(&mut tx, &ev, now).await?;
+                }
+            }
             tx.commit().await?;
-            job.ok_or_else(|| corrupt("cancel", "row vanished")).map(Ok)
+            Ok(Ok(after))
         })
         .await?
     }
@@ -1301,9 +1465,12 @@ impl Store for PgStore {
         .await
     }
 
-    async fn worker_gone(&self, id: &str, status: &str, now: Micros) -> Result<()> {
+    /// The row lock the UPDATE takes makes concurrent callers decide one after the other: the
+    /// second re-checks `status = 'live'` against the first one's committed row and changes
+    /// nothing, so exactly one of them reports the change.
+    async fn worker_gone(&self, id: &str, status: &str, now: Micros) -> Result<bool> {
         self.call(async {
-            sqlx::query(
+            let r = sqlx::query(
                 "UPDATE homing_workers SET status = $2, last_seen = GREATEST(last_seen, $3) \
                  WHERE id = $1 AND status = 'live'",
             )
@@ -1311,8 +1478,8 @@ impl Store for PgStore {
             .bind(status)
             .bind(now)
             .execute(&self.pool)
-            .await
-            .map(|_| ())
+            .await?;
+            Ok(r.rows_affected() == 1)
         })
         .await
     }
@@ -1368,6 +1535,79 @@ impl Store for PgStore {
             sqlx::query_scalar("SELECT name FROM homing_tasks ORDER BY name COLLATE \"C\"")
                 .fetch_all(&self.pool)
                 .await
+        })
+        .await
+    }
+
+    async fn finished_since(&self, since: Micros) -> Result<Vec<FinishedCounts>> {
+        let rows: Vec<(String, String, i64)> = self
+            .call(async {
+                // COLLATE "C": byte order, as SQLite sorts, whatever the database's locale.
+                sqlx::query_as(
+                    "SELECT queue, state, count(*) FROM homing_jobs \
+                     WHERE finished_at >= $1 AND finished_at IS NOT NULL \
+                     GROUP BY queue, state ORDER BY queue COLLATE \"C\"",
+                )
+                .bind(since)
+                .fetch_all(&self.pool)
+                .await
+            })
+            .await?;
+        let mut out: Vec<FinishedCounts> = Vec::new();
+        for (queue, state, n) in rows {
+            if out.last().map(|q| q.queue != queue).unwrap_or(true) {
+                out.push(FinishedCounts {
+                    queue,
+                    ..Default::default()
+                });
+            }
+            let q = out.last_mut().expect("pushed above");
+            let n = n.max(0) as u64;
+            match state.as_str() {
+                "succeeded" => q.succeeded = n,
+                "failed" => q.failed = n,
+                "dead" => q.dead = n,
+                "cancelled" => q.cancelled = n,
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    async fn record_event(&self, event: NewEvent, now: Micros) -> Result<i64> {
+        self.call(async {
+            let mut conn = self.pool.acquire().await?;
+            insert_event(&mut conn, &event, now).await
+        })
+        .await
+    }
+
+    async fn fan_out(
+        &self,
+        subscribers: &[Subscriber],
+        limit: usize,
+        now: Micros,
+    ) -> Result<FanOut> {
+        self.call(fan_out_tx(&self.pool, subscribers, limit, now))
+            .await
+    }
+
+    /// Ids come from a sequence, so unlike SQLite's single writer they are not in commit order: an
+    /// event with a lower id may commit after a higher one was read. A reader paging by id (not
+    /// the dispatcher, which takes every pending row) can therefore miss a late commit.
+    async fn events(&self, after: i64, limit: usize) -> Result<Vec<Event>> {
+        self.call(async {
+            let sql = format!(
+                "SELECT {EVENT_COLUMNS} FROM homing_events WHERE id > $1 ORDER BY id LIMIT $2"
+            );
+            sqlx::query(&sql)
+                .bind(after)
+                .bind(limit.min(i64::MAX as usize) as i64)
+                .fetch_all(&self.pool)
+                .await?
+                .iter()
+                .map(row_to_event)
+                .collect()
         })
         .await
     }

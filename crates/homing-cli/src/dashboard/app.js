@@ -1,0 +1,265 @@
+// The homing dashboard: reads and steers everything through the public API (/v1), the same
+// calls a script would make, so the page can never do what the API does not allow. It refreshes
+// itself every 2 s. With an API token configured, it asks for the token once and keeps it in
+// sessionStorage (this tab only).
+'use strict';
+
+const TOKEN_KEY = 'homing.token';
+const REFRESH_MS = 2000;
+let filters = { state: '', queue: '', task: '' };
+let cursor = null;      // the page of jobs shown; null = newest
+let nextCursor = null;
+let timer = null;
+
+const $ = (sel) => document.querySelector(sel);
+
+class Unauthorized extends Error {}
+
+async function api(path, options = {}) {
+  const headers = Object.assign({}, options.headers || {});
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers['Authorization'] = 'Bearer ' + token;
+  const resp = await fetch(path, Object.assign({}, options, { headers }));
+  if (resp.status === 401) throw new Unauthorized();
+  const body = await resp.json().catch(() => ({}));
+  if (!resp.ok) {
+    const msg = (body.error && body.error.message) || resp.statusText;
+    throw new Error(msg);
+  }
+  return body;
+}
+
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === 'class') e.className = v;
+    else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+    else if (k === 'dataset') Object.assign(e.dataset, v);
+    else e.setAttribute(k, v);
+  }
+  for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(c == null ? '' : String(c)));
+  return e;
+}
+
+function ago(iso) {
+  if (!iso) return '';
+  const s = (Date.now() - Date.parse(iso)) / 1000;
+  return secs(s) + ' ago';
+}
+
+function secs(s) {
+  if (s < 1) return Math.max(0, Math.round(s * 1000)) + ' ms';
+  if (s < 120) return s.toFixed(1) + ' s';
+  if (s < 7200) return (s / 60).toFixed(1) + ' min';
+  return (s / 3600).toFixed(1) + ' h';
+}
+
+function duration(job) {
+  if (!job.started_at) return '';
+  const end = job.finished_at ? Date.parse(job.finished_at) : Date.now();
+  return secs((end - Date.parse(job.started_at)) / 1000);
+}
+
+function stateBadge(state) {
+  return el('span', { class: 'badge ' + state }, state);
+}
+
+function fill(id, rows, empty) {
+  const body = document.querySelector('#' + id + ' tbody');
+  if (rows.length === 0) {
+    const cols = document.querySelectorAll('#' + id + ' thead th').length;
+    rows = [el('tr', { class: 'empty' }, el('td', { colspan: cols }, empty))];
+  }
+  body.replaceChildren(...rows);
+}
+
+function actions(job) {
+  const out = [];
+  if (['failed', 'dead', 'cancelled'].includes(job.state)) {
+    out.push(el('button', { class: 'retry', dataset: { id: job.id }, onclick: () => act(job.id, 'retry') }, 'Retry'));
+  }
+  if (['queued', 'scheduled', 'running'].includes(job.state) && !job.cancel_requested) {
+    out.push(el('button', { class: 'cancel', dataset: { id: job.id }, onclick: () => act(job.id, 'cancel') }, 'Cancel'));
+  }
+  return out;
+}
+
+async function act(id, verb) {
+  try {
+    await api('/v1/jobs/' + id + '/' + verb, { method: 'POST' });
+    flash('');
+  } catch (e) {
+    if (e instanceof Unauthorized) return showLogin();
+    flash(verb + ' failed: ' + e.message);
+  }
+  refresh();
+}
+
+function flash(msg) {
+  const m = $('#message');
+  m.textContent = msg;
+  m.hidden = !msg;
+}
+
+function renderQueues(queues) {
+  fill('queues', queues.map((q) => el('tr', { dataset: { queue: q.queue } },
+    el('td', {}, q.queue),
+    el('td', { class: 'num' }, q.queued),
+    el('td', { class: 'num' }, q.scheduled),
+    el('td', { class: 'num' }, q.running),
+    el('td', { class: 'num ok' }, q.last_hour.succeeded),
+    el('td', { class: 'num' + (q.last_hour.failed ? ' bad' : '') }, q.last_hour.failed),
+    el('td', { class: 'num' + (q.last_hour.dead ? ' bad' : '') }, q.last_hour.dead),
+    el('td', { class: 'num' }, q.throughput_per_s.toFixed(2) + '/s'),
+    el('td', { class: 'num' }, q.broker.dead_letters),
+  )), 'no queues yet');
+}
+
+function workerStatus(w) {
+  if (w.alive) return 'live';
+  if (w.status === 'live') return 'unresponsive';
+  return w.status;
+}
+
+function renderWorkers(workers) {
+  fill('workers', workers.map((w) => {
+    const st = workerStatus(w);
+    const running = w.running_jobs.length === 0 ? el('span', { class: 'muted' }, 'idle')
+      : el('ul', { class: 'running' }, ...w.running_jobs.map((r) => el('li', {},
+        el('a', { href: '#/jobs/' + r.id }, r.task), ' for ' + secs(r.running_for_s))));
+    return el('tr', { dataset: { worker: w.id } },
+      el('td', { class: 'mono' }, w.id),
+      el('td', {}, el('span', { class: 'badge w-' + st }, st)),
+      el('td', {}, w.queues.join(', ')),
+      el('td', {}, secs(w.last_seen_age_s) + ' ago'),
+      el('td', {}, running));
+  }), 'no workers in the last hour');
+}
+
+function renderJobs(page) {
+  nextCursor = page.next_cursor;
+  $('#next-page').hidden = !nextCursor;
+  $('#first-page').hidden = !cursor;
+  fill('jobs', page.jobs.map((j) => el('tr', { dataset: { id: j.id, state: j.state } },
+    el('td', { class: 'mono' }, el('a', { href: '#/jobs/' + j.id }, j.id.slice(0, 8) + '…' + j.id.slice(-4))),
+    el('td', {}, j.task),
+    el('td', {}, j.queue),
+    el('td', { class: 'state' }, stateBadge(j.state)),
+    el('td', { class: 'num' }, j.attempts),
+    el('td', { class: 'num' }, j.crashes),
+    el('td', {}, ago(j.created_at)),
+    el('td', {}, duration(j)),
+    el('td', { class: 'actions' }, ...actions(j)),
+  )), 'no jobs match');
+}
+
+function kv(label, value) {
+  return [el('dt', {}, label), el('dd', {}, value)];
+}
+
+function pre(v) {
+  return el('pre', {}, v === undefined || v === null ? 'null' : JSON.stringify(v, null, 2));
+}
+
+function renderDetail(job) {
+  const d = $('#job-detail');
+  if (!job) { d.hidden = true; d.replaceChildren(); return; }
+  const timeline = [
+    ['created', job.created_at], ['scheduled for', job.scheduled_at],
+    ['started', job.started_at], ['finished', job.finished_at],
+  ].filter(([, t]) => t).sort((a, b) => Date.parse(a[1]) - Date.parse(b[1]));
+  const progress = job.progress && typeof job.progress.fraction === 'number'
+    ? el('div', { class: 'progress' },
+      el('div', { class: 'bar', style: 'width:' + Math.round(job.progress.fraction * 100) + '%' }),
+      el('span', {}, Math.round(job.progress.fraction * 100) + '% ' + (job.progress.message || '')))
+    : (job.progress ? pre(job.progress) : el('span', { class: 'muted' }, 'none reported'));
+  d.replaceChildren(
+    el('div', { class: 'detail-head' },
+      el('h2', {}, 'Job ', el('span', { class: 'mono' }, job.id)),
+      stateBadge(job.state),
+      el('span', { class: 'actions' }, ...actions(job)),
+      el('a', { href: '#/', class: 'close' }, 'close ✕')),
+    el('dl', {},
+      ...kv('task', job.task), ...kv('queue', job.queue),
+      ...kv('attempts', job.attempts + (job.max_retries != null ? ' (max retries ' + job.max_retries + ')' : '')),
+      ...kv('crashes', job.crashes + ' (max ' + job.max_crashes + ')'),
+      ...kv('epoch', job.epoch), ...kv('worker', job.worker || '—'),
+      ...kv('idempotency key', job.idempotency_key || '—'),
+      ...kv('callback', job.callback_url || '—'),
+      ...kv('cancel requested', job.cancel_requested ? 'yes' : 'no')),
+    el('h3', {}, 'Progress'), progress,
+    el('h3', {}, 'Timeline'),
+    el('ol', { class: 'timeline' }, ...timeline.map(([what, t]) => el('li', {}, el('b', {}, what), ' ' + t + ' (' + ago(t) + ')'))),
+    el('h3', {}, 'Args'), pre(job.args),
+    el('h3', {}, job.error ? 'Error' : 'Result'),
+    job.error ? el('pre', { class: 'error' }, job.error) : pre(job.result),
+  );
+  d.hidden = false;
+}
+
+function jobsQuery() {
+  const p = new URLSearchParams({ limit: '25' });
+  for (const [k, v] of Object.entries(filters)) if (v) p.set(k, v);
+  if (cursor) p.set('cursor', cursor);
+  return '/v1/jobs?' + p.toString();
+}
+
+function routeJob() {
+  const m = location.hash.match(/^#\/jobs\/([0-9a-f-]{36})$/);
+  return m ? m[1] : null;
+}
+
+async function refresh() {
+  clearTimeout(timer);
+  try {
+    const detailId = routeJob();
+    const [q, w, j, d] = await Promise.all([
+      api('/v1/queues'), api('/v1/workers'), api(jobsQuery()),
+      detailId ? api('/v1/jobs/' + detailId) : Promise.resolve(null),
+    ]);
+    $('#login').hidden = true;
+    $('#app').hidden = false;
+    $('#logout').hidden = !sessionStorage.getItem(TOKEN_KEY);
+    renderQueues(q.queues || []);
+    renderWorkers(w.workers || []);
+    renderJobs(j);
+    renderDetail(d);
+    const s = $('#status');
+    s.textContent = 'updated ' + new Date().toLocaleTimeString();
+    s.className = 'status ok';
+  } catch (e) {
+    if (e instanceof Unauthorized) return showLogin();
+    const s = $('#status');
+    s.textContent = 'cannot reach the API: ' + e.message;
+    s.className = 'status bad';
+  }
+  timer = setTimeout(refresh, REFRESH_MS);
+}
+
+function showLogin(msg) {
+  clearTimeout(timer);
+  $('#app').hidden = true;
+  $('#login').hidden = false;
+  $('#login-error').textContent = msg || (sessionStorage.getItem(TOKEN_KEY) ? 'That token was refused.' : '');
+  $('#status').textContent = 'token required';
+  $('#status').className = 'status bad';
+  $('#token-input').focus();
+}
+
+$('#token-form').addEventListener('submit', (ev) => {
+  ev.preventDefault();
+  sessionStorage.setItem(TOKEN_KEY, $('#token-input').value.trim());
+  $('#token-input').value = '';
+  refresh();
+});
+$('#logout').addEventListener('click', () => { sessionStorage.removeItem(TOKEN_KEY); showLogin(' '); });
+$('#filters').addEventListener('submit', (ev) => {
+  ev.preventDefault();
+  filters = { state: $('#f-state').value, queue: $('#f-queue').value.trim(), task: $('#f-task').value.trim() };
+  cursor = null;
+  refresh();
+});
+$('#next-page').addEventListener('click', () => { cursor = nextCursor; refresh(); });
+$('#first-page').addEventListener('click', () => { cursor = null; refresh(); });
+window.addEventListener('hashchange', () => { refresh(); window.scrollTo(0, 0); });
+refresh();

@@ -1,0 +1,351 @@
+//! The dashboard in a real browser: headless Chromium, driven over WebDriver by Debian's
+//! `chromedriver`, opens the dashboard of a running `homing up` that requires a token, logs in
+//! through the page's own form, sees a job enqueued through the API appear and finish, and
+//! retries a failed job with its button. Screenshots are kept in `target/test-artifacts/`.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use support::*;
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// A chromedriver process and one browser session.
+struct Browser {
+    driver: Proc,
+    http: reqwest::Client,
+    base: String,
+    session: String,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn start(env: &Env) -> Browser {
+        assert!(
+            std::path::Path::new(CHROMIUM).exists(),
+            "{CHROMIUM} is missing: install the Debian package `chromium`"
+        );
+        assert!(
+            std::path::Path::new(CHROMEDRIVER).exists(),
+            "{CHROMEDRIVER} is missing: install the Debian package `chromium-driver`"
+        );
+        let port = free_port();
+        let log = env.path().join("chromedriver.log");
+        let child = Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let driver = Proc::adopt(child, log, "chromedriver");
+        let base = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        eventually(
+            Duration::from_secs(20),
+            "chromedriver to answer",
+            || async { http.get(format!("{base}/status")).send().await.ok() },
+        )
+        .await;
+        let profile = tempfile::tempdir().unwrap();
+        let args = vec![
+            "--headless".to_string(),
+            "--no-sandbox".into(),
+            "--disable-gpu".into(),
+            "--disable-quic".into(),
+            "--no-first-run".into(),
+            "--disable-background-networking".into(),
+            "--disable-component-update".into(),
+            "--disable-sync".into(),
+            "--disable-dev-shm-usage".into(),
+            "--window-size=1400,1000".into(),
+            format!("--user-data-dir={}", profile.path().display()),
+        ];
+        let caps = serde_json::json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": CHROMIUM, "args": args},
+        }}});
+        let resp: serde_json::Value = http
+            .post(format!("{base}/session"))
+            .json(&caps)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let session = resp["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no browser session: {resp}"))
+            .to_string();
+        Browser {
+            driver,
+            http,
+            base,
+            session,
+            _profile: profile,
+        }
+    }
+
+    async fn call(&self, method: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
+        let url = format!("{}/session/{}{path}", self.base, self.session);
+        let req = match method {
+            "GET" => self.http.get(url),
+            _ => self.http.post(url).json(&body),
+        };
+        let v: serde_json::Value = req.send().await.unwrap().json().await.unwrap();
+        if v["value"]["error"].is_string() {
+            panic!("webdriver {method} {path}: {v}");
+        }
+        v["value"].clone()
+    }
+
+    async fn goto(&self, url: &str) {
+        self.call("POST", "/url", serde_json::json!({ "url": url }))
+            .await;
+    }
+
+    /// Runs `script` in the page and returns its value.
+    async fn eval(&self, script: &str) -> serde_json::Value {
+        self.call(
+            "POST",
+            "/execute/sync",
+            serde_json::json!({ "script": script, "args": [] }),
+        )
+        .await
+    }
+
+    async fn element(&self, css: &str) -> String {
+        let v = self
+            .call(
+                "POST",
+                "/element",
+                serde_json::json!({"using": "css selector", "value": css}),
+            )
+            .await;
+        v.as_object()
+            .and_then(|o| o.values().next())
+            .and_then(|x| x.as_str())
+            .unwrap_or_else(|| panic!("no element {css}: {v}"))
+            .to_string()
+    }
+
+    async fn click(&self, css: &str) {
+        let id = self.element(css).await;
+        self.call(
+            "POST",
+            &format!("/element/{id}/click"),
+            serde_json::json!({}),
+        )
+        .await;
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let id = self.element(css).await;
+        self.call(
+            "POST",
+            &format!("/element/{id}/value"),
+            serde_json::json!({ "text": text }),
+        )
+        .await;
+    }
+
+    /// Waits until `script` returns a truthy value in the page, and returns it.
+    async fn wait_for(&self, what: &str, script: &str) -> serde_json::Value {
+        eventually(Duration::from_secs(30), what, || async {
+            let v = self.eval(script).await;
+            let truthy = !(v.is_null() || v == false || v == "" || v == 0);
+            truthy.then_some(v)
+        })
+        .await
+    }
+
+    async fn screenshot(&self, name: &str) -> PathBuf {
+        let b64 = self.call("GET", "/screenshot", serde_json::json!({})).await;
+        let png = base64_decode(b64.as_str().expect("base64 screenshot"));
+        assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+        let dir = repo_root().join("target/test-artifacts");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, png).unwrap();
+        path
+    }
+
+    async fn quit(mut self) {
+        let _ = self
+            .http
+            .delete(format!("{}/session/{}", self.base, self.session))
+            .send()
+            .await;
+        self.driver.kill9();
+    }
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| -> u32 {
+        match c {
+            b'A'..=b'Z' => (c - b'A') as u32,
+            b'a'..=b'z' => (c - b'a' + 26) as u32,
+            b'0'..=b'9' => (c - b'0' + 52) as u32,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("not base64: {c}"),
+        }
+    };
+    let bytes: Vec<u8> = s
+        .bytes()
+        .filter(|c| *c != b'=' && !c.is_ascii_whitespace())
+        .collect();
+    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+    for chunk in bytes.chunks(4) {
+        let mut n = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            n |= val(*c) << (18 - 6 * i);
+        }
+        out.push((n >> 16) as u8);
+        if chunk.len() > 2 {
+            out.push((n >> 8) as u8);
+        }
+        if chunk.len() > 3 {
+            out.push(n as u8);
+        }
+    }
+    out
+}
+
+async fn enqueue(base: &str, token: &str, body: serde_json::Value) -> String {
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/jobs"))
+        .header("authorization", format!("Bearer {token}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    r.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// A script that is true when job `id`'s row shows `state`.
+fn row_is(id: &str, state: &str) -> String {
+    format!("const r = document.querySelector('#jobs tr[data-id=\"{id}\"]'); return r !== null && r.dataset.state === '{state}';")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dashboard_shows_jobs_and_retries_a_failed_one() {
+    let env = Env::sqlite();
+    let token = "dashboard-token-42";
+    let (_up, base) = start_up(&env, &[("HOMING_API_TOKEN", token)]).await;
+    let counter = Counter::start().await;
+    let browser = Browser::start(&env).await;
+
+    // The page asks for the token once, then shows the data.
+    browser.goto(&format!("{base}/")).await;
+    browser
+        .wait_for(
+            "the token form",
+            "return !document.querySelector('#login').hidden;",
+        )
+        .await;
+    browser.type_into("#token-input", token).await;
+    browser.click("#token-submit").await;
+    browser
+        .wait_for(
+            "the dashboard after login",
+            "return !document.querySelector('#app').hidden && document.querySelectorAll('#workers tbody tr[data-worker]').length > 0;",
+        )
+        .await;
+    let stored = browser
+        .eval("return sessionStorage.getItem('homing.token');")
+        .await;
+    assert_eq!(stored, token, "the token is kept in sessionStorage");
+
+    // A job enqueued through the API appears, runs and finishes on the page.
+    let slow = enqueue(
+        &base,
+        token,
+        serde_json::json!({"task": "builtin.sleep", "args": {"ms": 3000}}),
+    )
+    .await;
+    browser
+        .wait_for("the new job to show as running", &row_is(&slow, "running"))
+        .await;
+    browser
+        .wait_for(
+            "a worker to show what it runs",
+            &format!(
+                "return document.querySelector('#workers a[href=\"#/jobs/{slow}\"]') !== null;"
+            ),
+        )
+        .await;
+    browser
+        .wait_for("the job to show as succeeded", &row_is(&slow, "succeeded"))
+        .await;
+
+    // A job that fails (its endpoint answers 500 once, no retries left) gets a Retry button;
+    // clicking it runs the job again, and this time the endpoint answers 200.
+    let url = counter.url("fail=1");
+    let failing = enqueue(
+        &base,
+        token,
+        serde_json::json!({"task": "builtin.http", "args": {"url": url}, "max_retries": 0, "queue": "default"}),
+    )
+    .await;
+    browser
+        .wait_for(
+            "the failed job's retry button",
+            &format!("return document.querySelector('#jobs tr[data-id=\"{failing}\"][data-state=\"failed\"] button.retry') !== null;"),
+        )
+        .await;
+    assert_eq!(counter.count(&failing), 1);
+    browser
+        .click(&format!("#jobs tr[data-id=\"{failing}\"] button.retry"))
+        .await;
+    browser
+        .wait_for("the retried job to succeed", &row_is(&failing, "succeeded"))
+        .await;
+    assert_eq!(
+        counter.count(&failing),
+        2,
+        "the retry ran the job once more"
+    );
+    let client = env.client().await;
+    let job = client.get(failing.parse().unwrap()).await.unwrap();
+    assert_eq!(job.state, homing::JobState::Succeeded);
+    assert_eq!(job.epoch, 2);
+
+    // The queue table counts what happened in the last hour.
+    let succeeded_1h = browser
+        .eval("const r = document.querySelector('#queues tr[data-queue=\"default\"]'); return r ? r.children[4].textContent : null;")
+        .await;
+    assert_eq!(succeeded_1h, "2");
+    let overview = browser.screenshot("dashboard.png").await;
+
+    // The job's own page: args, result, attempts, epochs, timeline.
+    browser.goto(&format!("{base}/#/jobs/{failing}")).await;
+    let detail = browser
+        .wait_for(
+            "the job page",
+            "const d = document.querySelector('#job-detail'); return d && !d.hidden ? d.textContent : null;",
+        )
+        .await;
+    let detail = detail.as_str().unwrap();
+    for needle in [
+        failing.as_str(),
+        "builtin.http",
+        "epoch",
+        "Timeline",
+        "Result",
+        "fail=1",
+    ] {
+        assert!(detail.contains(needle), "job page shows {needle}: {detail}");
+    }
+    let job_page = browser.screenshot("dashboard-job.png").await;
+    eprintln!("screenshots: {} {}", overview.display(), job_page.display());
+    browser.quit().await;
+}
