@@ -297,8 +297,8 @@ async fn metrics_parse_and_count_what_happened() {
         ),
         1.0
     );
-    // The built-in worker and the webhook worker.
-    assert_eq!(sample(&m, "homing_workers_live", &[]), 2.0);
+    // `homing up`'s workers: default, the webhook deliveries, and the pipelines' ocr, emotion, bgm.
+    assert_eq!(sample(&m, "homing_workers_live", &[]), 5.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

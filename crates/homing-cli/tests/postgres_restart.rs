@@ -15,22 +15,19 @@ async fn postgres_restart_mid_run_loses_nothing() {
         .collect();
     wait_workers(&env.client().await, "pgr", 2, Duration::from_secs(20)).await;
     let ids = load(&env, &counter, "pgr", 1000).await;
-    wait_progress(&env, &ids, 200).await;
+    wait_progress(&env, &ids, 100).await;
+    let client = env.client().await;
+    let mut unfinished = 0;
+    for id in &ids {
+        if !client.get(*id).await.unwrap().state.is_terminal() {
+            unfinished += 1;
+        }
+    }
+    assert!(unfinished > 0, "the restart should happen mid-run");
     let pg = support::postgres::server();
     pg.stop();
     tokio::time::sleep(Duration::from_secs(3)).await;
     pg.start();
-    let client = env.client().await;
-    let unfinished = {
-        let mut n = 0;
-        for id in &ids {
-            if !client.get(*id).await.unwrap().state.is_terminal() {
-                n += 1;
-            }
-        }
-        n
-    };
-    assert!(unfinished > 0, "the restart should have happened mid-run");
     assert_all_once(&env, &counter, &ids, Duration::from_secs(180)).await;
     assert!(
         w.iter().any(|p| p.log_text().contains("unavailable")),
