@@ -31,8 +31,10 @@ impl std::fmt::Debug for Backends {
 pub fn redact_url(url: &str) -> String {
     if let Some((scheme, rest)) = url.split_once("://") {
         if let Some((creds, host)) = rest.split_once('@') {
-            let user = creds.split(':').next().unwrap_or("");
-            return format!("{scheme}://{user}:***@{host}");
+            // Only a password is secret; a bare user name is shown as it is.
+            if let Some((user, _password)) = creds.split_once(':') {
+                return format!("{scheme}://{user}:***@{host}");
+            }
         }
     }
     url.to_string()
@@ -195,5 +197,6 @@ mod tests {
         );
         assert_eq!(redact_url("postgres://u:p@h/db"), "postgres://u:***@h/db");
         assert_eq!(redact_url("sqlite://a.db"), "sqlite://a.db");
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
     }
 }
