@@ -99,6 +99,35 @@ pub struct FollowUp {
     pub args: serde_json::Value,
 }
 
+impl FollowUp {
+    /// The job this follow-up becomes when `parent` reaches `state`: its args with
+    /// `"parent": {id, task, state, result, error}` added, so it knows what it follows. Every
+    /// store inserts it in the transaction of the parent's transition.
+    pub fn job_for(&self, parent: &Job, state: JobState, now: Micros) -> NewJob {
+        let mut args = match &self.args {
+            serde_json::Value::Object(m) => serde_json::Value::Object(m.clone()),
+            serde_json::Value::Null => serde_json::json!({}),
+            other => serde_json::json!({ "value": other }),
+        };
+        args["parent"] = serde_json::json!({
+            "id": parent.id,
+            "task": parent.task,
+            "state": state,
+            "result": parent.result,
+            "error": parent.error,
+        });
+        NewJob {
+            id: new_job_id(),
+            task: self.task.clone(),
+            queue: self.queue.clone().unwrap_or_else(|| "default".into()),
+            args,
+            options: JobOptions::default(),
+            created_at: now,
+            run_at: None,
+        }
+    }
+}
+
 /// Options a producer may set on one job; anything unset falls back to the task's defaults.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobOptions {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::*;
 use crate::error::Error;
 use crate::events::{CALLBACK_TARGET, WEBHOOK_QUEUE, WEBHOOK_TASK};
-use crate::job::{FollowUp, JobOptions, DEFAULT_MAX_CRASHES};
+use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
 use crate::sqlite::Db;
 
 /// The SQLite store.
@@ -162,31 +162,6 @@ fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result<Inserted> 
     })
 }
 
-/// Builds the follow-up job that a terminal transition of `parent` declares.
-fn follow_up_job(parent: &Job, f: &FollowUp, state: JobState, now: Micros) -> NewJob {
-    let mut args = match &f.args {
-        serde_json::Value::Object(m) => serde_json::Value::Object(m.clone()),
-        serde_json::Value::Null => serde_json::json!({}),
-        other => serde_json::json!({ "value": other }),
-    };
-    args["parent"] = serde_json::json!({
-        "id": parent.id,
-        "task": parent.task,
-        "state": state,
-        "result": parent.result,
-        "error": parent.error,
-    });
-    NewJob {
-        id: crate::job::new_job_id(),
-        task: f.task.clone(),
-        queue: f.queue.clone().unwrap_or_else(|| "default".into()),
-        args,
-        options: JobOptions::default(),
-        created_at: now,
-        run_at: None,
-    }
-}
-
 fn complete_one(tx: &Transaction<'_>, c: &Completion, now: Micros) -> rusqlite::Result<Committed> {
     let id = c.id.to_string();
     let Some(mut job) = get_job(tx, &id)? else {
@@ -271,7 +246,7 @@ fn complete_one(tx: &Transaction<'_>, c: &Completion, now: Micros) -> rusqlite::
         _ => None,
     };
     if let Some(f) = follow {
-        let nj = follow_up_job(&job, f, state, now);
+        let nj = f.job_for(&job, state, now);
         let ins = insert_one(tx, &nj)?;
         if ins.needs_dispatch() {
             dispatch.push(Dispatch {
@@ -298,7 +273,7 @@ fn dead_with_follow_up(
         terminal_event(tx, &job.id.to_string(), now)?;
     }
     if let Some(f) = job.on_failure.clone() {
-        insert_one(tx, &follow_up_job(job, &f, JobState::Dead, now))?;
+        insert_one(tx, &f.job_for(job, JobState::Dead, now))?;
     }
     Ok(())
 }

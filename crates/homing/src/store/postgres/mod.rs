@@ -29,7 +29,7 @@ use super::*;
 use crate::backend::redact_url;
 use crate::error::Error;
 use crate::events::{CALLBACK_TARGET, WEBHOOK_QUEUE, WEBHOOK_TASK};
-use crate::job::{FollowUp, JobOptions, DEFAULT_MAX_CRASHES};
+use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
 
 pub use migrations::{Migration, MIGRATIONS};
 
@@ -533,31 +533,6 @@ async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> sqlx::Result<V
         .collect())
 }
 
-/// Builds the follow-up job that a terminal transition of `parent` declares.
-fn follow_up_job(parent: &Job, f: &FollowUp, state: JobState, now: Micros) -> NewJob {
-    let mut args = match &f.args {
-        serde_json::Value::Object(m) => serde_json::Value::Object(m.clone()),
-        serde_json::Value::Null => serde_json::json!({}),
-        other => serde_json::json!({ "value": other }),
-    };
-    args["parent"] = serde_json::json!({
-        "id": parent.id,
-        "task": parent.task,
-        "state": state,
-        "result": parent.result,
-        "error": parent.error,
-    });
-    NewJob {
-        id: crate::job::new_job_id(),
-        task: f.task.clone(),
-        queue: f.queue.clone().unwrap_or_else(|| "default".into()),
-        args,
-        options: JobOptions::default(),
-        created_at: now,
-        run_at: None,
-    }
-}
-
 /// Writes the event of a terminal transition just made to job `id`, inside that transition's
 /// transaction (DESIGN.md section 1, guarantee 9: follow-up work commits with its cause). The job
 /// is read back so the event carries it exactly as committed, as the SQLite store's does.
@@ -716,7 +691,7 @@ async fn dead_with_follow_up(
         terminal_event(conn, job.id, now).await?;
     }
     if let Some(f) = job.on_failure.clone() {
-        insert_jobs(conn, &[follow_up_job(job, &f, JobState::Dead, now)]).await?;
+        insert_jobs(conn, &[f.job_for(job, JobState::Dead, now)]).await?;
     }
     Ok(())
 }
@@ -922,7 +897,7 @@ async fn complete_tx(
             _ => None,
         };
         if let Some(f) = follow {
-            follow_ups.push((out.len(), follow_up_job(job, f, state, now)));
+            follow_ups.push((out.len(), f.job_for(job, state, now)));
         }
         out.push(Committed::Applied { state, dispatch });
     }
