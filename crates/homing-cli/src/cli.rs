@@ -254,6 +254,18 @@ pub struct BenchArgs {
     /// Keep the benchmark's database instead of deleting it (when it is a temporary one).
     #[arg(long)]
     pub keep: bool,
+    /// Start throwaway backends for the run: `embedded` (SQLite), `redis-sqlite` (a
+    /// redis-server of its own, the store in SQLite) or `redis-postgres` (redis-server and
+    /// PostgreSQL of its own, fsync on). Overrides --broker/--store.
+    #[arg(long, value_parser = ["embedded", "redis-sqlite", "redis-postgres"])]
+    pub backends: Option<String>,
+    /// After the throughput phases, kill -9 a busy worker this many times and report how long
+    /// until its jobs ran again (median and max).
+    #[arg(long, default_value_t = 0)]
+    pub kills: usize,
+    /// Workers' heartbeat interval (recovery after a kill takes about 3 intervals + one sweep).
+    #[arg(long, default_value = "2s", value_parser = duration)]
+    pub heartbeat_interval: Duration,
 }
 
 const CHAOS_ABOUT: &str = "Prove the guarantees: run a real deployment under load, inject faults, check every invariant.

@@ -237,10 +237,12 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         fault_counts.insert("unplanned_worker_exits".into(), restarts);
     }
     let mut settings = BTreeMap::new();
-    settings.insert(
-        "sqlite".to_string(),
-        "WAL, synchronous=NORMAL (embedded broker and/or store)".to_string(),
-    );
+    if d.broker_url.starts_with("sqlite:") || d.store_url.starts_with("sqlite:") {
+        settings.insert(
+            "sqlite".to_string(),
+            "WAL, synchronous=NORMAL (the embedded file)".to_string(),
+        );
+    }
     if d.redis.is_some() {
         settings.insert("redis".into(), services::REDIS_SETTINGS.into());
     }
