@@ -50,7 +50,7 @@ async fn handle(
     }
     {
         let mut g = inner.lock().unwrap_or_else(|p| p.into_inner());
-        if g.trap.is_some() && g.trap_keys.iter().any(|k| *k == key) {
+        if g.trap.is_some() && g.trap_keys.contains(&key) {
             if let Some(tx) = g.trap.take() {
                 let _ = tx.send(key.clone());
             }

@@ -96,7 +96,7 @@ impl Findings {
     }
 }
 
-fn last_fault_before<'a>(faults: &'a [Injected], t: Micros) -> String {
+fn last_fault_before(faults: &[Injected], t: Micros) -> String {
     faults
         .iter()
         .rev()
