@@ -275,7 +275,7 @@ Starts, on this machine, a `homing server` and --workers worker processes, then 
 counter inside this process that records every call per Idempotency-Key. Meanwhile faults are \
 injected on a schedule drawn from --seed (the same seed replays the same schedule):
 
-  kill9             SIGKILL of a random worker (a supervisor restarts it)
+  kill9             SIGKILL of a worker running jobs (a supervisor restarts it)
   kill9_mid_commit  SIGKILL right after the counter answered one of the worker's jobs
   pause             SIGSTOP longer than the heartbeat TTL, then SIGCONT (a zombie wakes up)
   redis_restart     redis-server killed and started again empty      (--broker redis)
