@@ -69,6 +69,9 @@ pub enum Command {
     Workers(WorkersArgs),
     /// Measure throughput and latency: enqueue N no-op jobs and drain them with W worker processes.
     Bench(BenchArgs),
+    /// Prove the guarantees: run a real deployment under load, inject faults, check every invariant.
+    #[command(long_about = CHAOS_ABOUT)]
+    Chaos(ChaosArgs),
     /// Bring the store's schema up to date and print the migrations applied.
     #[command(
         long_about = "Bring the store's schema up to date and print the migrations applied.\n\n\
@@ -252,6 +255,95 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
     /// Keep the benchmark's database instead of deleting it (when it is a temporary one).
+    #[arg(long)]
+    pub keep: bool,
+    /// Start throwaway backends for the run: `embedded` (SQLite), `redis-sqlite` (a
+    /// redis-server of its own, the store in SQLite) or `redis-postgres` (redis-server and
+    /// PostgreSQL of its own, fsync on). Overrides --broker/--store.
+    #[arg(long, value_parser = ["embedded", "redis-sqlite", "redis-postgres"])]
+    pub backends: Option<String>,
+    /// After the throughput phases, kill -9 a busy worker this many times and report how long
+    /// until its jobs ran again (median and max).
+    #[arg(long, default_value_t = 0)]
+    pub kills: usize,
+    /// Workers' heartbeat interval (recovery after a kill takes about 3 intervals + one sweep).
+    #[arg(long, default_value = "2s", value_parser = duration)]
+    pub heartbeat_interval: Duration,
+}
+
+const CHAOS_ABOUT: &str = "Prove the guarantees: run a real deployment under load, inject faults, check every invariant.
+
+Starts, on this machine, a `homing server` and --workers worker processes, then enqueues \
+--rate jobs per second. Each job is a `builtin.http` call (answered after --job-ms) to a \
+counter inside this process that records every call per Idempotency-Key. Meanwhile faults are \
+injected on a schedule drawn from --seed (the same seed replays the same schedule):
+
+  kill9             SIGKILL of a worker running jobs (a supervisor restarts it)
+  kill9_mid_commit  SIGKILL right after the counter answered one of the worker's jobs
+  pause             SIGSTOP longer than the heartbeat TTL, then SIGCONT (a zombie wakes up)
+  redis_restart     redis-server killed and started again empty      (--broker redis)
+  redis_flushall    FLUSHALL                                          (--broker redis)
+  net_cut           one worker's connections to Redis stall, then heal (--broker redis)
+  postgres_restart  PostgreSQL stopped (fast, or immediate = crash), started again (--store postgres)
+
+Backends: by default the embedded SQLite in a temporary directory. `--broker redis` and \
+`--store postgres` start a throwaway redis-server (no persistence) and PostgreSQL (fsync on, \
+unix socket) of this tool's own; a redis:// or postgres:// URL uses that server instead (then \
+only worker faults are injected: nothing else of yours is restarted or flushed).
+
+When the time is up the load stops, the system drains, and the checker reads the store, the \
+counter and the workers' logs: every accepted job must have succeeded (lost = 0), each job must \
+have exactly one applied commit at its final epoch whose result answers a call made by its final \
+run (completed twice = 0), and every repeated call must follow a fault. It reports zombie writes \
+rejected, duplicate calls by cause, and recovery time from each kill to the killed jobs running \
+again. Exit code 1 on any violation.
+
+Everything it starts dies with it (also on Ctrl-C or if it is killed); its directory under /tmp \
+is removed unless --keep; it only talks to 127.0.0.1 and unix sockets. A run takes --duration \
+plus the drain (at most --drain-limit).";
+
+#[derive(Debug, Args)]
+pub struct ChaosArgs {
+    /// How long to run the load and inject faults.
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    pub duration: Duration,
+    /// Seed of the fault schedule (default: drawn from the clock and printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Worker processes.
+    #[arg(long, default_value_t = 4, value_parser = positive)]
+    pub workers: usize,
+    /// Concurrency of each worker.
+    #[arg(long, default_value_t = 16, value_parser = positive)]
+    pub concurrency: usize,
+    /// Jobs enqueued per second.
+    #[arg(long, default_value_t = 200.0)]
+    pub rate: f64,
+    /// How long the counter takes to answer each job's call, in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    pub job_ms: u64,
+    /// Workers' heartbeat interval (the TTL is three of them; pauses and cuts outlast it).
+    #[arg(long, default_value = "1s", value_parser = duration)]
+    pub heartbeat_interval: Duration,
+    /// Mean time between the end of one fault and the start of the next.
+    #[arg(long, default_value = "4s", value_parser = duration)]
+    pub fault_every: Duration,
+    /// Only these fault kinds, comma-separated (default: every kind that applies).
+    #[arg(long)]
+    pub faults: Option<String>,
+    /// Crash budget of each job: a fault-heavy run must not mistake its jobs for poison.
+    #[arg(long, default_value_t = 10)]
+    pub max_crashes: u32,
+    /// After the load stops, how long the system may take to finish every job.
+    #[arg(long, default_value = "180s", value_parser = duration)]
+    pub drain_limit: Duration,
+    /// Run the throwaway PostgreSQL with fsync=off (faster, not crash-safe).
+    #[arg(long)]
+    pub pg_fsync_off: bool,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep the run's directory (logs, databases) instead of deleting it.
     #[arg(long)]
     pub keep: bool,
 }

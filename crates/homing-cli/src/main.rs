@@ -12,9 +12,9 @@ mod views;
 
 use clap::Parser;
 
-fn init_tracing(format: &str) {
+fn init_tracing(format: &str, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("HOMING_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -28,7 +28,12 @@ fn init_tracing(format: &str) {
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
-    init_tracing(&cli.global.log_format);
+    // The chaos run's own client sees every fault it injects; its report says what mattered.
+    let default = match cli.command {
+        cli::Command::Chaos(_) => "error",
+        _ => "info",
+    };
+    init_tracing(&cli.global.log_format, default);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

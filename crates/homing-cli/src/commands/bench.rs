@@ -1,13 +1,16 @@
 //! `homing bench`: the numbers users compare. Enqueues N jobs while W real worker processes
 //! drain them, then measures from the job records themselves (created → started → finished), so
 //! the figures include every state write. A second phase sends jobs one at a time to idle
-//! workers for the unloaded enqueue→start latency.
+//! workers for the unloaded enqueue→start latency; with `--kills`, a third kills a busy worker
+//! with SIGKILL and times how long its jobs take to run again. `--backends` starts throwaway
+//! servers (the chaos tool's) so every backend combination is measured the same way.
 
 use anyhow::Context as _;
 use serde::Serialize;
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+use super::chaos::services::{Postgres, Redis, REDIS_SETTINGS};
 use crate::cli::{BenchArgs, Global};
 use crate::output;
 use homing::backend::redact_url;
@@ -34,7 +37,20 @@ struct Report {
     latency_ms: Percentiles,
     idle_latency_ms: Percentiles,
     worker_rss_mb: Vec<f64>,
+    /// Seconds from each kill -9 to the last of the killed worker's jobs running again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recovery_s: Option<Recovery>,
+    heartbeat_ms: u64,
+    /// The persistence settings of the backends measured.
+    settings: std::collections::BTreeMap<String, String>,
     elapsed_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Recovery {
+    median: f64,
+    max: f64,
+    kills: Vec<f64>,
 }
 
 fn percentiles(mut v: Vec<f64>) -> Percentiles {
@@ -109,18 +125,44 @@ async fn wait_done(b: &Backends, queue: &str, want: u64, limit: Duration) -> any
 
 pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
     let embedded_default = g.broker == homing::DEFAULT_URL && g.store == homing::DEFAULT_URL;
-    let tmp = if embedded_default {
+    let tmp = if embedded_default || a.backends.is_some() {
         Some(tempdir()?)
     } else {
         None
     };
-    let (broker_url, store_url) = match &tmp {
-        Some(dir) => {
-            let url = format!("sqlite://{}/bench.db", dir.display());
-            (url.clone(), url)
+    let mut settings = std::collections::BTreeMap::new();
+    let mut redis = None;
+    let mut pg = None;
+    let (broker_url, store_url) = match (&tmp, a.backends.as_deref()) {
+        (Some(dir), kind) => {
+            let sqlite = format!("sqlite://{}/bench.db", dir.display());
+            let broker = match kind {
+                Some("redis-sqlite") | Some("redis-postgres") => {
+                    let r = Redis::start(dir)?;
+                    let url = Redis::url(r.port);
+                    settings.insert("redis".to_string(), REDIS_SETTINGS.to_string());
+                    redis = Some(r);
+                    url
+                }
+                _ => sqlite.clone(),
+            };
+            let store = match kind {
+                Some("redis-postgres") => {
+                    let p = Postgres::start(dir, true)?;
+                    let url = p.url();
+                    settings.insert("postgres".to_string(), p.settings());
+                    pg = Some(p);
+                    url
+                }
+                _ => sqlite,
+            };
+            (broker, store)
         }
-        None => (g.broker.clone(), g.store.clone()),
+        (None, _) => (g.broker.clone(), g.store.clone()),
     };
+    if broker_url.starts_with("sqlite:") || store_url.starts_with("sqlite:") {
+        settings.insert("sqlite".to_string(), "WAL, synchronous=NORMAL".to_string());
+    }
     let (task, args) = match a.work.as_str() {
         "noop" => ("builtin.noop", serde_json::json!({})),
         other => {
@@ -139,27 +181,32 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
     let queue = format!("bench-{:08x}", fastrand_u32());
 
     let exe = std::env::current_exe().context("cannot find the homing executable")?;
-    let mut children = Vec::new();
-    for _ in 0..a.workers {
-        let child = tokio::process::Command::new(&exe)
+    let hb = format!("{}ms", a.heartbeat_interval.as_millis());
+    let spawn_worker = || {
+        tokio::process::Command::new(&exe)
             .args([
                 "worker",
                 "--queue",
                 &queue,
                 "--concurrency",
                 &a.concurrency.to_string(),
+                "--heartbeat-interval",
+                &hb,
             ])
             .args(["--broker", &broker_url, "--store", &store_url])
             .env(
                 "HOMING_LOG",
-                std::env::var("HOMING_LOG").unwrap_or_else(|_| "warn".into()),
+                std::env::var("HOMING_LOG").unwrap_or_else(|_| "error".into()),
             )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .context("cannot start a worker process")?;
-        children.push(child);
+            .context("cannot start a worker process")
+    };
+    let mut children = Vec::new();
+    for _ in 0..a.workers {
+        children.push(spawn_worker()?);
     }
     // Wait until every worker has registered, so the measurement starts with all of them up.
     let started = homing::time::now();
@@ -242,6 +289,13 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         .filter_map(rss_mb)
         .collect();
 
+    let mut kills = Vec::new();
+    for _ in 0..a.kills {
+        kills.push(
+            kill_and_time(&client, &queue, &mut children, a.concurrency, &spawn_worker).await?,
+        );
+    }
+
     for c in &children {
         if let Some(pid) = c.id() {
             let _ = crate::signals::terminate(pid);
@@ -251,6 +305,8 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         let _ = tokio::time::timeout(Duration::from_secs(30), c.wait()).await;
     }
     drop(backends);
+    drop(redis);
+    drop(pg);
     if let Some(dir) = &tmp {
         if a.keep {
             eprintln!("kept the benchmark database in {}", dir.display());
@@ -271,6 +327,17 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         latency_ms: percentiles(loaded_latency),
         idle_latency_ms: percentiles(latency(&idle_jobs)),
         worker_rss_mb: rss,
+        recovery_s: (!kills.is_empty()).then(|| {
+            let mut v = kills.clone();
+            v.sort_by(|a, b| a.total_cmp(b));
+            Recovery {
+                median: v[v.len() / 2],
+                max: v[v.len() - 1],
+                kills,
+            }
+        }),
+        heartbeat_ms: a.heartbeat_interval.as_millis() as u64,
+        settings,
         elapsed_s: (t0.elapsed().as_secs_f64() * 100.0).round() / 100.0,
     };
     if a.json {
@@ -309,8 +376,20 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
                     "idle worker RSS".into(),
                     format!("{:?} MB", report.worker_rss_mb),
                 ],
+                vec![
+                    "recovery after kill -9 (median / max)".into(),
+                    match &report.recovery_s {
+                        Some(r) => {
+                            format!("{} / {} s over {} kills", r.median, r.max, r.kills.len())
+                        }
+                        None => "not measured (--kills N)".into(),
+                    },
+                ],
             ],
         );
+        for (k, v) in &report.settings {
+            println!("  {k}: {v}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -329,4 +408,77 @@ fn tempdir() -> anyhow::Result<std::path::PathBuf> {
     ));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     Ok(dir)
+}
+
+/// Gives the workers long jobs, kills with SIGKILL a worker that is running some, restarts it
+/// as a supervisor would, and returns the seconds until the last of its jobs started again.
+async fn kill_and_time(
+    client: &Client,
+    queue: &str,
+    children: &mut [tokio::process::Child],
+    concurrency: usize,
+    respawn: &dyn Fn() -> anyhow::Result<tokio::process::Child>,
+) -> anyhow::Result<f64> {
+    // Fewer jobs than one worker's slots, so the survivors have room for the reclaimed ones.
+    let reqs = (0..concurrency)
+        .map(|_| {
+            let mut r = EnqueueRequest::new("builtin.sleep", serde_json::json!({ "ms": 1500 }));
+            r.options.queue = Some(queue.to_string());
+            r
+        })
+        .collect();
+    let ids: Vec<_> = client
+        .enqueue_many(reqs)
+        .await?
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (victim, jobs) = loop {
+        let running = client.store().running(10_000).await?;
+        let busy = children.iter().enumerate().find_map(|(i, c)| {
+            let mark = format!("-{}-", c.id()?);
+            let mine: Vec<_> = running
+                .iter()
+                .filter(|(_, w, _)| w.contains(&mark))
+                .map(|(id, _, _)| *id)
+                .collect();
+            (!mine.is_empty()).then_some((i, mine))
+        });
+        if let Some(b) = busy {
+            break b;
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("no worker started the recovery phase's jobs within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let child = &mut children[victim];
+    child.start_kill()?;
+    let killed_at = homing::time::now();
+    let _ = child.wait().await;
+    *child = respawn()?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut worst = 0i64;
+    for id in &jobs {
+        loop {
+            let j = client.get(*id).await?;
+            match j.started_at {
+                Some(s) if s > killed_at => {
+                    worst = worst.max(s - killed_at);
+                    break;
+                }
+                _ if j.state.is_terminal() => break,
+                _ => {}
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("job {id} did not run again within 120 s of the kill");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    for id in &ids {
+        client.wait(*id, Duration::from_secs(120)).await?;
+    }
+    Ok((worst as f64 / 1e4).round() / 100.0)
 }

@@ -1,6 +1,7 @@
 //! One module per command; this one opens backends and routes.
 
 mod bench;
+mod chaos;
 mod enqueue;
 mod inspect;
 mod migrate;
@@ -49,6 +50,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Queues(a) => inspect::queues(&g, a).await,
         Command::Workers(a) => inspect::workers(&g, a).await,
         Command::Bench(a) => bench::run(&g, a).await,
+        Command::Chaos(a) => chaos::run(&g, a).await,
         Command::Migrate(a) => migrate::run(&g, a).await,
     }
 }

@@ -149,6 +149,9 @@ fn log_outcome(item: &Item, c: &Completion, state: JobState) {
         (Outcome::Released, _) => {
             tracing::info!(job = %c.id, task = %item.task, "job released for another worker");
         }
-        _ => tracing::debug!(job = %c.id, task = %item.task, %state, "job committed"),
+        // With the epoch, so the chaos checker can tell which run's result was applied.
+        _ => {
+            tracing::debug!(job = %c.id, task = %item.task, %state, epoch = c.epoch, "job committed")
+        }
     }
 }

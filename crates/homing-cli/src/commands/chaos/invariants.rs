@@ -1,0 +1,270 @@
+//! Responsible for checking DESIGN.md section 1 after the run, from three independent sources:
+//! the store (every job's final record), the counter (every handler call, per idempotency key)
+//! and the workers' logs (every commit the store applied, every zombie write it rejected).
+//!
+//! - No loss: every accepted job — and every job the store holds for the run's queue — ended
+//!   `succeeded`.
+//! - No duplicate completion: each job has at most one applied terminal commit in the logs, at
+//!   the job's final epoch, and its stored result answers a call made after its final start.
+//! - Duplicate handler calls are allowed only where a fault (or a worker presumed dead) falls
+//!   between the two calls; each is attributed to its cause.
+
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+use super::faults::{Injected, Kind};
+use homing::time::{parse_rfc3339, Micros};
+use homing::{Job, JobId, JobState};
+
+/// What the logs say.
+#[derive(Debug, Default)]
+pub struct LogFacts {
+    /// Applied terminal commits per job: (epoch, state).
+    pub applied: HashMap<String, Vec<(u64, String)>>,
+    pub zombie_rejected: u64,
+    pub reclaimed: u64,
+    pub broker_data_lost: u64,
+    pub presumed_dead: Vec<Micros>,
+}
+
+pub fn read_logs(paths: &[impl AsRef<Path>]) -> LogFacts {
+    let mut f = LogFacts::default();
+    for p in paths {
+        let Ok(text) = std::fs::read_to_string(p.as_ref()) else {
+            continue;
+        };
+        for line in text.lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let s = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("");
+            let job = s("job").to_string();
+            match (s("event"), s("message")) {
+                (_, "job committed") | ("job.failed", _) => {
+                    let state = if s("event") == "job.failed" {
+                        "failed".to_string()
+                    } else {
+                        s("state").to_string()
+                    };
+                    if matches!(
+                        state.as_str(),
+                        "succeeded" | "failed" | "dead" | "cancelled"
+                    ) {
+                        let epoch = v.get("epoch").and_then(|e| e.as_u64()).unwrap_or(0);
+                        f.applied.entry(job).or_default().push((epoch, state));
+                    }
+                }
+                ("job.zombie_write_rejected", _) => f.zombie_rejected += 1,
+                ("job.reclaimed", _) => f.reclaimed += 1,
+                ("broker.data_lost", _) => f.broker_data_lost += 1,
+                ("worker.presumed_dead", _) => {
+                    if let Some(t) = parse_rfc3339(s("timestamp")) {
+                        f.presumed_dead.push(t);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    f
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Findings {
+    pub jobs: usize,
+    pub lost: usize,
+    pub lost_by_state: BTreeMap<String, usize>,
+    pub completed_twice: usize,
+    pub duplicate_calls: usize,
+    pub duplicate_causes: BTreeMap<String, usize>,
+    pub unexplained_duplicates: usize,
+    /// Seconds from a kill to each of the killed worker's jobs calling the counter again.
+    #[serde(skip)]
+    pub recovery: Vec<(String, f64)>,
+    /// Each violation, precisely: job, what, and the fault before it.
+    pub violations: Vec<String>,
+}
+
+const MAX_LISTED: usize = 50;
+
+impl Findings {
+    fn violation(&mut self, v: String) {
+        if self.violations.len() < MAX_LISTED {
+            self.violations.push(v);
+        }
+    }
+}
+
+fn last_fault_before(faults: &[Injected], t: Micros) -> String {
+    faults
+        .iter()
+        .rev()
+        .find(|f| f.at <= t)
+        .map(|f| {
+            format!(
+                "last fault before: {} slot {:?} at {} ({})",
+                f.kind.name(),
+                f.slot,
+                homing::time::rfc3339(f.at),
+                f.note
+            )
+        })
+        .unwrap_or_else(|| "no fault before it".into())
+}
+
+/// `settle`: how long after a fault ended it may still cause a rerun (a heartbeat TTL and a
+/// reconciler pass).
+pub fn check(
+    accepted: &[JobId],
+    jobs: &[Job],
+    calls: &HashMap<String, Vec<Micros>>,
+    logs: &LogFacts,
+    faults: &[Injected],
+    settle: Micros,
+) -> Findings {
+    let mut f = Findings::default();
+    let by_id: HashMap<JobId, &Job> = jobs.iter().map(|j| (j.id, j)).collect();
+    let mut all: Vec<JobId> = accepted.to_vec();
+    let accepted_set: HashSet<JobId> = accepted.iter().copied().collect();
+    all.extend(
+        jobs.iter()
+            .map(|j| j.id)
+            .filter(|id| !accepted_set.contains(id)),
+    );
+    f.jobs = all.len();
+
+    for id in &all {
+        let key = id.to_string();
+        let Some(job) = by_id.get(id) else {
+            f.lost += 1;
+            *f.lost_by_state.entry("missing".into()).or_default() += 1;
+            f.violation(format!("job {id}: accepted but not in the store"));
+            continue;
+        };
+        if job.state != JobState::Succeeded {
+            f.lost += 1;
+            *f.lost_by_state.entry(job.state.to_string()).or_default() += 1;
+            let at = job.finished_at.or(job.started_at).unwrap_or(job.created_at);
+            f.violation(format!(
+                "job {id}: ended {} (error {:?}, crashes {}, epoch {}, worker {:?}); {}",
+                job.state,
+                job.error,
+                job.crashes,
+                job.epoch,
+                job.worker,
+                last_fault_before(faults, at)
+            ));
+        }
+        let job_calls = calls.get(&key).map(Vec::as_slice).unwrap_or(&[]);
+        let mut twice: Vec<String> = Vec::new();
+        if let Some(commits) = logs.applied.get(&key) {
+            if commits.len() > 1 {
+                twice.push(format!(
+                    "{} applied terminal commits {commits:?}",
+                    commits.len()
+                ));
+            }
+            for (epoch, state) in commits {
+                if *epoch != job.epoch {
+                    twice.push(format!(
+                        "a {state} commit at epoch {epoch} was applied, but the job's epoch is {}",
+                        job.epoch
+                    ));
+                }
+            }
+        }
+        if job.state == JobState::Succeeded {
+            let result = job.result.clone().unwrap_or_default();
+            let body = &result["body"];
+            if body["key"].as_str() != Some(key.as_str()) {
+                twice.push(format!("its result is not its own call: {result}"));
+            } else if let Some(n) = body["call"].as_u64() {
+                let started = job.started_at.unwrap_or(0);
+                match job_calls.get((n as usize).wrapping_sub(1)) {
+                    Some(t) if *t >= started => {}
+                    Some(t) => twice.push(format!(
+                        "its result answers call {n} made at {}, before its final start at {}: an earlier run's result",
+                        homing::time::rfc3339(*t),
+                        homing::time::rfc3339(started)
+                    )),
+                    None => twice.push(format!("its result names call {n}, which the counter never saw")),
+                }
+            }
+        }
+        if !twice.is_empty() {
+            f.completed_twice += 1;
+            let at = job.finished_at.unwrap_or(job.created_at);
+            f.violation(format!(
+                "job {id}: completed twice: {}; {}",
+                twice.join("; "),
+                last_fault_before(faults, at)
+            ));
+        }
+        for pair in job_calls.windows(2) {
+            f.duplicate_calls += 1;
+            let (c1, c2) = (pair[0], pair[1]);
+            // The fault that struck this very job, else the latest one whose window overlaps.
+            let cause = faults
+                .iter()
+                .rev()
+                .find(|x| x.at <= c2 && x.at + settle >= c1 && x.running.contains(id))
+                .or_else(|| {
+                    faults
+                        .iter()
+                        .rev()
+                        .find(|x| x.at <= c2 && x.end + settle >= c1)
+                })
+                .map(|x| x.kind.name().to_string())
+                .or_else(|| {
+                    logs.presumed_dead
+                        .iter()
+                        .any(|t| *t >= c1 - settle && *t <= c2 + settle)
+                        .then(|| "presumed_dead_without_fault".to_string())
+                });
+            match cause {
+                Some(c) => *f.duplicate_causes.entry(c).or_default() += 1,
+                None => {
+                    f.unexplained_duplicates += 1;
+                    f.violation(format!(
+                        "job {id}: called at {} and again at {} with no fault in between",
+                        homing::time::rfc3339(c1),
+                        homing::time::rfc3339(c2)
+                    ));
+                }
+            }
+        }
+    }
+    let known: HashSet<String> = all.iter().map(|i| i.to_string()).collect();
+    let stray: usize = calls
+        .iter()
+        .filter(|(k, _)| !known.contains(*k))
+        .map(|(_, v)| v.len())
+        .sum();
+    if stray > 0 {
+        f.violation(format!(
+            "{stray} counter calls carry a key that names no job"
+        ));
+    }
+
+    // Only kills: a killed worker makes no further call, so any later call is the rerun.
+    let kills = faults
+        .iter()
+        .filter(|x| matches!(x.kind, Kind::Kill9 | Kind::Kill9MidCommit));
+    for fault in kills {
+        for id in &fault.running {
+            let key = id.to_string();
+            let Some(next) = calls
+                .get(&key)
+                .and_then(|v| v.iter().find(|t| **t > fault.at))
+            else {
+                continue;
+            };
+            f.recovery.push((
+                fault.kind.name().to_string(),
+                (next - fault.at) as f64 / 1e6,
+            ));
+        }
+    }
+    f
+}

@@ -1,0 +1,322 @@
+//! `homing chaos`: proves the guarantees of DESIGN.md section 1 on a real deployment instead of
+//! asserting them. It starts a server and worker processes on this machine (and its own
+//! redis-server and PostgreSQL in the distributed modes), pushes a steady load of jobs that call
+//! an external counter with their idempotency key, injects faults on a seeded schedule, lets the
+//! system drain, and then checks the store, the counter and the logs against the invariants.
+//! Any violation makes the exit code non-zero.
+//!
+//! One file per part: [`deployment`] (the processes), [`services`] (Redis, PostgreSQL),
+//! [`child`] (processes that die with the tool), [`proxy`] (the cuttable network), [`counter`]
+//! (the witness), [`load`], [`faults`], [`invariants`], [`report`].
+
+mod child;
+mod counter;
+mod deployment;
+mod faults;
+mod invariants;
+mod load;
+mod proxy;
+mod report;
+pub(crate) mod services;
+
+use anyhow::{bail, Context as _};
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{ChaosArgs, Global};
+use deployment::{BrokerChoice, Deployment, Plan, StoreChoice};
+use homing::backend::redact_url;
+use homing::store::JobFilter;
+use homing::{Backends, Client, Job};
+
+fn broker_choice(url: &str) -> BrokerChoice {
+    match url {
+        u if u == homing::DEFAULT_URL || u == "embedded" || u == "sqlite" => BrokerChoice::Embedded,
+        "redis" => BrokerChoice::Redis,
+        u => BrokerChoice::Url(u.to_string()),
+    }
+}
+
+fn store_choice(url: &str) -> StoreChoice {
+    match url {
+        u if u == homing::DEFAULT_URL || u == "embedded" || u == "sqlite" => StoreChoice::Embedded,
+        "postgres" | "postgresql" => StoreChoice::Postgres,
+        u => StoreChoice::Url(u.to_string()),
+    }
+}
+
+async fn all_jobs(client: &Client, queue: &str) -> anyhow::Result<Vec<Job>> {
+    let filter = JobFilter {
+        queue: Some(queue.to_string()),
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = client.list(&filter, cursor.as_deref(), 1000).await?;
+        out.extend(page.jobs);
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return Ok(out),
+        }
+    }
+}
+
+/// Waits until the store holds no unfinished job of `queue` and at least `want` finished ones.
+async fn drain(
+    b: &Backends,
+    d: &mut Deployment,
+    want: usize,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let stats = b.store.queue_stats().await.ok();
+        if let Some(q) = stats.and_then(|s| s.into_iter().find(|s| s.queue == d.plan.queue)) {
+            let open = q.scheduled + q.queued + q.running;
+            let done = q.succeeded + q.failed + q.dead + q.cancelled;
+            if open == 0 && done as usize >= want {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("drain timed out after {limit:?}: {open} jobs still open, {done} finished of {want}");
+            }
+        } else if Instant::now() > deadline {
+            bail!("drain timed out after {limit:?}: the store did not answer");
+        }
+        supervise(d)?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Restarts any worker that exited on its own, as systemd or Kubernetes would.
+fn supervise(d: &mut Deployment) -> anyhow::Result<usize> {
+    let mut n = 0;
+    for slot in 0..d.slots.len() {
+        if !d.slots[slot].paused && d.slots[slot].proc.exited() {
+            eprintln!(
+                "chaos: worker slot {slot} exited on its own; restarting it (see {})",
+                d.slots[slot].proc.log.display()
+            );
+            d.restart_slot(slot)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+pub async fn run(g: &Global, a: ChaosArgs) -> anyhow::Result<ExitCode> {
+    let seed = a
+        .seed
+        .unwrap_or_else(|| homing::time::now() as u64 % 1_000_000);
+    let limit = a.duration + a.drain_limit + Duration::from_secs(120);
+    let run = execute(g, a, seed);
+    let report = tokio::select! {
+        r = tokio::time::timeout(limit, run) => match r {
+            Ok(r) => r?,
+            Err(_) => bail!("the chaos run exceeded its time bound of {limit:?}; everything it started was stopped"),
+        },
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("chaos: interrupted; every process it started is stopped and its directory removed");
+            return Ok(ExitCode::from(130));
+        }
+    };
+    Ok(report)
+}
+
+async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode> {
+    let queue = "chaos".to_string();
+    let plan = Plan {
+        broker: broker_choice(&g.broker),
+        store: store_choice(&g.store),
+        workers: a.workers,
+        concurrency: a.concurrency,
+        heartbeat: a.heartbeat_interval,
+        queue: queue.clone(),
+        pg_fsync: !a.pg_fsync_off,
+    };
+    if !a.json {
+        eprintln!("chaos: seed {seed}; starting the deployment");
+    }
+    let mut d = Deployment::start(plan).await?;
+    let b = Backends::open(&d.broker_url, &d.store_url)
+        .await
+        .context("cannot open the deployment's backends")?;
+    let client = Client::new(b.broker.clone(), b.store.clone());
+    let counter = counter::Counter::start().await?;
+    d.wait_ready(&b, Duration::from_secs(60)).await?;
+
+    let ttl = a.heartbeat_interval * 3;
+    let mut kinds = faults::applicable(d.redis.is_some(), d.pg.is_some());
+    if let Some(only) = &a.faults {
+        let want: Vec<&str> = only.split(',').map(str::trim).collect();
+        kinds.retain(|k| want.contains(&k.name()));
+        if kinds.is_empty() {
+            bail!("--faults {only}: none of these applies to the chosen backends");
+        }
+    }
+    let schedule = faults::schedule(seed, &kinds, a.workers, ttl, a.duration, a.fault_every);
+
+    let accepted = Arc::new(Mutex::new(load::Accepted::default()));
+    let stop_load = CancellationToken::new();
+    let load_task = tokio::spawn(load::run(
+        client.clone(),
+        load::LoadPlan {
+            rate: a.rate,
+            url: counter.url(a.job_ms),
+            queue: queue.clone(),
+            max_crashes: a.max_crashes,
+        },
+        accepted.clone(),
+        stop_load.clone(),
+    ));
+
+    let t0 = Instant::now();
+    let mut injected = Vec::new();
+    let mut restarts = 0;
+    for p in &schedule {
+        let at = Duration::from_millis(p.at_ms);
+        while t0.elapsed() < at {
+            restarts += supervise(&mut d)?;
+            tokio::time::sleep((at - t0.elapsed()).min(Duration::from_millis(100))).await;
+        }
+        let f = faults::inject(p, &mut d, &b, &counter).await?;
+        if !a.json {
+            eprintln!(
+                "chaos: {:>6.1}s {} {}({} jobs running on the target) {}",
+                t0.elapsed().as_secs_f64(),
+                f.kind.name(),
+                f.slot.map(|s| format!("slot {s} ")).unwrap_or_default(),
+                f.running.len(),
+                f.note
+            );
+        }
+        injected.push(f);
+    }
+    while t0.elapsed() < a.duration {
+        restarts += supervise(&mut d)?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop_load.cancel();
+    let _ = load_task.await;
+    let load_s = t0.elapsed().as_secs_f64();
+    let (ids, enqueue_errors) = {
+        let g = accepted.lock().unwrap_or_else(|p| p.into_inner());
+        (g.ids.clone(), g.enqueue_errors)
+    };
+    if !a.json {
+        eprintln!(
+            "chaos: load stopped after {load_s:.1}s ({} jobs accepted); draining",
+            ids.len()
+        );
+    }
+    let t_drain = Instant::now();
+    let drained = drain(&b, &mut d, ids.len(), a.drain_limit).await;
+    let drain_s = t_drain.elapsed().as_secs_f64();
+    if let Err(e) = &drained {
+        eprintln!("chaos: {e}");
+    }
+    d.stop_homing();
+    let jobs = all_jobs(&client, &queue).await?;
+    let mut logs = d.worker_logs.clone();
+    logs.push(d.dir.join("server.log"));
+    let facts = invariants::read_logs(&logs);
+    let settle = homing::time::micros(ttl + Duration::from_secs(3));
+    let f = invariants::check(&ids, &jobs, &counter.snapshot(), &facts, &injected, settle);
+    counter.shutdown();
+
+    let mut fault_counts: BTreeMap<String, usize> =
+        kinds.iter().map(|k| (k.name().to_string(), 0)).collect();
+    for i in &injected {
+        *fault_counts.entry(i.kind.name().to_string()).or_default() += 1;
+    }
+    if restarts > 0 {
+        fault_counts.insert("unplanned_worker_exits".into(), restarts);
+    }
+    let mut settings = BTreeMap::new();
+    if d.broker_url.starts_with("sqlite:") || d.store_url.starts_with("sqlite:") {
+        settings.insert(
+            "sqlite".to_string(),
+            "WAL, synchronous=NORMAL (the embedded file)".to_string(),
+        );
+    }
+    if d.redis.is_some() {
+        settings.insert("redis".into(), services::REDIS_SETTINGS.into());
+    }
+    if let Some(pg) = &d.pg {
+        settings.insert("postgres".into(), pg.settings());
+    }
+    settings.insert(
+        "job".into(),
+        format!(
+            "builtin.http to the counter, answered after {} ms; max_crashes {}",
+            a.job_ms, a.max_crashes
+        ),
+    );
+    let succeeded = jobs
+        .iter()
+        .filter(|j| j.state == homing::JobState::Succeeded)
+        .count();
+    let mut violations = f.violations.clone();
+    if let Err(e) = drained {
+        violations.insert(0, e.to_string());
+    }
+    if ids.is_empty() {
+        violations.insert(0, "no job was accepted: the load never ran".into());
+    }
+    let ok = violations.is_empty()
+        && f.lost == 0
+        && f.completed_twice == 0
+        && f.unexplained_duplicates == 0;
+    let mut r = report::Report {
+        ok,
+        seed,
+        duration_s: (load_s * 10.0).round() / 10.0,
+        broker: redact_url(&d.broker_url),
+        store: redact_url(&d.store_url),
+        settings,
+        workers: a.workers,
+        concurrency: a.concurrency,
+        heartbeat_ms: a.heartbeat_interval.as_millis() as u64,
+        target_rate_per_s: a.rate,
+        jobs: f.jobs,
+        accepted: ids.len(),
+        enqueue_errors,
+        succeeded_per_s: (succeeded as f64 / load_s).round(),
+        faults: fault_counts,
+        lost: f.lost,
+        lost_by_state: f.lost_by_state.clone(),
+        completed_twice: f.completed_twice,
+        zombie_writes_rejected: facts.zombie_rejected,
+        duplicate_calls: f.duplicate_calls,
+        duplicate_causes: f.duplicate_causes.clone(),
+        unexplained_duplicates: f.unexplained_duplicates,
+        counter_calls: counter.total(),
+        reclaimed: facts.reclaimed,
+        broker_data_lost_events: facts.broker_data_lost,
+        presumed_dead_events: facts.presumed_dead.len(),
+        recovery_s: report::summary(f.recovery.iter().map(|(_, s)| *s).collect()),
+        drain_s: (drain_s * 10.0).round() / 10.0,
+        violations,
+        kept_dir: None,
+    };
+    if let Some(dir) = d.teardown(a.keep) {
+        r.kept_dir = Some(dir.display().to_string());
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        r.print_human();
+        if let Some(dir) = &r.kept_dir {
+            println!("logs and data kept in {dir}");
+        }
+    }
+    Ok(if r.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

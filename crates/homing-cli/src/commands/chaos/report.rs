@@ -1,0 +1,164 @@
+//! The chaos report: one JSON object for machines (`--json`), a short table for people. The
+//! JSON keeps the field names the issue promised (`jobs`, `faults`, `lost`, `completed_twice`,
+//! `zombie_writes_rejected`, `recovery_s`), so scripts and RELIABILITY.md can rely on them.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+use crate::output;
+
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+    pub samples: usize,
+}
+
+pub fn summary(mut v: Vec<f64>) -> Summary {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |p: f64| -> f64 {
+        if v.is_empty() {
+            return 0.0;
+        }
+        let i = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+        (v[i] * 1000.0).round() / 1000.0
+    };
+    Summary {
+        p50: at(0.5),
+        p99: at(0.99),
+        max: at(1.0),
+        samples: v.len(),
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub ok: bool,
+    pub seed: u64,
+    pub duration_s: f64,
+    pub broker: String,
+    pub store: String,
+    pub settings: BTreeMap<String, String>,
+    pub workers: usize,
+    pub concurrency: usize,
+    pub heartbeat_ms: u64,
+    pub target_rate_per_s: f64,
+    pub jobs: usize,
+    pub accepted: usize,
+    pub enqueue_errors: u64,
+    pub succeeded_per_s: f64,
+    pub faults: BTreeMap<String, usize>,
+    pub lost: usize,
+    pub lost_by_state: BTreeMap<String, usize>,
+    pub completed_twice: usize,
+    pub zombie_writes_rejected: u64,
+    pub duplicate_calls: usize,
+    pub duplicate_causes: BTreeMap<String, usize>,
+    pub unexplained_duplicates: usize,
+    pub counter_calls: usize,
+    pub reclaimed: u64,
+    pub broker_data_lost_events: u64,
+    pub presumed_dead_events: usize,
+    pub recovery_s: Summary,
+    pub drain_s: f64,
+    pub violations: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_dir: Option<String>,
+}
+
+impl Report {
+    pub fn print_human(&self) {
+        println!(
+            "homing chaos: {} s, seed {}, {} workers × concurrency {}, heartbeat {} ms",
+            self.duration_s, self.seed, self.workers, self.concurrency, self.heartbeat_ms
+        );
+        println!("  broker {}  store {}", self.broker, self.store);
+        for (k, v) in &self.settings {
+            println!("  {k}: {v}");
+        }
+        let faults = self
+            .faults
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let causes = self
+            .duplicate_causes
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        output::table(
+            &["measure", "value"],
+            vec![
+                vec![
+                    "jobs (accepted)".into(),
+                    format!("{} ({})", self.jobs, self.accepted),
+                ],
+                vec![
+                    "enqueue errors (not accepted)".into(),
+                    self.enqueue_errors.to_string(),
+                ],
+                vec![
+                    "succeeded per second".into(),
+                    self.succeeded_per_s.to_string(),
+                ],
+                vec!["faults injected".into(), faults],
+                vec![
+                    "lost (must be 0)".into(),
+                    format!("{} {:?}", self.lost, self.lost_by_state),
+                ],
+                vec![
+                    "completed twice (must be 0)".into(),
+                    self.completed_twice.to_string(),
+                ],
+                vec![
+                    "zombie writes rejected".into(),
+                    self.zombie_writes_rejected.to_string(),
+                ],
+                vec![
+                    "duplicate handler calls".into(),
+                    format!("{} ({causes})", self.duplicate_calls),
+                ],
+                vec![
+                    "unexplained duplicates (must be 0)".into(),
+                    self.unexplained_duplicates.to_string(),
+                ],
+                vec![
+                    "recovery after kill -9 p50/p99/max".into(),
+                    format!(
+                        "{} / {} / {} s ({} jobs)",
+                        self.recovery_s.p50,
+                        self.recovery_s.p99,
+                        self.recovery_s.max,
+                        self.recovery_s.samples
+                    ),
+                ],
+                vec![
+                    "jobs reclaimed (log events)".into(),
+                    self.reclaimed.to_string(),
+                ],
+                vec![
+                    "broker data loss detected".into(),
+                    self.broker_data_lost_events.to_string(),
+                ],
+                vec![
+                    "workers presumed dead".into(),
+                    self.presumed_dead_events.to_string(),
+                ],
+            ],
+        );
+        for v in &self.violations {
+            println!("VIOLATION: {v}");
+        }
+        println!(
+            "{}",
+            if self.ok {
+                "OK: every invariant held"
+            } else {
+                "FAILED"
+            }
+        );
+    }
+}

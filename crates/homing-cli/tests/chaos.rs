@@ -1,0 +1,69 @@
+//! The short form of `homing chaos` that runs on every CI run (DESIGN.md section 10): a minute of
+//! load and faults on the embedded backend, and a minute on Redis + PostgreSQL with every fault
+//! kind, each failing the build on any violation of the guarantees. The long run and its report
+//! are in RELIABILITY.md.
+
+use std::process::Command;
+
+fn chaos(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_homing"))
+        .arg("chaos")
+        .args([
+            "--duration",
+            "60s",
+            "--json",
+            "--rate",
+            "100",
+            "--workers",
+            "3",
+        ])
+        .args(["--drain-limit", "90s"])
+        .args(args)
+        .env_remove("HOMING_BROKER")
+        .env_remove("HOMING_STORE")
+        .output()
+        .expect("run homing chaos");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!("homing chaos printed no JSON report ({e}); exit {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status)
+    });
+    assert!(
+        out.status.success() && report["ok"] == true,
+        "chaos run failed (exit {:?}):\n{}\nstderr:\n{stderr}",
+        out.status,
+        serde_json::to_string_pretty(&report).unwrap_or_default()
+    );
+    assert_eq!(report["lost"], 0);
+    assert_eq!(report["completed_twice"], 0);
+    assert_eq!(report["unexplained_duplicates"], 0);
+    assert!(report["jobs"].as_u64().unwrap_or(0) > 1000, "{report}");
+    for (kind, n) in report["faults"].as_object().expect("faults") {
+        if kind != "unplanned_worker_exits" {
+            assert!(
+                n.as_u64().unwrap_or(0) >= 1,
+                "fault {kind} was never injected: {report}"
+            );
+        }
+    }
+    report
+}
+
+#[test]
+fn chaos_embedded_loses_nothing_and_completes_nothing_twice() {
+    let r = chaos(&["--seed", "7"]);
+    assert!(r["recovery_s"]["samples"].as_u64().unwrap_or(0) > 0, "{r}");
+}
+
+#[test]
+fn chaos_redis_postgres_with_every_fault_kind() {
+    let r = chaos(&["--seed", "11", "--broker", "redis", "--store", "postgres"]);
+    for kind in [
+        "redis_restart",
+        "redis_flushall",
+        "net_cut",
+        "postgres_restart",
+    ] {
+        assert!(r["faults"][kind].as_u64().unwrap_or(0) >= 1, "{r}");
+    }
+}
