@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use super::committer::Item;
 use super::{RunningJob, Session, StopReason};
 use crate::broker::Delivery;
-use crate::job::{Job, JobId};
+use crate::job::{Job, JobId, JobState};
 use crate::retry::RetryPolicy;
 use crate::store::{Completion, Outcome, StartOutcome};
 use crate::task::{Context, TaskDefaults, TaskError};
@@ -80,10 +80,14 @@ async fn wait_and_start(s: Arc<Session>, r: Reserved) {
 
 async fn start_batch(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermit)>) {
     let ids: Vec<JobId> = items.iter().map(|(r, _)| r.id).collect();
+    // Set when a start call failed and was tried again: the failed call may have committed
+    // before its answer was lost, leaving our own jobs `running` under this worker.
+    let mut retried = false;
     let outcomes = loop {
         match s.store.start(&ids, &s.id, now()).await {
             Ok(o) => break o,
             Err(e) if e.is_transient() && !s.lost.is_cancelled() && !s.stopping.is_cancelled() => {
+                retried = true;
                 tracing::warn!(error = %e, "store unavailable while starting jobs; retrying");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
@@ -110,6 +114,16 @@ async fn start_batch(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermi
                 let s2 = s.clone();
                 s.executors.spawn(run(s2, r, *job, slot));
             }
+            StartOutcome::Skip(JobState::Running) if retried => {
+                match started_by_lost_answer(s, r.id).await {
+                    Some(job) => {
+                        tracing::info!(job = %r.id, "an earlier start committed but its answer was lost: running the job");
+                        let s2 = s.clone();
+                        s.executors.spawn(run(s2, r, job, slot));
+                    }
+                    None => ack_only(s, r).await,
+                }
+            }
             StartOutcome::Skip(state) => {
                 tracing::debug!(job = %r.id, %state, "duplicate delivery skipped by the idempotency guard");
                 ack_only(s, r).await;
@@ -133,6 +147,19 @@ async fn start_batch(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermi
             }
         }
     }
+}
+
+/// The job, if it is `running` under this very worker without a handler here: a start that
+/// committed although its caller saw an error. Anything else stays a duplicate to skip.
+async fn started_by_lost_answer(s: &Arc<Session>, id: JobId) -> Option<Job> {
+    let job = s.store.get(id).await.ok()??;
+    let ours = job.state == JobState::Running && job.worker.as_deref() == Some(s.id.as_str());
+    let here = s
+        .running
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains_key(&id);
+    (ours && !here).then_some(job)
 }
 
 async fn ack_only(s: &Arc<Session>, r: Reserved) {
