@@ -108,8 +108,31 @@ pub async fn server(g: &Global, a: ServerArgs) -> anyhow::Result<ExitCode> {
 pub async fn worker(g: &Global, a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let backends = open(g, true).await?;
     let stop = signals::shutdown_token();
-    let config = worker_config(a.queues, &a.tuning, !a.no_maintenance)?;
-    let worker = Worker::new(backends.broker, backends.store, tasks::registry(), config);
-    worker.run(stop).await?;
+    let mut bridge = super::celery::Bridge::new(
+        g,
+        &a.celery,
+        &backends,
+        tasks::registry(),
+        a.tuning.heartbeat_interval,
+    )?;
+    let mut queues = a.queues;
+    for q in &a.celery.celery_queues {
+        if !queues.contains(q) {
+            queues.push(q.clone());
+        }
+    }
+    let config = worker_config(queues, &a.tuning, !a.no_maintenance)?;
+    let ingress = bridge.spawn(&stop);
+    let worker = Worker::new(
+        backends.broker,
+        backends.store,
+        bridge.registry.clone(),
+        config,
+    );
+    let result = worker.run(stop).await;
+    if let Some(i) = ingress {
+        i.await.context("Celery ingress failed")??;
+    }
+    result?;
     Ok(ExitCode::SUCCESS)
 }
