@@ -132,19 +132,49 @@ pub struct ServerArgs {
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
     /// A queue to run (repeatable).
-    #[arg(long = "queue", required = true)]
+    #[arg(long = "queue", required_unless_present = "celery_queues")]
     pub queues: Vec<String>,
     #[command(flatten)]
     pub tuning: WorkerTuning,
     /// Do not run the rescuer, scheduler and reconciler in this process (a server runs them).
     #[arg(long)]
     pub no_maintenance: bool,
+    #[command(flatten)]
+    pub celery: CeleryWorkerArgs,
+}
+
+/// Running tasks that Python apps enqueue with Celery (README: "Celery apps").
+#[derive(Debug, Clone, Args)]
+pub struct CeleryWorkerArgs {
+    /// A Celery queue (kombu list on the Celery broker) whose messages this worker runs as homing
+    /// jobs on the homing queue of the same name (repeatable).
+    #[arg(long = "celery-queue")]
+    pub celery_queues: Vec<String>,
+    /// The Celery broker URL (Celery's `broker_url`: redis://, rediss://, redis+socket://).
+    /// Defaults to --broker when that is a Redis URL.
+    #[arg(long, env = "HOMING_CELERY_BROKER", hide_env_values = true)]
+    pub celery_broker: Option<String>,
+    /// Celery's Redis result backend URL: results (SUCCESS, FAILURE, RETRY) go there for
+    /// `AsyncResult.get()`. Without it, results stay in homing's store only.
+    #[arg(long, env = "HOMING_CELERY_RESULT_BACKEND", hide_env_values = true)]
+    pub celery_result_backend: Option<String>,
 }
 
 #[derive(Debug, Args)]
 pub struct EnqueueArgs {
-    /// The task's name, e.g. builtin.sleep.
+    /// The task's name, e.g. builtin.sleep (with --celery, the Celery task name).
     pub task: String,
+    /// Publish a Celery message for Python Celery workers instead of a homing job: --args is a
+    /// JSON array (positional args) or object (kwargs), --queue the Celery queue (default
+    /// `celery`), --countdown honoured; prints the Celery task id.
+    #[arg(long)]
+    pub celery: bool,
+    /// With --celery: the Celery broker URL (defaults to --broker when that is a Redis URL).
+    #[arg(long, env = "HOMING_CELERY_BROKER", hide_env_values = true)]
+    pub celery_broker: Option<String>,
+    /// With --celery: the message's priority, 0-9 (lower runs first on kombu's Redis transport).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=9))]
+    pub priority: u8,
     /// Queue (default: the task's own queue, else `default`).
     #[arg(long)]
     pub queue: Option<String>,

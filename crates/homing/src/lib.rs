@@ -54,6 +54,8 @@
 pub mod backend;
 pub mod broker;
 pub mod builtin;
+#[cfg(feature = "celery")]
+pub mod celery;
 pub mod client;
 pub mod error;
 pub mod events;

@@ -10,7 +10,7 @@ use crate::cli::{EnqueueArgs, Global};
 use crate::{output, tasks};
 use homing::{Client, EnqueueRequest, JobOptions, JobState, RetryPolicy};
 
-fn read_args(raw: &str) -> anyhow::Result<serde_json::Value> {
+pub(super) fn read_args(raw: &str) -> anyhow::Result<serde_json::Value> {
     let text = if raw == "-" {
         let mut s = String::new();
         std::io::stdin()
@@ -26,6 +26,9 @@ fn read_args(raw: &str) -> anyhow::Result<serde_json::Value> {
 }
 
 pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
+    if a.celery {
+        return super::celery::enqueue(g, a).await;
+    }
     let args = read_args(&a.args)?;
     let backends = open(g, false).await?;
     let registry = tasks::registry();

@@ -1,6 +1,7 @@
 //! One module per command; this one opens backends and routes.
 
 mod bench;
+mod celery;
 mod chaos;
 mod enqueue;
 mod inspect;

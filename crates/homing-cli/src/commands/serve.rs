@@ -194,14 +194,31 @@ pub async fn worker(g: &Global, a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let backends = open(g, true).await?;
     let stop = signals::shutdown_token();
     let heartbeat = a.tuning.heartbeat_interval;
-    let config_w = worker_config(a.queues, &a.tuning, !a.no_maintenance)?;
+    let mut bridge =
+        super::celery::Bridge::new(g, &a.celery, &backends, tasks::registry(), heartbeat)?;
+    let mut queues = a.queues;
+    for q in &a.celery.celery_queues {
+        if !queues.contains(q) {
+            queues.push(q.clone());
+        }
+    }
+    let config_w = worker_config(queues, &a.tuning, !a.no_maintenance)?;
     // Only a worker that knows the subscriptions may fan events out (see the dispatcher's docs).
     let notifier =
         (!config.webhooks.is_empty()).then(|| Notifier::start(&backends, &config, heartbeat));
-    let worker = Worker::new(backends.broker, backends.store, tasks::registry(), config_w);
+    let ingress = bridge.spawn(&stop);
+    let worker = Worker::new(
+        backends.broker,
+        backends.store,
+        bridge.registry.clone(),
+        config_w,
+    );
     let result = worker.run(stop).await;
     if let Some(n) = notifier {
         n.stop().await;
+    }
+    if let Some(i) = ingress {
+        i.await.context("Celery ingress failed")??;
     }
     result?;
     Ok(ExitCode::SUCCESS)

@@ -90,7 +90,7 @@ impl std::fmt::Debug for RedisBroker {
 
 /// Maps a client error: anything that means "the server is not reachable right now" is
 /// transient, everything else (a script bug, a wrong key type, bad credentials) is not.
-fn err(e: RedisError) -> Error {
+pub(crate) fn err(e: RedisError) -> Error {
     let transient = e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
