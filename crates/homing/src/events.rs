@@ -115,6 +115,29 @@ pub struct Event {
 }
 
 impl Event {
+    /// The `builtin.webhook` job that delivers this event to one target (a subscription's name,
+    /// or [`CALLBACK_TARGET`] for the event's job's own callback URL). Its idempotency key,
+    /// `<event id>:<target>`, makes a repeated fan-out insert it once.
+    pub fn delivery_job(&self, target: &str, now: Micros) -> crate::job::NewJob {
+        let mut args = serde_json::json!({ "event": self.to_json() });
+        match (target, self.job_id) {
+            (CALLBACK_TARGET, Some(job)) => args["callback_job"] = serde_json::json!(job),
+            _ => args["subscription"] = serde_json::json!(target),
+        }
+        crate::job::NewJob {
+            id: crate::job::new_job_id(),
+            task: WEBHOOK_TASK.into(),
+            queue: WEBHOOK_QUEUE.into(),
+            args,
+            options: crate::job::JobOptions {
+                idempotency_key: Some(format!("{}:{target}", self.id)),
+                ..Default::default()
+            },
+            created_at: now,
+            run_at: None,
+        }
+    }
+
     /// The event as subscribers receive it: `{"id", "event", "at", …data}`.
     pub fn to_json(&self) -> serde_json::Value {
         let mut v = serde_json::json!({

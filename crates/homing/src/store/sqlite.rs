@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::error::Error;
-use crate::events::{CALLBACK_TARGET, WEBHOOK_QUEUE, WEBHOOK_TASK};
+use crate::events::CALLBACK_TARGET;
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
 use crate::sqlite::Db;
 
@@ -315,27 +315,6 @@ fn row_to_event(r: &Row<'_>) -> rusqlite::Result<Event> {
 }
 
 const EVENT_COLUMNS: &str = "id, kind, job_id, worker, data, created_at, dispatched_at";
-
-/// The delivery job for one event and one target.
-fn webhook_job(ev: &Event, target: &str, now: Micros) -> NewJob {
-    let mut args = serde_json::json!({ "event": ev.to_json() });
-    match (target, ev.job_id) {
-        (CALLBACK_TARGET, Some(job)) => args["callback_job"] = serde_json::json!(job),
-        _ => args["subscription"] = serde_json::json!(target),
-    }
-    NewJob {
-        id: crate::job::new_job_id(),
-        task: WEBHOOK_TASK.into(),
-        queue: WEBHOOK_QUEUE.into(),
-        args,
-        options: JobOptions {
-            idempotency_key: Some(format!("{}:{target}", ev.id)),
-            ..JobOptions::default()
-        },
-        created_at: now,
-        run_at: None,
-    }
-}
 
 fn parse_id(s: String) -> rusqlite::Result<JobId> {
     s.parse().map_err(|e| corrupt("job id", e))
@@ -952,7 +931,7 @@ impl Store for SqliteStore {
                         }
                     }
                     for t in targets {
-                        let ins = insert_one(tx, &webhook_job(ev, t, now))?;
+                        let ins = insert_one(tx, &ev.delivery_job(t, now))?;
                         if ins.needs_dispatch() {
                             out.dispatch.push(Dispatch {
                                 id: ins.id,

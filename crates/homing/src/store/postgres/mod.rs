@@ -28,7 +28,7 @@ use std::time::Duration;
 use super::*;
 use crate::backend::redact_url;
 use crate::error::Error;
-use crate::events::{CALLBACK_TARGET, WEBHOOK_QUEUE, WEBHOOK_TASK};
+use crate::events::CALLBACK_TARGET;
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
 
 pub use migrations::{Migration, MIGRATIONS};
@@ -575,27 +575,6 @@ fn row_to_event(r: &PgRow) -> sqlx::Result<Event> {
     })
 }
 
-/// The delivery job for one event and one target (a subscription's name or [`CALLBACK_TARGET`]).
-fn webhook_job(ev: &Event, target: &str, now: Micros) -> NewJob {
-    let mut args = serde_json::json!({ "event": ev.to_json() });
-    match (target, ev.job_id) {
-        (CALLBACK_TARGET, Some(job)) => args["callback_job"] = serde_json::json!(job),
-        _ => args["subscription"] = serde_json::json!(target),
-    }
-    NewJob {
-        id: crate::job::new_job_id(),
-        task: WEBHOOK_TASK.into(),
-        queue: WEBHOOK_QUEUE.into(),
-        args,
-        options: JobOptions {
-            idempotency_key: Some(format!("{}:{target}", ev.id)),
-            ..JobOptions::default()
-        },
-        created_at: now,
-        run_at: None,
-    }
-}
-
 async fn fan_out_tx(
     pool: &PgPool,
     subscribers: &[Subscriber],
@@ -637,10 +616,10 @@ async fn fan_out_tx(
     let mut deliveries = Vec::new();
     for ev in &events {
         for s in subscribers.iter().filter(|s| s.matches(&ev.kind)) {
-            deliveries.push(webhook_job(ev, &s.name, now));
+            deliveries.push(ev.delivery_job(&s.name, now));
         }
         if ev.job_id.is_some_and(|j| with_callback.contains(&j)) {
-            deliveries.push(webhook_job(ev, CALLBACK_TARGET, now));
+            deliveries.push(ev.delivery_job(CALLBACK_TARGET, now));
         }
     }
     // The keys (`<event id>:<target>`) make a repeated fan-out of an event (a batch whose commit
