@@ -136,6 +136,20 @@ pub struct JobPage {
     pub next_cursor: Option<String>,
 }
 
+impl JobPage {
+    /// Makes a page from up to `limit + 1` rows, newest first: the extra row only says that
+    /// another page follows, whose cursor is the last kept job's id.
+    pub fn cut(mut jobs: Vec<Job>, limit: usize) -> JobPage {
+        let next_cursor = if jobs.len() > limit {
+            jobs.truncate(limit);
+            jobs.last().map(|j| j.id.to_string())
+        } else {
+            None
+        };
+        JobPage { jobs, next_cursor }
+    }
+}
+
 /// Counts per queue and state.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct QueueStats {

@@ -612,16 +612,10 @@ impl Store for SqliteStore {
                 }
                 sql += &format!(" ORDER BY id DESC LIMIT {}", limit + 1);
                 let mut st = c.prepare(&sql)?;
-                let mut jobs = st
+                let jobs = st
                     .query_map(rusqlite::params_from_iter(args.iter()), row_to_job)?
                     .collect::<rusqlite::Result<Vec<Job>>>()?;
-                let next_cursor = if jobs.len() > limit {
-                    jobs.truncate(limit);
-                    jobs.last().map(|j| j.id.to_string())
-                } else {
-                    None
-                };
-                Ok(JobPage { jobs, next_cursor })
+                Ok(JobPage::cut(jobs, limit))
             })
             .await
     }

@@ -1224,19 +1224,13 @@ impl Store for PgStore {
             if let Some(c) = cursor {
                 q = q.bind(c);
             }
-            let mut jobs = q
+            let jobs = q
                 .fetch_all(&self.pool)
                 .await?
                 .iter()
                 .map(row_to_job)
                 .collect::<sqlx::Result<Vec<Job>>>()?;
-            let next_cursor = if jobs.len() > limit {
-                jobs.truncate(limit);
-                jobs.last().map(|j| j.id.to_string())
-            } else {
-                None
-            };
-            Ok(JobPage { jobs, next_cursor })
+            Ok(JobPage::cut(jobs, limit))
         })
         .await
     }
