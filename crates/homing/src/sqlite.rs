@@ -119,6 +119,27 @@ impl std::fmt::Debug for Db {
     }
 }
 
+/// Waits out another process's write lock in short naps, up to `BUSY_TIMEOUT` in all.
+/// SQLite's own timeout handler sleeps 1, 2, 5, 10 … 100 ms between tries, while homing holds
+/// the lock for well under a millisecond: with several processes on one file they spent more
+/// time asleep than writing.
+fn wait_for_lock(tries: i32) -> bool {
+    const SHORT: Duration = Duration::from_micros(250);
+    const SHORT_TRIES: u32 = 400; // the first 100 ms
+    const LONG: Duration = Duration::from_millis(5);
+    let tries = tries.max(0) as u32;
+    let waited = if tries < SHORT_TRIES {
+        SHORT * tries
+    } else {
+        SHORT * SHORT_TRIES + LONG * (tries - SHORT_TRIES)
+    };
+    if waited >= BUSY_TIMEOUT {
+        return false;
+    }
+    std::thread::sleep(if tries < SHORT_TRIES { SHORT } else { LONG });
+    true
+}
+
 fn open_conn(path: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open_with_flags(
         path,
@@ -126,7 +147,7 @@ fn open_conn(path: &Path) -> rusqlite::Result<Connection> {
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
-    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.busy_handler(Some(wait_for_lock))?;
     // WAL lets readers run beside the one writer; NORMAL syncs at checkpoints, which keeps every
     // committed transaction through a process crash (kill -9), the failure homing is built for.
     conn.pragma_update(None, "journal_mode", "WAL")?;

@@ -162,81 +162,112 @@ fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result<Inserted> 
     })
 }
 
+/// Applies `set` to job `id` only while run `epoch` owns it (the fence), returning the updated
+/// row; `None` means a newer run or a terminal transition got there first. One statement, so
+/// the common path reads the row once.
+fn fenced_update(
+    tx: &Transaction<'_>,
+    set: &str,
+    id: &str,
+    epoch: u64,
+    values: &[&dyn rusqlite::ToSql],
+) -> rusqlite::Result<Option<Job>> {
+    let sql = format!(
+        "UPDATE jobs SET {set} WHERE id = ?1 AND state = 'running' AND epoch = ?2 RETURNING {COLUMNS}"
+    );
+    let mut all: Vec<&dyn rusqlite::ToSql> = vec![&id, &epoch];
+    all.extend_from_slice(values);
+    tx.prepare_cached(&sql)?
+        .query_row(all.as_slice(), row_to_job)
+        .optional()
+}
+
 fn complete_one(tx: &Transaction<'_>, c: &Completion, now: Micros) -> rusqlite::Result<Committed> {
     let id = c.id.to_string();
-    let Some(mut job) = get_job(tx, &id)? else {
-        return Ok(Committed::Stale);
-    };
-    if job.state != JobState::Running || job.epoch != c.epoch {
-        return Ok(Committed::Stale);
-    }
     let mut dispatch = Vec::new();
-    let state = match &c.outcome {
-        Outcome::Succeeded(v) => {
-            tx.prepare_cached(
-                "UPDATE jobs SET state = 'succeeded', result = ?2, error = NULL, finished_at = ?3, \
-                 updated_at = ?3 WHERE id = ?1",
-            )?
-            .execute(params![id, to_json(v), now])?;
-            job.result = Some(v.clone());
-            job.error = None;
-            JobState::Succeeded
-        }
-        Outcome::Retry { error, at } => {
-            tx.prepare_cached(
-                "UPDATE jobs SET state = 'scheduled', attempts = attempts + 1, error = ?2, \
-                 scheduled_at = ?3, worker = NULL, updated_at = ?4 WHERE id = ?1",
-            )?
-            .execute(params![id, error, at, now])?;
-            JobState::Scheduled
-        }
-        Outcome::Failed { error } => {
-            tx.prepare_cached(
-                "UPDATE jobs SET state = 'failed', attempts = attempts + 1, error = ?2, \
-                 finished_at = ?3, updated_at = ?3 WHERE id = ?1",
-            )?
-            .execute(params![id, error, now])?;
-            job.error = Some(error.clone());
-            JobState::Failed
-        }
-        Outcome::Snooze { at } => {
-            tx.prepare_cached(
-                "UPDATE jobs SET state = 'scheduled', scheduled_at = ?2, worker = NULL, \
-                 updated_at = ?3 WHERE id = ?1",
-            )?
-            .execute(params![id, at, now])?;
-            JobState::Scheduled
-        }
-        Outcome::Cancelled => {
-            tx.prepare_cached(
-                "UPDATE jobs SET state = 'cancelled', error = 'cancelled', finished_at = ?2, \
-                 updated_at = ?2 WHERE id = ?1",
-            )?
-            .execute(params![id, now])?;
-            JobState::Cancelled
-        }
-        Outcome::Released => {
-            tx.prepare_cached(
-                "UPDATE jobs SET state = 'queued', dispatched = 0, worker = NULL, updated_at = ?2 \
-                 WHERE id = ?1",
-            )?
-            .execute(params![id, now])?;
-            dispatch.push(Dispatch {
-                id: job.id,
-                queue: job.queue.clone(),
-            });
-            JobState::Queued
-        }
-        Outcome::Dead { reason } => {
-            tx.prepare_cached(
-                "UPDATE jobs SET state = 'dead', error = ?2, finished_at = ?3, updated_at = ?3 \
-                 WHERE id = ?1",
-            )?
-            .execute(params![id, reason, now])?;
-            job.error = Some(reason.clone());
-            JobState::Dead
-        }
+    let (updated, state) = match &c.outcome {
+        Outcome::Succeeded(v) => (
+            fenced_update(
+                tx,
+                "state = 'succeeded', result = ?3, error = NULL, finished_at = ?4, updated_at = ?4",
+                &id,
+                c.epoch,
+                &[&to_json(v), &now],
+            )?,
+            JobState::Succeeded,
+        ),
+        Outcome::Retry { error, at } => (
+            fenced_update(
+                tx,
+                "state = 'scheduled', attempts = attempts + 1, error = ?3, scheduled_at = ?4, \
+                 worker = NULL, updated_at = ?5",
+                &id,
+                c.epoch,
+                &[error, at, &now],
+            )?,
+            JobState::Scheduled,
+        ),
+        Outcome::Failed { error } => (
+            fenced_update(
+                tx,
+                "state = 'failed', attempts = attempts + 1, error = ?3, finished_at = ?4, \
+                 updated_at = ?4",
+                &id,
+                c.epoch,
+                &[error, &now],
+            )?,
+            JobState::Failed,
+        ),
+        Outcome::Snooze { at } => (
+            fenced_update(
+                tx,
+                "state = 'scheduled', scheduled_at = ?3, worker = NULL, updated_at = ?4",
+                &id,
+                c.epoch,
+                &[at, &now],
+            )?,
+            JobState::Scheduled,
+        ),
+        Outcome::Cancelled => (
+            fenced_update(
+                tx,
+                "state = 'cancelled', error = 'cancelled', finished_at = ?3, updated_at = ?3",
+                &id,
+                c.epoch,
+                &[&now],
+            )?,
+            JobState::Cancelled,
+        ),
+        Outcome::Released => (
+            fenced_update(
+                tx,
+                "state = 'queued', dispatched = 0, worker = NULL, updated_at = ?3",
+                &id,
+                c.epoch,
+                &[&now],
+            )?,
+            JobState::Queued,
+        ),
+        Outcome::Dead { reason } => (
+            fenced_update(
+                tx,
+                "state = 'dead', error = ?3, finished_at = ?4, updated_at = ?4",
+                &id,
+                c.epoch,
+                &[reason, &now],
+            )?,
+            JobState::Dead,
+        ),
     };
+    let Some(job) = updated else {
+        return Ok(Committed::Stale);
+    };
+    if state == JobState::Queued {
+        dispatch.push(Dispatch {
+            id: job.id,
+            queue: job.queue.clone(),
+        });
+    }
     if NewEvent::wanted(&job, state) {
         terminal_event(tx, &id, now)?;
     }
@@ -387,7 +418,22 @@ impl Store for SqliteStore {
         self.db
             .write(move |tx| {
                 let mut out = Vec::with_capacity(ids.len());
+                // The common case in one statement: a startable job starts. Anything else
+                // (missing, running, terminal, early, out of crash budget) is sorted out below.
+                let mut fast = tx.prepare_cached(&format!(
+                    "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
+                     started_at = ?3, dispatched = 1, updated_at = ?3 WHERE id = ?1 \
+                     AND crashes < max_crashes AND (state = 'queued' OR (state = 'scheduled' \
+                     AND COALESCE(scheduled_at, 0) <= ?3)) RETURNING {COLUMNS}"
+                ))?;
                 for id in &ids {
+                    if let Some(job) = fast
+                        .query_row(params![id, worker, now], row_to_job)
+                        .optional()?
+                    {
+                        out.push(StartOutcome::Run(Box::new(job)));
+                        continue;
+                    }
                     let Some(mut job) = get_job(tx, id)? else {
                         out.push(StartOutcome::Missing);
                         continue;
