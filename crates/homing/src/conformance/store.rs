@@ -22,7 +22,8 @@ macro_rules! store_conformance {
             progress_is_fenced, workers_registry, queue_stats_count, start_defers_and_reports_missing,
             mark_dead_is_final, failed_transition_writes_one_event, stale_commit_writes_no_event,
             dead_transitions_write_events, callback_jobs_get_terminal_events,
-            fan_out_inserts_each_delivery_once, worker_gone_reports_one_change, finished_since_counts
+            fan_out_inserts_each_delivery_once, worker_gone_reports_one_change, finished_since_counts,
+            batches_decide_as_one_by_one
         );
     };
 }
@@ -751,6 +752,78 @@ pub async fn start_defers_and_reports_missing(s: Arc<dyn Store>) {
             .unwrap(),
         vec![StartOutcome::Missing]
     );
+}
+
+/// Stores take shortcuts for the common case of a batch (start what is startable, record
+/// successes); whatever a batch mixes in, each item is decided as if it came alone, in order.
+pub async fn batches_decide_as_one_by_one(s: Arc<dyn Store>) {
+    let q = unique_queue("batch");
+    let (a, b, c) = (new_job(&q, "t"), new_job(&q, "t"), new_job(&q, "t"));
+    let mut later = new_job(&q, "t");
+    let due = later.created_at + micros(Duration::from_secs(100));
+    later.run_at = Some(due);
+    s.insert(vec![a.clone(), b.clone(), c.clone(), later.clone()])
+        .await
+        .unwrap();
+    let missing = crate::job::new_job_id();
+    let started = s
+        .start(&[a.id, a.id, b.id, later.id, missing], "w", now())
+        .await
+        .unwrap();
+    assert!(matches!(&started[0], StartOutcome::Run(j) if j.id == a.id && j.epoch == 1));
+    assert_eq!(started[1], StartOutcome::Skip(JobState::Running));
+    assert!(matches!(&started[2], StartOutcome::Run(j) if j.id == b.id));
+    assert_eq!(started[3], StartOutcome::Defer(due));
+    assert_eq!(started[4], StartOutcome::Missing);
+    let c_run = run_one(&*s, c.id, "w").await;
+
+    let ok = |id, epoch, v: &str| Completion {
+        id,
+        epoch,
+        outcome: Outcome::Succeeded(serde_json::json!(v)),
+    };
+    let r = s
+        .complete(
+            &[
+                ok(a.id, 1, "first"),
+                ok(a.id, 1, "second"),
+                Completion {
+                    id: b.id,
+                    epoch: 1,
+                    outcome: Outcome::Failed { error: "no".into() },
+                },
+                ok(c.id, c_run.epoch + 1, "zombie"),
+                ok(missing, 1, "nobody"),
+            ],
+            now(),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        r[0],
+        Committed::Applied {
+            state: JobState::Succeeded,
+            ..
+        }
+    ));
+    assert_eq!(r[1], Committed::Stale, "a second commit of one run: {r:?}");
+    assert!(matches!(
+        r[2],
+        Committed::Applied {
+            state: JobState::Failed,
+            ..
+        }
+    ));
+    assert_eq!(r[3], Committed::Stale, "a wrong epoch: {r:?}");
+    assert_eq!(r[4], Committed::Stale, "an unknown job: {r:?}");
+    let a = s.get(a.id).await.unwrap().unwrap();
+    assert_eq!(
+        (a.state, a.result),
+        (JobState::Succeeded, Some(serde_json::json!("first")))
+    );
+    assert_eq!(s.get(b.id).await.unwrap().unwrap().state, JobState::Failed);
+    let c = s.get(c.id).await.unwrap().unwrap();
+    assert_eq!((c.state, c.result), (JobState::Running, None));
 }
 
 pub async fn mark_dead_is_final(s: Arc<dyn Store>) {

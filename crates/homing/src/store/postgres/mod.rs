@@ -998,9 +998,13 @@ impl Store for PgStore {
             return Ok(());
         }
         self.call(async {
+            // Joined with the ids rather than `id = ANY($1) AND state = 'queued'`, for which the
+            // planner may combine the primary key with the state index and, in a large backlog,
+            // read every queued job's index entry on each call.
             sqlx::query(
-                "WITH l AS (SELECT id FROM homing_jobs WHERE id = ANY($1) AND state = 'queued' \
-                            ORDER BY id FOR UPDATE) \
+                "WITH l AS (SELECT j.id FROM UNNEST($1::uuid[]) AS u(id) \
+                            JOIN homing_jobs j ON j.id = u.id WHERE j.state = 'queued' \
+                            ORDER BY j.id FOR UPDATE OF j) \
                  UPDATE homing_jobs j SET dispatched = true FROM l \
                  WHERE j.id = l.id AND j.state = 'queued'",
             )
