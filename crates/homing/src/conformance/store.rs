@@ -700,7 +700,7 @@ pub async fn workers_registry(s: Arc<dyn Store>) {
         .await
         .unwrap()
         .contains(&format!("{id}.task")));
-    assert!(s.worker_gone(&id, "lost", t + 6).await.unwrap());
+    assert!(s.worker_gone(&id, "lost", None, t + 6).await.unwrap());
     let ws = s.workers(t - 1).await.unwrap();
     assert_eq!(ws.iter().find(|w| w.info.id == id).unwrap().status, "lost");
 }
@@ -1096,7 +1096,12 @@ pub async fn worker_gone_reports_one_change(s: Arc<dyn Store>) {
     for _ in 0..4 {
         let (s, id) = (s.clone(), id.clone());
         tasks.push(tokio::spawn(async move {
-            s.worker_gone(&id, "lost", now()).await.unwrap()
+            let ev = crate::events::NewEvent::worker(
+                crate::events::WORKER_LOST,
+                &id,
+                serde_json::json!({}),
+            );
+            s.worker_gone(&id, "lost", Some(ev), now()).await.unwrap()
         }));
     }
     let mut changed = 0;
@@ -1104,9 +1109,22 @@ pub async fn worker_gone_reports_one_change(s: Arc<dyn Store>) {
         changed += t.await.unwrap() as u32;
     }
     assert_eq!(changed, 1, "exactly one rescuer changes the row");
-    assert!(!s.worker_gone(&id, "stopped", now()).await.unwrap());
+    let alerts = s
+        .events(0, 100_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.worker.as_deref() == Some(id.as_str()))
+        .map(|e| e.kind)
+        .collect::<Vec<_>>();
+    assert_eq!(
+        alerts,
+        vec![crate::events::WORKER_LOST.to_string()],
+        "the alert is recorded with the change, once"
+    );
+    assert!(!s.worker_gone(&id, "stopped", None, now()).await.unwrap());
     assert!(!s
-        .worker_gone("no-such-worker", "lost", now())
+        .worker_gone("no-such-worker", "lost", None, now())
         .await
         .unwrap());
 }

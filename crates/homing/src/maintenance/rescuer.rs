@@ -104,14 +104,16 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
             report.lost_workers += 1;
             // Several rescuers may get here for one worker; only the one whose store update
             // changed the row reports it, so the alert goes out once.
-            if store.worker_gone(&consumer, "lost", now()).await? {
+            let ev = NewEvent::worker(
+                WORKER_LOST,
+                &consumer,
+                serde_json::json!({ "reclaimed": reclaimed }),
+            );
+            if store
+                .worker_gone(&consumer, "lost", Some(ev), now())
+                .await?
+            {
                 tracing::warn!(event = "worker.lost", worker = %consumer, reclaimed, "worker lost: its heartbeat expired");
-                let ev = NewEvent::worker(
-                    WORKER_LOST,
-                    &consumer,
-                    serde_json::json!({ "reclaimed": reclaimed }),
-                );
-                store.record_event(ev, now()).await?;
             }
         }
     }

@@ -304,10 +304,17 @@ pub trait Store: Send + Sync + 'static {
     /// Records that a worker was alive at `now`.
     async fn worker_seen(&self, id: &str, now: Micros) -> Result<()>;
 
-    /// Records a worker's end: `stopped` or `lost`, only if it is still `live`. Returns whether
-    /// this call changed the row, so that of several rescuers declaring the same worker lost
-    /// exactly one emits `worker.lost`.
-    async fn worker_gone(&self, id: &str, status: &str, now: Micros) -> Result<bool>;
+    /// Records a worker's end: `stopped` or `lost`, only if it is still `live`, and with it, in
+    /// the same transaction, `event` (its `worker.lost` or `worker.shutdown` alert). Returns
+    /// whether this call changed the row: of several rescuers declaring the same worker lost
+    /// exactly one records the alert, and a crash cannot leave the worker marked without it.
+    async fn worker_gone(
+        &self,
+        id: &str,
+        status: &str,
+        event: Option<NewEvent>,
+        now: Micros,
+    ) -> Result<bool>;
 
     /// Workers heard of since `since`, newest first.
     async fn workers(&self, since: Micros) -> Result<Vec<WorkerRecord>>;

@@ -827,16 +827,25 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn worker_gone(&self, id: &str, status: &str, now: Micros) -> Result<bool> {
+    async fn worker_gone(
+        &self,
+        id: &str,
+        status: &str,
+        event: Option<NewEvent>,
+        now: Micros,
+    ) -> Result<bool> {
         let (id, status) = (id.to_string(), status.to_string());
         self.db
             .write(move |tx| {
-                tx.execute(
+                let changed = tx.execute(
                     "UPDATE workers SET status = ?2, last_seen = max(last_seen, ?3) WHERE id = ?1 \
                      AND status = 'live'",
                     params![id, status, now],
-                )
-                .map(|n| n == 1)
+                )? == 1;
+                if let (true, Some(ev)) = (changed, &event) {
+                    insert_event(tx, ev, now)?;
+                }
+                Ok(changed)
             })
             .await
     }

@@ -338,20 +338,14 @@ impl Worker {
             if let Err(e) = self.broker.unregister(id).await {
                 tracing::warn!(error = %e, "could not remove the heartbeat");
             }
-            match self.store.worker_gone(id, "stopped", now()).await {
-                Ok(true) => {
-                    let ev = NewEvent::worker(
-                        WORKER_SHUTDOWN,
-                        id,
-                        serde_json::json!({ "queues": self.config.queues }),
-                    );
-                    if let Err(e) = self.store.record_event(ev, now()).await {
-                        tracing::warn!(error = %e, "could not record the worker.shutdown event");
-                    }
-                }
-                // A rescuer already declared this worker lost (it paused past its TTL).
-                Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "could not record the worker's stop"),
+            let ev = NewEvent::worker(
+                WORKER_SHUTDOWN,
+                id,
+                serde_json::json!({ "queues": self.config.queues }),
+            );
+            // Ok(false): a rescuer already declared this worker lost (it paused past its TTL).
+            if let Err(e) = self.store.worker_gone(id, "stopped", Some(ev), now()).await {
+                tracing::warn!(error = %e, "could not record the worker's stop");
             }
             tracing::info!(event = "worker.shutdown", worker = %id, "worker stopped gracefully");
         }

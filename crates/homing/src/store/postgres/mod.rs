@@ -1420,8 +1420,15 @@ impl Store for PgStore {
     /// The row lock the UPDATE takes makes concurrent callers decide one after the other: the
     /// second re-checks `status = 'live'` against the first one's committed row and changes
     /// nothing, so exactly one of them reports the change.
-    async fn worker_gone(&self, id: &str, status: &str, now: Micros) -> Result<bool> {
+    async fn worker_gone(
+        &self,
+        id: &str,
+        status: &str,
+        event: Option<NewEvent>,
+        now: Micros,
+    ) -> Result<bool> {
         self.call(async {
+            let mut tx = self.pool.begin().await?;
             let r = sqlx::query(
                 "UPDATE homing_workers SET status = $2, last_seen = GREATEST(last_seen, $3) \
                  WHERE id = $1 AND status = 'live'",
@@ -1429,9 +1436,14 @@ impl Store for PgStore {
             .bind(id)
             .bind(status)
             .bind(now)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
-            Ok(r.rows_affected() == 1)
+            let changed = r.rows_affected() == 1;
+            if let (true, Some(ev)) = (changed, &event) {
+                insert_event(&mut tx, ev, now).await?;
+            }
+            tx.commit().await?;
+            Ok(changed)
         })
         .await
     }
