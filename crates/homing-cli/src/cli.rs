@@ -9,6 +9,24 @@ fn duration(s: &str) -> Result<Duration, String> {
     homing::time::parse_duration(s)
 }
 
+/// How long history is kept; `None` is `forever`. A type of its own because clap reads an
+/// `Option` field as "the flag may be absent".
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Retention(pub Option<Duration>);
+
+fn retention(s: &str) -> Result<Retention, String> {
+    if s == "forever" {
+        return Ok(Retention(None));
+    }
+    match homing::time::parse_duration(s)? {
+        d if d.is_zero() => Err(
+            "a retention of 0 would delete jobs as they finish; use 'forever' to keep everything"
+                .into(),
+        ),
+        d => Ok(Retention(Some(d))),
+    }
+}
+
 fn positive(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if n > 0 => Ok(n),
@@ -105,6 +123,11 @@ pub struct WorkerTuning {
     /// On SIGTERM/SIGINT, how long running jobs may take before they are released to other workers.
     #[arg(long, default_value = "25s", value_parser = duration)]
     pub shutdown_grace: Duration,
+    /// How long finished jobs, delivered events and departed workers are kept before this
+    /// process's maintenance deletes them (`forever` keeps everything). Unfinished jobs are
+    /// never deleted. With several processes, the shortest retention among them applies.
+    #[arg(long, env = "HOMING_RETENTION", default_value = "7d", value_parser = retention)]
+    pub retention: Retention,
 }
 
 #[derive(Debug, Args)]
@@ -127,6 +150,10 @@ pub struct ServerArgs {
     /// How often the rescuer looks for lost workers.
     #[arg(long, default_value = "2s", value_parser = duration)]
     pub rescue_interval: Duration,
+    /// How long finished jobs, delivered events and departed workers are kept before they are
+    /// deleted (`forever` keeps everything). Unfinished jobs are never deleted.
+    #[arg(long, env = "HOMING_RETENTION", default_value = "7d", value_parser = retention)]
+    pub retention: Retention,
 }
 
 #[derive(Debug, Args)]

@@ -450,3 +450,34 @@ async fn panics_and_time_limits_are_errors() {
     );
     assert!(!w.exited(), "the worker survives panics and time-outs");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_deletes_finished_history_and_nothing_else() {
+    let env = Env::sqlite();
+    let client = env.client().await;
+    let mut w = env.worker("w", "ret", &["--retention", "3s"]);
+    wait_workers(&client, "ret", 1, Duration::from_secs(20)).await;
+    let mut done = EnqueueRequest::new("builtin.noop", serde_json::json!({}));
+    done.options.queue = Some("ret".into());
+    let mut later = done.clone();
+    later.options.countdown = Some(Duration::from_secs(3600));
+    let done = client.enqueue(done).await.unwrap().id;
+    let later = client.enqueue(later).await.unwrap().id;
+    wait_state(&client, done, JobState::Succeeded, Duration::from_secs(20)).await;
+    let (code, out, err) = env.run(&["jobs", "get", &done.to_string()]);
+    assert_eq!(code, 0, "kept until the retention has passed: {out}{err}");
+    eventually(
+        Duration::from_secs(20),
+        "the finished job is deleted",
+        || async { (env.run(&["jobs", "get", &done.to_string()]).0 != 0).then_some(()) },
+    )
+    .await;
+    let (_, _, err) = env.run(&["jobs", "get", &done.to_string()]);
+    assert!(err.contains("not found"), "{err}");
+    let kept = client.get(later).await.unwrap();
+    assert_eq!(kept.state, JobState::Scheduled, "unfinished jobs stay");
+    assert!(w
+        .log_text()
+        .contains("deleted history older than the retention period"));
+    assert!(!w.exited());
+}

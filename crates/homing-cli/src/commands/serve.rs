@@ -38,7 +38,10 @@ fn worker_config(
         heartbeat_interval: t.heartbeat_interval,
         shutdown_grace: t.shutdown_grace,
         maintenance,
-        maintenance_config: None,
+        maintenance_config: Some(MaintenanceConfig {
+            retention: t.retention.0,
+            ..MaintenanceConfig::for_heartbeat(t.heartbeat_interval)
+        }),
         name: None,
     })
 }
@@ -168,6 +171,7 @@ pub async fn server(g: &Global, a: ServerArgs) -> anyhow::Result<ExitCode> {
     let stop = signals::shutdown_token();
     let mc = MaintenanceConfig {
         rescue_interval: a.rescue_interval,
+        retention: a.retention.0,
         ..Default::default()
     };
     let maintenance = Maintenance::spawn(

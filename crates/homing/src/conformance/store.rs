@@ -23,7 +23,7 @@ macro_rules! store_conformance {
             mark_dead_is_final, failed_transition_writes_one_event, stale_commit_writes_no_event,
             dead_transitions_write_events, callback_jobs_get_terminal_events,
             fan_out_inserts_each_delivery_once, worker_gone_reports_one_change, finished_since_counts,
-            batches_decide_as_one_by_one
+            batches_decide_as_one_by_one, purge_deletes_only_old_history
         );
     };
 }
@@ -824,6 +824,82 @@ pub async fn batches_decide_as_one_by_one(s: Arc<dyn Store>) {
     assert_eq!(s.get(b.id).await.unwrap().unwrap().state, JobState::Failed);
     let c = s.get(c.id).await.unwrap().unwrap();
     assert_eq!((c.state, c.result), (JobState::Running, None));
+}
+
+/// Retention deletes finished history before the cut and nothing else: not unfinished jobs, not
+/// events still waiting for their fan-out, not live workers.
+pub async fn purge_deletes_only_old_history(s: Arc<dyn Store>) {
+    let q = unique_queue("purge");
+    let jobs: Vec<_> = (0..5).map(|_| new_job(&q, "t")).collect();
+    s.insert(jobs.clone()).await.unwrap();
+    let [done, failed, queued, running, late] = [0, 1, 2, 3, 4].map(|i| jobs[i].id);
+    let finish = |id, outcome| {
+        let s = s.clone();
+        async move {
+            let epoch = run_one(&*s, id, "w").await.epoch;
+            let c = Completion { id, epoch, outcome };
+            s.complete(&[c], now()).await.unwrap();
+        }
+    };
+    finish(done, Outcome::Succeeded(serde_json::json!(1))).await;
+    finish(failed, Outcome::Failed { error: "x".into() }).await;
+    run_one(&*s, running, "w").await;
+    let info = |id: &str| WorkerInfo {
+        id: id.into(),
+        hostname: "h".into(),
+        pid: 1,
+        queues: vec![q.clone()],
+        concurrency: 1,
+        tasks: vec![],
+        started_at: now(),
+    };
+    s.register_worker(&info("gone"), now()).await.unwrap();
+    s.register_worker(&info("alive"), now()).await.unwrap();
+    assert!(s.worker_gone("gone", "stopped", None, now()).await.unwrap());
+    let cut = now() + 1;
+    std::thread::sleep(Duration::from_millis(2));
+    finish(late, Outcome::Succeeded(serde_json::json!(2))).await;
+
+    let p = s.purge(cut, 1).await.unwrap();
+    assert_eq!(
+        (p.jobs, p.workers),
+        (1, 1),
+        "one job per call with limit 1: {p:?}"
+    );
+    let p = s.purge(cut, 100).await.unwrap();
+    assert_eq!(
+        (p.jobs, p.events),
+        (1, 0),
+        "the failure's event is not fanned out yet"
+    );
+    for id in [done, failed] {
+        assert!(
+            s.get(id).await.unwrap().is_none(),
+            "finished before the cut"
+        );
+    }
+    for (id, state) in [
+        (queued, JobState::Queued),
+        (running, JobState::Running),
+        (late, JobState::Succeeded),
+    ] {
+        assert_eq!(s.get(id).await.unwrap().map(|j| j.state), Some(state));
+    }
+    let live: Vec<String> = s
+        .workers(0)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|w| w.info.id)
+        .collect();
+    assert_eq!(live, vec!["alive".to_string()]);
+    let pending = s.events(0, 1000).await.unwrap();
+    assert!(pending.iter().any(|e| e.job_id == Some(failed)));
+    s.fan_out(&[], 1000, now()).await.unwrap();
+    let p = s.purge(now() + 1, 100).await.unwrap();
+    assert!(p.events >= 1, "a fanned-out event is history: {p:?}");
+    assert!(s.events(0, 1000).await.unwrap().is_empty());
+    assert_eq!(s.purge(cut, 100).await.unwrap(), Purged::default());
 }
 
 pub async fn mark_dead_is_final(s: Arc<dyn Store>) {

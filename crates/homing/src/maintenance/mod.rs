@@ -6,10 +6,13 @@
 //! - [`scheduler`]: turns scheduled jobs whose time has come into queued ones.
 //! - [`reconciler`]: publishes what the store lists as undispatched, notices a broker that lost
 //!   its data, and recovers running jobs whose worker and message are both gone.
+//! - [`pruner`]: deletes finished jobs, delivered events and departed workers older than the
+//!   retention period.
 //! - [`dispatcher`]: fans pending events out into webhook deliveries (started separately, by
 //!   the processes that hold the webhook configuration).
 
 pub mod dispatcher;
+pub mod pruner;
 pub mod reconciler;
 pub mod rescuer;
 pub mod scheduler;
@@ -30,7 +33,13 @@ pub struct MaintenanceConfig {
     pub reconcile_interval: Duration,
     /// An undispatched queued job older than this is published by the reconciler.
     pub dispatch_grace: Duration,
+    /// How long finished jobs, delivered events and departed workers are kept; `None` keeps
+    /// them forever. The pruner looks every minute, or every quarter of a shorter retention.
+    pub retention: Option<Duration>,
 }
+
+/// The default retention: a week of history.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl MaintenanceConfig {
     /// Sweeps as often as heartbeats are sent, so recovery takes about `TTL + interval`.
@@ -40,6 +49,7 @@ impl MaintenanceConfig {
             schedule_interval: Duration::from_millis(100),
             reconcile_interval: Duration::from_secs(2),
             dispatch_grace: Duration::from_secs(2),
+            retention: Some(DEFAULT_RETENTION),
         }
     }
 }
@@ -64,7 +74,7 @@ impl Maintenance {
         config: MaintenanceConfig,
         stop: CancellationToken,
     ) -> Self {
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(rescuer::run(
                 broker.clone(),
                 store.clone(),
@@ -77,8 +87,22 @@ impl Maintenance {
                 config.schedule_interval,
                 stop.clone(),
             )),
-            tokio::spawn(reconciler::run(broker, store, config, stop.clone())),
+            tokio::spawn(reconciler::run(
+                broker,
+                store.clone(),
+                config.clone(),
+                stop.clone(),
+            )),
         ];
+        if let Some(retention) = config.retention {
+            let every = (retention / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+            tasks.push(tokio::spawn(pruner::run(
+                store,
+                retention,
+                every,
+                stop.clone(),
+            )));
+        }
         Self { stop, tasks }
     }
 

@@ -150,6 +150,14 @@ impl JobPage {
     }
 }
 
+/// What one [`Store::purge`] call deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Purged {
+    pub jobs: u64,
+    pub events: u64,
+    pub workers: u64,
+}
+
 /// Counts per queue and state.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct QueueStats {
@@ -354,4 +362,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Events with an id greater than `after`, oldest first, at most `limit` (pending or not).
     async fn events(&self, after: i64, limit: usize) -> Result<Vec<Event>>;
+
+    /// Retention: deletes at most `limit` finished jobs (succeeded, failed, dead, cancelled)
+    /// whose `finished_at` is before `before`, at most `limit` events already fanned out and
+    /// created before it, and the rows of stopped or lost workers last seen before it. Nothing
+    /// queued, scheduled or running and no pending event is touched. One transaction: a crash
+    /// leaves all of one call's deletions or none, and calling again is harmless. Competing
+    /// callers (one per process) skip rows another is deleting.
+    async fn purge(&self, before: Micros, limit: usize) -> Result<Purged>;
 }

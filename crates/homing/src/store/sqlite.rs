@@ -936,6 +936,34 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn purge(&self, before: Micros, limit: usize) -> Result<Purged> {
+        let limit = limit.min(i64::MAX as usize) as i64;
+        self.db
+            .write(move |tx| {
+                let jobs = tx.execute(
+                    "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE finished_at < ?1 \
+                     AND state IN ('succeeded', 'failed', 'dead', 'cancelled') \
+                     ORDER BY finished_at LIMIT ?2)",
+                    params![before, limit],
+                )? as u64;
+                let events = tx.execute(
+                    "DELETE FROM events WHERE id IN (SELECT id FROM events \
+                     WHERE dispatched_at IS NOT NULL AND created_at < ?1 ORDER BY id LIMIT ?2)",
+                    params![before, limit],
+                )? as u64;
+                let workers = tx.execute(
+                    "DELETE FROM workers WHERE status <> 'live' AND last_seen < ?1",
+                    params![before],
+                )? as u64;
+                Ok(Purged {
+                    jobs,
+                    events,
+                    workers,
+                })
+            })
+            .await
+    }
+
     async fn record_event(&self, event: NewEvent, now: Micros) -> Result<i64> {
         self.db.write(move |tx| insert_event(tx, &event, now)).await
     }

@@ -1538,6 +1538,46 @@ impl Store for PgStore {
         Ok(out)
     }
 
+    async fn purge(&self, before: Micros, limit: usize) -> Result<Purged> {
+        let limit = limit.min(i64::MAX as usize) as i64;
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            let jobs = sqlx::query(
+                "DELETE FROM homing_jobs WHERE id IN (SELECT id FROM homing_jobs \
+                 WHERE finished_at < $1 AND state IN ('succeeded', 'failed', 'dead', 'cancelled') \
+                 ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            )
+            .bind(before)
+            .bind(limit)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            let events = sqlx::query(
+                "DELETE FROM homing_events WHERE id IN (SELECT id FROM homing_events \
+                 WHERE dispatched_at IS NOT NULL AND created_at < $1 ORDER BY id LIMIT $2 \
+                 FOR UPDATE SKIP LOCKED)",
+            )
+            .bind(before)
+            .bind(limit)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            let workers =
+                sqlx::query("DELETE FROM homing_workers WHERE status <> 'live' AND last_seen < $1")
+                    .bind(before)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+            tx.commit().await?;
+            Ok(Purged {
+                jobs,
+                events,
+                workers,
+            })
+        })
+        .await
+    }
+
     async fn record_event(&self, event: NewEvent, now: Micros) -> Result<i64> {
         self.call(async {
             let mut conn = self.pool.acquire().await?;
