@@ -123,9 +123,9 @@ pub struct WorkerTuning {
     /// On SIGTERM/SIGINT, how long running jobs may take before they are released to other workers.
     #[arg(long, default_value = "25s", value_parser = duration)]
     pub shutdown_grace: Duration,
-    /// How long finished jobs, delivered events and departed workers are kept before this
-    /// process's maintenance deletes them (`forever` keeps everything). Unfinished jobs are
-    /// never deleted. With several processes, the shortest retention among them applies.
+    /// How long finished jobs, delivered events, departed workers and dead letters are kept
+    /// before this process's maintenance deletes them (`forever` keeps everything). Unfinished
+    /// jobs are never deleted. With several processes, the shortest retention among them applies.
     #[arg(long, env = "HOMING_RETENTION", default_value = "7d", value_parser = retention)]
     pub retention: Retention,
 }
@@ -150,8 +150,8 @@ pub struct ServerArgs {
     /// How often the rescuer looks for lost workers.
     #[arg(long, default_value = "2s", value_parser = duration)]
     pub rescue_interval: Duration,
-    /// How long finished jobs, delivered events and departed workers are kept before they are
-    /// deleted (`forever` keeps everything). Unfinished jobs are never deleted.
+    /// How long finished jobs, delivered events, departed workers and dead letters are kept
+    /// before they are deleted (`forever` keeps everything). Unfinished jobs are never deleted.
     #[arg(long, env = "HOMING_RETENTION", default_value = "7d", value_parser = retention)]
     pub retention: Retention,
 }

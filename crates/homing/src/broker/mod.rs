@@ -115,4 +115,8 @@ pub trait Broker: Send + Sync + 'static {
     async fn depths(&self) -> Result<Vec<QueueDepth>>;
 
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>>;
+
+    /// Retention: deletes the dead letters recorded before `before` and returns how many. They
+    /// are a record for operators (the store keeps the jobs); nothing live is touched.
+    async fn purge_dead_letters(&self, before: crate::time::Micros) -> Result<u64>;
 }

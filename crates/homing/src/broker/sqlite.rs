@@ -369,6 +369,15 @@ impl Broker for SqliteBroker {
             .await
     }
 
+    async fn purge_dead_letters(&self, before: crate::time::Micros) -> Result<u64> {
+        self.db
+            .write(move |tx| {
+                tx.execute("DELETE FROM dead_letters WHERE at < ?1", [before])
+                    .map(|n| n as u64)
+            })
+            .await
+    }
+
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
         self.db
             .read(move |c| {

@@ -18,7 +18,7 @@ macro_rules! broker_conformance {
             publish_reserve_ack_in_order, reserve_respects_max, reserved_messages_are_owned,
             requeue_gives_a_new_tag, requeued_message_goes_first, ack_is_idempotent, heartbeat_lifecycle, lost_consumers_and_removal,
             dead_letter_moves_message, marker_detects_loss, several_queues, concurrent_reserve_is_exclusive,
-            reserve_waits_for_a_publish
+            reserve_waits_for_a_publish, dead_letters_are_purged_by_age
         );
     };
 }
@@ -271,6 +271,29 @@ pub async fn dead_letter_moves_message(b: Arc<dyn Broker>) {
         .find(|d| d.queue == q)
         .unwrap();
     assert_eq!(depth.dead_letters, 1);
+}
+
+pub async fn dead_letters_are_purged_by_age(b: Arc<dyn Broker>) {
+    let q = unique_queue("dlq-age");
+    b.publish(&dispatches(&q, 2)).await.unwrap();
+    let before_any = crate::time::now() - 1_000_000;
+    let got = b
+        .reserve("c", std::slice::from_ref(&q), 2, SHORT)
+        .await
+        .unwrap();
+    for d in &got {
+        b.dead_letter(d, "garbage").await.unwrap();
+    }
+    let mine = |dl: Vec<crate::broker::DeadLetter>| dl.into_iter().filter(|d| d.queue == q).count();
+    assert_eq!(b.purge_dead_letters(before_any).await.unwrap(), 0);
+    assert_eq!(
+        mine(b.dead_letters(1000).await.unwrap()),
+        2,
+        "newer than the cut: kept"
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(b.purge_dead_letters(crate::time::now()).await.unwrap() >= 2);
+    assert_eq!(mine(b.dead_letters(1000).await.unwrap()), 0);
 }
 
 pub async fn marker_detects_loss(b: Arc<dyn Broker>) {

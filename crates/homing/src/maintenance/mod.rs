@@ -6,8 +6,8 @@
 //! - [`scheduler`]: turns scheduled jobs whose time has come into queued ones.
 //! - [`reconciler`]: publishes what the store lists as undispatched, notices a broker that lost
 //!   its data, and recovers running jobs whose worker and message are both gone.
-//! - [`pruner`]: deletes finished jobs, delivered events and departed workers older than the
-//!   retention period.
+//! - [`pruner`]: deletes finished jobs, delivered events, departed workers and dead letters
+//!   older than the retention period.
 //! - [`dispatcher`]: fans pending events out into webhook deliveries (started separately, by
 //!   the processes that hold the webhook configuration).
 
@@ -33,8 +33,9 @@ pub struct MaintenanceConfig {
     pub reconcile_interval: Duration,
     /// An undispatched queued job older than this is published by the reconciler.
     pub dispatch_grace: Duration,
-    /// How long finished jobs, delivered events and departed workers are kept; `None` keeps
-    /// them forever. The pruner looks every minute, or every quarter of a shorter retention.
+    /// How long finished jobs, delivered events, departed workers and dead letters are kept;
+    /// `None` keeps them forever. The pruner looks every minute, or every quarter of a shorter
+    /// retention.
     pub retention: Option<Duration>,
 }
 
@@ -74,6 +75,16 @@ impl Maintenance {
         config: MaintenanceConfig,
         stop: CancellationToken,
     ) -> Self {
+        let pruner = config.retention.map(|retention| {
+            let every = (retention / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+            tokio::spawn(pruner::run(
+                broker.clone(),
+                store.clone(),
+                retention,
+                every,
+                stop.clone(),
+            ))
+        });
         let mut tasks = vec![
             tokio::spawn(rescuer::run(
                 broker.clone(),
@@ -87,22 +98,9 @@ impl Maintenance {
                 config.schedule_interval,
                 stop.clone(),
             )),
-            tokio::spawn(reconciler::run(
-                broker,
-                store.clone(),
-                config.clone(),
-                stop.clone(),
-            )),
+            tokio::spawn(reconciler::run(broker, store, config, stop.clone())),
         ];
-        if let Some(retention) = config.retention {
-            let every = (retention / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
-            tasks.push(tokio::spawn(pruner::run(
-                store,
-                retention,
-                every,
-                stop.clone(),
-            )));
-        }
+        tasks.extend(pruner);
         Self { stop, tasks }
     }
 

@@ -1,5 +1,5 @@
-//! Responsible for retention: finished jobs, delivered events and departed workers older than the
-//! retention period are deleted, a batch per transaction. Without it the store only grows, and
+//! Responsible for retention: finished jobs, delivered events, departed workers and the broker's
+//! dead letters older than the retention period are deleted, a batch per transaction. Without it the store only grows, and
 //! what reads all of it (queue counts on the dashboard, listings) slows down month by month.
 //! Nothing unfinished is ever deleted; the store's `purge` decides that row by row.
 
@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+use crate::broker::Broker;
 use crate::error::Result;
 use crate::store::{Purged, Store};
 use crate::time::{micros, now, Micros};
@@ -15,18 +16,28 @@ use crate::time::{micros, now, Micros};
 const BATCH: usize = 500;
 
 pub(crate) async fn run(
+    broker: Arc<dyn Broker>,
     store: Arc<dyn Store>,
     retention: Duration,
     interval: Duration,
     stop: CancellationToken,
 ) {
     while super::tick(interval, &stop).await {
-        match purge_before(&*store, now() - micros(retention), &stop).await {
-            Ok(p) if p != Purged::default() => {
+        let before = now() - micros(retention);
+        let dead_letters = match broker.purge_dead_letters(before).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not delete old dead letters; will try again");
+                0
+            }
+        };
+        match purge_before(&*store, before, &stop).await {
+            Ok(p) if p != Purged::default() || dead_letters > 0 => {
                 tracing::info!(
                     jobs = p.jobs,
                     events = p.events,
                     workers = p.workers,
+                    dead_letters,
                     retention = %humantime::format_duration(retention),
                     "deleted history older than the retention period"
                 );

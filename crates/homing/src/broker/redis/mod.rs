@@ -832,6 +832,26 @@ impl Broker for RedisBroker {
             .collect()
     }
 
+    /// Dead-letter entries carry server-assigned ids (`XADD *`, milliseconds of Redis's clock),
+    /// so `XTRIM MINID` cuts them by age.
+    async fn purge_dead_letters(&self, before: crate::time::Micros) -> Result<u64> {
+        let queues = self.known_queues().await?;
+        if queues.is_empty() {
+            return Ok(0);
+        }
+        let min_id = format!("{}-0", before.max(0) / 1000);
+        let mut pipe = ::redis::pipe();
+        for q in &queues {
+            pipe.cmd("XTRIM")
+                .arg(self.keys.dead(q))
+                .arg("MINID")
+                .arg(&min_id);
+        }
+        let mut c = self.manager().await?;
+        let trimmed: Vec<u64> = pipe.query_async(&mut c).await.map_err(err)?;
+        Ok(trimmed.into_iter().sum())
+    }
+
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
         let queues = self.known_queues().await?;
         if queues.is_empty() || limit == 0 {
