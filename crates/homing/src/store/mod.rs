@@ -181,6 +181,47 @@ pub struct FinishedCounts {
     pub cancelled: u64,
 }
 
+impl From<QueueStats> for FinishedCounts {
+    fn from(q: QueueStats) -> Self {
+        Self {
+            queue: q.queue,
+            succeeded: q.succeeded,
+            failed: q.failed,
+            dead: q.dead,
+            cancelled: q.cancelled,
+        }
+    }
+}
+
+/// Folds `(queue, state, count)` rows, sorted by queue, into one [`QueueStats`] per queue: the
+/// shape both stores' `GROUP BY queue, state` queries return.
+pub(crate) fn group_counts(
+    rows: impl IntoIterator<Item = (String, String, i64)>,
+) -> Vec<QueueStats> {
+    let mut out: Vec<QueueStats> = Vec::new();
+    for (queue, state, n) in rows {
+        if out.last().map(|q| q.queue != queue).unwrap_or(true) {
+            out.push(QueueStats {
+                queue,
+                ..Default::default()
+            });
+        }
+        let q = out.last_mut().expect("pushed above");
+        let n = n.max(0) as u64;
+        match state.as_str() {
+            "scheduled" => q.scheduled = n,
+            "queued" => q.queued = n,
+            "running" => q.running = n,
+            "succeeded" => q.succeeded = n,
+            "failed" => q.failed = n,
+            "dead" => q.dead = n,
+            "cancelled" => q.cancelled = n,
+            _ => {}
+        }
+    }
+    out
+}
+
 /// What one [`Store::fan_out`] call did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FanOut {

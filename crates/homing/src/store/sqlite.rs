@@ -769,29 +769,8 @@ impl Store for SqliteStore {
                         r.get::<_, i64>(2)?,
                     ))
                 })?;
-                let mut out: Vec<QueueStats> = Vec::new();
-                for r in rows {
-                    let (queue, state, n) = r?;
-                    if out.last().map(|q| q.queue != queue).unwrap_or(true) {
-                        out.push(QueueStats {
-                            queue: queue.clone(),
-                            ..Default::default()
-                        });
-                    }
-                    let q = out.last_mut().expect("pushed above");
-                    let n = n as u64;
-                    match state.as_str() {
-                        "scheduled" => q.scheduled = n,
-                        "queued" => q.queued = n,
-                        "running" => q.running = n,
-                        "succeeded" => q.succeeded = n,
-                        "failed" => q.failed = n,
-                        "dead" => q.dead = n,
-                        "cancelled" => q.cancelled = n,
-                        _ => {}
-                    }
-                }
-                Ok(out)
+                let rows = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+                Ok(group_counts(rows))
             })
             .await
     }
@@ -912,26 +891,8 @@ impl Store for SqliteStore {
                         r.get::<_, i64>(2)?,
                     ))
                 })?;
-                let mut out: Vec<FinishedCounts> = Vec::new();
-                for r in rows {
-                    let (queue, state, n) = r?;
-                    if out.last().map(|q| q.queue != queue).unwrap_or(true) {
-                        out.push(FinishedCounts {
-                            queue,
-                            ..Default::default()
-                        });
-                    }
-                    let q = out.last_mut().expect("pushed above");
-                    let n = n as u64;
-                    match state.as_str() {
-                        "succeeded" => q.succeeded = n,
-                        "failed" => q.failed = n,
-                        "dead" => q.dead = n,
-                        "cancelled" => q.cancelled = n,
-                        _ => {}
-                    }
-                }
-                Ok(out)
+                let rows = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+                Ok(group_counts(rows).into_iter().map(Into::into).collect())
             })
             .await
     }

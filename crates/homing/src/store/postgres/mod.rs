@@ -1350,28 +1350,7 @@ impl Store for PgStore {
                 .await
             })
             .await?;
-        let mut out: Vec<QueueStats> = Vec::new();
-        for (queue, state, n) in rows {
-            if out.last().map(|q| q.queue != queue).unwrap_or(true) {
-                out.push(QueueStats {
-                    queue: queue.clone(),
-                    ..Default::default()
-                });
-            }
-            let q = out.last_mut().expect("pushed above");
-            let n = n.max(0) as u64;
-            match state.as_str() {
-                "scheduled" => q.scheduled = n,
-                "queued" => q.queued = n,
-                "running" => q.running = n,
-                "succeeded" => q.succeeded = n,
-                "failed" => q.failed = n,
-                "dead" => q.dead = n,
-                "cancelled" => q.cancelled = n,
-                _ => {}
-            }
-        }
-        Ok(out)
+        Ok(group_counts(rows))
     }
 
     async fn register_worker(&self, info: &WorkerInfo, now: Micros) -> Result<()> {
@@ -1517,25 +1496,7 @@ impl Store for PgStore {
                 .await
             })
             .await?;
-        let mut out: Vec<FinishedCounts> = Vec::new();
-        for (queue, state, n) in rows {
-            if out.last().map(|q| q.queue != queue).unwrap_or(true) {
-                out.push(FinishedCounts {
-                    queue,
-                    ..Default::default()
-                });
-            }
-            let q = out.last_mut().expect("pushed above");
-            let n = n.max(0) as u64;
-            match state.as_str() {
-                "succeeded" => q.succeeded = n,
-                "failed" => q.failed = n,
-                "dead" => q.dead = n,
-                "cancelled" => q.cancelled = n,
-                _ => {}
-            }
-        }
-        Ok(out)
+        Ok(group_counts(rows).into_iter().map(Into::into).collect())
     }
 
     async fn purge(&self, before: Micros, limit: usize) -> Result<Purged> {
