@@ -330,46 +330,24 @@ async fn bad_requests_get_clear_4xx_errors() {
         error_code(text).await,
         (415, "unsupported_media_type".into())
     );
+    let missing = homing::job::new_job_id();
+    let gets = [
+        ("/v1/jobs/not-a-uuid".to_string(), 400, "invalid_request"),
+        (format!("/v1/jobs/{missing}"), 404, "not_found"),
+        ("/v1/jobs?state=pending".to_string(), 400, "invalid_request"),
+        ("/v1/jobs?limit=0".to_string(), 400, "invalid_request"),
+        ("/v1/jobs?cursor=zzz".to_string(), 400, "invalid_request"),
+        ("/v2/nothing".to_string(), 404, "not_found"),
+    ];
+    for (path, status, code) in gets {
+        let r = http.get(format!("{base}{path}")).send().await.unwrap();
+        assert_eq!(error_code(r).await, (status, code.into()), "GET {path}");
+    }
     let r = http
-        .get(format!("{base}/v1/jobs/not-a-uuid"))
+        .post(format!("{base}/v1/jobs/{missing}/retry"))
         .send()
         .await
         .unwrap();
-    assert_eq!(error_code(r).await, (400, "invalid_request".into()));
-    let r = http
-        .get(format!("{base}/v1/jobs/{}", homing::job::new_job_id()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(error_code(r).await, (404, "not_found".into()));
-    let r = http
-        .get(format!("{base}/v1/jobs?state=pending"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(error_code(r).await, (400, "invalid_request".into()));
-    let r = http
-        .get(format!("{base}/v1/jobs?limit=0"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(error_code(r).await, (400, "invalid_request".into()));
-    let r = http
-        .get(format!("{base}/v1/jobs?cursor=zzz"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(error_code(r).await, (400, "invalid_request".into()));
-    let r = http
-        .post(format!(
-            "{base}/v1/jobs/{}/retry",
-            homing::job::new_job_id()
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(error_code(r).await, (404, "not_found".into()));
-    let r = http.get(format!("{base}/v2/nothing")).send().await.unwrap();
     assert_eq!(error_code(r).await, (404, "not_found".into()));
     // After all of that the server still works.
     let ok = post("{\"task\": \"builtin.noop\"}".into()).await.unwrap();
