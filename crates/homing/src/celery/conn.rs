@@ -7,7 +7,7 @@ use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{ConnectionAddr, IntoConnectionInfo, ProtocolVersion};
 use std::time::Duration;
 
-use crate::backend::redact_url;
+use crate::redact::redact_url;
 use crate::broker::redis::err;
 use crate::error::{Error, Result};
 

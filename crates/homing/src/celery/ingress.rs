@@ -324,7 +324,7 @@ impl Ingress {
                 queue: i.queue.clone(),
             })
             .collect();
-        if let Err(e) = dispatch(&*self.broker, &*self.store, &to_send).await {
+        if let Err(e) = publish(&*self.broker, &*self.store, &to_send).await {
             tracing::warn!(error = %e, jobs = to_send.len(), "publish failed; the reconciler will publish these jobs");
         }
         for (payload, e) in dead {

@@ -9,6 +9,9 @@
 pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+mod worker_status;
+
+pub use worker_status::WorkerStatus;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -252,8 +255,7 @@ pub struct WorkerRecord {
     pub info: WorkerInfo,
     #[serde(with = "crate::time::as_rfc3339")]
     pub last_seen: Micros,
-    /// `live`, `stopped` (shut down cleanly) or `lost` (its heartbeat expired).
-    pub status: String,
+    pub status: WorkerStatus,
     pub running: Vec<JobId>,
 }
 
@@ -360,7 +362,7 @@ pub trait Store: Send + Sync + 'static {
     async fn worker_gone(
         &self,
         id: &str,
-        status: &str,
+        status: WorkerStatus,
         event: Option<NewEvent>,
         now: Micros,
     ) -> Result<bool>;
