@@ -19,7 +19,7 @@ use super::conn::Conn;
 use super::scripts::Scripts;
 use super::{keys, results, wire};
 use crate::broker::Broker;
-use crate::client::{dispatch, MAX_ARGS_BYTES};
+use crate::client::{publish, MAX_ARGS_BYTES};
 use crate::error::Result;
 use crate::job::{JobOptions, NewJob};
 use crate::store::{Dispatch, Inserted, Store};
