@@ -90,7 +90,10 @@ fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert_eq!((rows[0].0, rows[0].1.as_str()), (1, "0001_init"));
     assert_eq!((rows[1].0, rows[1].1.as_str()), (2, "0002_events"));
-    assert!(rows.iter().all(|r| r.2 > 0), "recorded with the time applied");
+    assert!(
+        rows.iter().all(|r| r.2 > 0),
+        "recorded with the time applied"
+    );
 }
 
 /// The schema that builds before numbered migrations wrote as version 1 (`user_version` = 1),

@@ -282,7 +282,11 @@ async fn dashboard_shows_jobs_and_retries_a_failed_one() {
         )
         .await;
     for c in cells.as_array().unwrap() {
-        let left: f64 = c.as_str().unwrap().parse().unwrap_or_else(|_| panic!("{cells}"));
+        let left: f64 = c
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap_or_else(|_| panic!("{cells}"));
         assert!(left > 0.0 && left <= 0.6, "{cells}");
     }
 

@@ -448,7 +448,10 @@ async fn live_worker_ids(client: &homing::Client, queue: &str) -> Vec<String> {
         .await
         .unwrap()
         .into_iter()
-        .filter(|w| w.status == homing::store::WorkerStatus::Live && w.info.queues.iter().any(|q| q == queue))
+        .filter(|w| {
+            w.status == homing::store::WorkerStatus::Live
+                && w.info.queues.iter().any(|q| q == queue)
+        })
         .map(|w| w.info.id)
         .collect()
 }

@@ -61,11 +61,12 @@ pub async fn migrate_store(store_url: &str) -> Result<MigrationReport> {
                     "invalid store URL '{store}': expected sqlite://PATH"
                 ))
             })?;
-            let (applied, version) = tokio::task::spawn_blocking(move || {
-                crate::sqlite::migrate_file(&path)
-            })
-            .await
-            .map_err(|e| Error::backend("sqlite", format!("migration task failed: {e}")))??;
+            let (applied, version) =
+                tokio::task::spawn_blocking(move || crate::sqlite::migrate_file(&path))
+                    .await
+                    .map_err(|e| {
+                        Error::backend("sqlite", format!("migration task failed: {e}"))
+                    })??;
             return Ok(report(store, crate::sqlite::MIGRATIONS, applied, version));
         }
         #[cfg(not(feature = "sqlite"))]

@@ -108,8 +108,9 @@ pub fn redact_secret_url(raw: &str) -> String {
         Ok(url) if url.host_str().is_some() => {
             let host = url.host_str().unwrap_or_default();
             let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
-            let more =
-                !matches!(url.path(), "" | "/") || url.query().is_some() || url.fragment().is_some();
+            let more = !matches!(url.path(), "" | "/")
+                || url.query().is_some()
+                || url.fragment().is_some();
             let tail = if more { "/…" } else { "" };
             format!("{}://{host}{port}{tail}", url.scheme())
         }
@@ -247,7 +248,11 @@ mod tests {
             "redis://***@h:notaport/0",
             &["pw"],
         );
-        check("postgres://u:x@y@h:bad/db?password=Q", "postgres://***@h:bad/db?…", &["x@y", "Q"]);
+        check(
+            "postgres://u:x@y@h:bad/db?password=Q",
+            "postgres://***@h:bad/db?…",
+            &["x@y", "Q"],
+        );
     }
 
     #[test]

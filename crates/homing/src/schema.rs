@@ -58,14 +58,21 @@ impl MigrationReport {
     /// The lines `homing migrate` prints: one `applied NNNN_x` per migration, then where the
     /// schema stands.
     pub fn lines(&self) -> Vec<String> {
-        let mut out: Vec<String> = self.applied.iter().map(|m| format!("applied {m}")).collect();
+        let mut out: Vec<String> = self
+            .applied
+            .iter()
+            .map(|m| format!("applied {m}"))
+            .collect();
         if self.applied.is_empty() {
             out.push(format!(
                 "{}: schema at version {}, nothing to apply",
                 self.store, self.version
             ));
         } else {
-            out.push(format!("{}: schema at version {}", self.store, self.version));
+            out.push(format!(
+                "{}: schema at version {}",
+                self.store, self.version
+            ));
         }
         out
     }

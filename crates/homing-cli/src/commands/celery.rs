@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{CeleryWorkerArgs, EnqueueArgs, Global};
-use homing::redact::redact_url;
 use homing::celery::{CeleryClient, CelerySend, Conn, Ingress, IngressConfig};
+use homing::redact::redact_url;
 use homing::{Backends, Registry};
 
 /// The Celery broker: the explicit URL, else homing's own broker when it is a Redis server (its

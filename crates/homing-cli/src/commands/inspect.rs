@@ -16,7 +16,8 @@ fn parse_id(s: &str) -> anyhow::Result<JobId> {
 
 pub async fn jobs(g: &Global, cmd: JobsCommand) -> anyhow::Result<ExitCode> {
     let b = open(g, false).await?;
-    let client = Client::new(b.broker.clone(), b.store.clone()).with_registry(tasks::registry(&crate::pipelines::for_routing()));
+    let client = Client::new(b.broker.clone(), b.store.clone())
+        .with_registry(tasks::registry(&crate::pipelines::for_routing()));
     let (job, out) = match cmd {
         JobsCommand::Get { id, out } => (client.get(parse_id(&id)?).await?, out),
         JobsCommand::Retry { id, out } => (client.retry(parse_id(&id)?).await?, out),

@@ -208,8 +208,7 @@ pub async fn worker(g: &Global, a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let backends = open(g, true).await?;
     let stop = signals::shutdown_token();
     let heartbeat = a.tuning.heartbeat_interval;
-    let mut bridge =
-        super::celery::Bridge::new(
+    let mut bridge = super::celery::Bridge::new(
         g,
         &a.celery,
         &backends,

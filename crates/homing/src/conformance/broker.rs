@@ -197,7 +197,10 @@ pub async fn heartbeat_lifecycle(b: Arc<dyn Broker>) {
     assert!(b.is_alive(&w).await.unwrap());
     tokio::time::sleep(Duration::from_millis(100)).await;
     let before = b.heartbeat_expires_in(&w).await.unwrap().expect("live");
-    assert!(before < ttl, "{before:?}: time passed since the registration");
+    assert!(
+        before < ttl,
+        "{before:?}: time passed since the registration"
+    );
     assert!(b.heartbeat(&w, ttl).await.unwrap());
     let after = b.heartbeat_expires_in(&w).await.unwrap().expect("live");
     assert!(

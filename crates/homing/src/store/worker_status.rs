@@ -17,7 +17,11 @@ pub enum WorkerStatus {
 }
 
 impl WorkerStatus {
-    pub const ALL: [WorkerStatus; 3] = [WorkerStatus::Live, WorkerStatus::Stopped, WorkerStatus::Lost];
+    pub const ALL: [WorkerStatus; 3] = [
+        WorkerStatus::Live,
+        WorkerStatus::Stopped,
+        WorkerStatus::Lost,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {

@@ -26,10 +26,10 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::*;
-use crate::redact::redact_url;
 use crate::error::Error;
 use crate::events::CALLBACK_TARGET;
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
+use crate::redact::redact_url;
 
 pub use migrations::{Migration, MIGRATIONS};
 
