@@ -65,7 +65,7 @@ pub async fn migrate_store(store_url: &str) -> Result<MigrationReport> {
                 tokio::task::spawn_blocking(move || crate::sqlite::migrate_file(&path))
                     .await
                     .map_err(|e| {
-                        Error::backend("sqlite", format!("migration task failed: {e}"))
+                        Error::backend_from("sqlite", e).context("migration task failed")
                     })??;
             return Ok(report(store, crate::sqlite::MIGRATIONS, applied, version));
         }

@@ -86,6 +86,32 @@ impl Error {
         }
     }
 
+    /// Says what was being done (`cannot open FILE`) before a backend error's message; the
+    /// source stays as it was. Other errors are returned unchanged.
+    pub fn context(self, what: impl std::fmt::Display) -> Self {
+        match self {
+            Error::Unavailable {
+                backend,
+                message,
+                source,
+            } => Error::Unavailable {
+                backend,
+                message: format!("{what}: {message}"),
+                source,
+            },
+            Error::Backend {
+                backend,
+                message,
+                source,
+            } => Error::Backend {
+                backend,
+                message: format!("{what}: {message}"),
+                source,
+            },
+            other => other,
+        }
+    }
+
     /// Whether trying again later may succeed.
     pub fn is_transient(&self) -> bool {
         matches!(self, Error::Unavailable { .. })
@@ -107,5 +133,12 @@ mod tests {
         let io = source.downcast_ref::<std::io::Error>().expect("as itself");
         assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
         assert!(Error::backend("sqlite", "corrupt row").source().is_none());
+        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied");
+        let e = Error::unavailable_from("sqlite", io).context("cannot open /x.db");
+        assert_eq!(
+            e.to_string(),
+            "sqlite unavailable: cannot open /x.db: denied"
+        );
+        assert!(e.source().is_some_and(|s| s.is::<std::io::Error>()));
     }
 }

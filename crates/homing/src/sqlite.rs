@@ -109,12 +109,14 @@ fn open_file(path: &Path) -> Result<Connection> {
     if let Some(dir) = path.parent() {
         if !dir.as_os_str().is_empty() {
             std::fs::create_dir_all(dir).map_err(|e| {
-                Error::unavailable(BACKEND, format!("cannot create {}: {e}", dir.display()))
+                Error::unavailable_from(BACKEND, e)
+                    .context(format!("cannot create {}", dir.display()))
             })?;
         }
     }
-    open_conn(path)
-        .map_err(|e| Error::unavailable(BACKEND, format!("cannot open {}: {e}", path.display())))
+    open_conn(path).map_err(|e| {
+        Error::unavailable_from(BACKEND, e).context(format!("cannot open {}", path.display()))
+    })
 }
 
 impl Db {
@@ -152,7 +154,7 @@ impl Db {
             Ok(out)
         })
         .await
-        .map_err(|e| Error::backend(BACKEND, format!("database task failed: {e}")))?
+        .map_err(|e| Error::backend_from(BACKEND, e).context("database task failed"))?
     }
 
     /// Runs `f` on a read connection (a consistent snapshot for the duration of `f` when it
@@ -177,7 +179,7 @@ impl Db {
             out
         })
         .await
-        .map_err(|e| Error::backend(BACKEND, format!("database task failed: {e}")))?
+        .map_err(|e| Error::backend_from(BACKEND, e).context("database task failed"))?
     }
 }
 
