@@ -36,6 +36,8 @@ pub const MIGRATIONS: &[Migration] = &[
 
 /// An open database file.
 pub struct Db {
+    /// What opening it applied (see [`migrate`]), and the schema version then.
+    migrated: (Vec<&'static str>, i32),
     path: PathBuf,
     writer: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
@@ -104,28 +106,24 @@ fn map_err(e: rusqlite::Error) -> Error {
     }
 }
 
-/// Opens the file (and its directory), creating them if needed.
-fn open_file(path: &Path) -> Result<Connection> {
-    if let Some(dir) = path.parent() {
-        if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                Error::unavailable_from(BACKEND, e)
-                    .context(format!("cannot create {}", dir.display()))
-            })?;
-        }
-    }
-    open_conn(path).map_err(|e| {
-        Error::unavailable_from(BACKEND, e).context(format!("cannot open {}", path.display()))
-    })
-}
-
 impl Db {
     /// Opens (creating if needed) the database at `path` and brings its schema up to date.
     pub fn open(path: impl AsRef<Path>) -> Result<Arc<Db>> {
         let path = path.as_ref().to_path_buf();
-        let writer = open_file(&path)?;
-        migrate(&writer).map_err(map_err)?;
+        if let Some(dir) = path.parent() {
+            if !dir.as_os_str().is_empty() {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    Error::unavailable_from(BACKEND, e)
+                        .context(format!("cannot create {}", dir.display()))
+                })?;
+            }
+        }
+        let writer = open_conn(&path).map_err(|e| {
+            Error::unavailable_from(BACKEND, e).context(format!("cannot open {}", path.display()))
+        })?;
+        let migrated = migrate(&writer).map_err(map_err)?;
         Ok(Arc::new(Db {
+            migrated,
             path,
             writer: Mutex::new(writer),
             readers: Mutex::new(Vec::new()),
@@ -267,8 +265,7 @@ fn migrate_locked(conn: &Connection) -> rusqlite::Result<(Vec<&'static str>, i32
 /// Brings the file at `path` up to date (creating it if needed), for `homing migrate`: what
 /// every [`Db::open`] does, with the report of what it applied.
 pub fn migrate_file(path: &Path) -> Result<(Vec<&'static str>, i32)> {
-    let conn = open_file(path)?;
-    migrate(&conn).map_err(map_err)
+    Ok(Db::open(path)?.migrated.clone())
 }
 
 /// Extracts the file path from `sqlite://PATH` (or `sqlite:PATH`).
