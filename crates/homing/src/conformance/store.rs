@@ -1217,6 +1217,10 @@ pub async fn worker_gone_reports_one_change(s: Arc<dyn Store>) {
         .worker_gone("no-such-worker", WorkerStatus::Lost, None, now())
         .await
         .unwrap());
+    assert!(matches!(
+        s.worker_gone(&id, WorkerStatus::Live, None, now()).await,
+        Err(crate::Error::Invalid(_))
+    ));
 }
 
 pub async fn finished_since_counts(s: Arc<dyn Store>) {

@@ -355,7 +355,8 @@ pub trait Store: Send + Sync + 'static {
     /// Records that a worker was alive at `now`.
     async fn worker_seen(&self, id: &str, now: Micros) -> Result<()>;
 
-    /// Records a worker's end: `stopped` or `lost`, only if it is still `live`, and with it, in
+    /// Records a worker's end: `Stopped` or `Lost` (`Live` is refused as invalid input), only if
+    /// it is still `live`, and with it, in
     /// the same transaction, `event` (its `worker.lost` or `worker.shutdown` alert). Returns
     /// whether this call changed the row: of several rescuers declaring the same worker lost
     /// exactly one records the alert, and a crash cannot leave the worker marked without it.

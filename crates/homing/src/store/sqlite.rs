@@ -813,6 +813,9 @@ impl Store for SqliteStore {
         event: Option<NewEvent>,
         now: Micros,
     ) -> Result<bool> {
+        if status == WorkerStatus::Live {
+            return Err(Error::Invalid("a worker's end is stopped or lost".into()));
+        }
         let id = id.to_string();
         self.db
             .write(move |tx| {

@@ -1416,6 +1416,9 @@ impl Store for PgStore {
         event: Option<NewEvent>,
         now: Micros,
     ) -> Result<bool> {
+        if status == WorkerStatus::Live {
+            return Err(Error::Invalid("a worker's end is stopped or lost".into()));
+        }
         self.call(async {
             let mut tx = self.pool.begin().await?;
             let r = sqlx::query(
