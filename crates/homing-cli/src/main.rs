@@ -49,8 +49,12 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             let mut msg = e.to_string();
             for cause in e.chain().skip(1) {
-                msg.push_str(": ");
-                msg.push_str(&cause.to_string());
+                // Errors that keep their cause as a source often print it too: say it once.
+                let cause = cause.to_string();
+                if !msg.ends_with(&cause) {
+                    msg.push_str(": ");
+                    msg.push_str(&cause);
+                }
             }
             eprintln!("error: {msg}");
             std::process::ExitCode::FAILURE

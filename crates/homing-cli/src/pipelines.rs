@@ -2,41 +2,38 @@
 //! registry, their routes join the API, and `homing up` runs a worker for each of their queues
 //! with the limits the seeds chose (`ocr`: one at a time, prefetch 1).
 //!
-//! One handle per process, set up from the command's `--store` before anything else runs, so a
-//! server and its workers started with the same flags find the same pipeline files.
+//! Only the commands that run the pipelines' tasks or serve their routes (`up`, `server`,
+//! `worker`) read their settings, with [`configured`], and pass the handle on; a mistake there
+//! (a bad `HOMING_BGM_SECONDS`) stops those commands at start with a one-line reason and leaves
+//! `homing jobs`, `homing enqueue` and the other read-and-steer commands working.
 
-use std::sync::OnceLock;
+use anyhow::Context as _;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Global, WorkerTuning};
-use homing::{Backends, Worker, WorkerConfig};
+use homing::{Backends, Registry, Worker, WorkerConfig};
 use homing_pipelines::{Pipelines, Settings, QUEUES};
 
-static PIPELINES: OnceLock<Pipelines> = OnceLock::new();
-
-pub fn init(g: &Global) -> anyhow::Result<()> {
-    let settings = Settings::from_env(&g.store)?;
-    let _ = PIPELINES.set(Pipelines::new(settings));
-    Ok(())
+/// The pipelines as the environment configures them, for a process that runs their tasks or
+/// serves their routes: the same `--store` and variables give a server and its workers the same
+/// files.
+pub fn configured(g: &Global) -> anyhow::Result<Pipelines> {
+    let settings = Settings::from_env(&g.store).context("invalid pipeline settings")?;
+    Ok(Pipelines::new(settings))
 }
 
-fn get() -> &'static Pipelines {
-    PIPELINES.get_or_init(|| Pipelines::new(Settings::in_dir("homing-data")))
+/// The pipelines for a command that only names or routes their tasks (`homing enqueue`,
+/// `homing jobs`): their handlers never run there, so their settings are not read.
+pub fn for_routing() -> Pipelines {
+    Pipelines::new(Settings::in_dir("homing-data"))
 }
 
-pub fn registry() -> homing::Registry {
-    get().registry()
-}
-
-pub fn router<S: Clone + Send + Sync + 'static>(client: homing::Client) -> axum::Router<S> {
-    get().router(client)
-}
-
-/// Starts a worker for every pipeline queue not already in `taken`; the caller's worker runs
-/// the maintenance loops, these do not.
+/// Starts a worker running `registry` for every pipeline queue not already in `taken`; the
+/// caller's worker runs the maintenance loops, these do not.
 pub fn spawn_workers(
     backends: &Backends,
+    registry: &Registry,
     tuning: &WorkerTuning,
     taken: &[String],
     stop: &CancellationToken,
@@ -58,7 +55,7 @@ pub fn spawn_workers(
             let worker = Worker::new(
                 backends.broker.clone(),
                 backends.store.clone(),
-                crate::tasks::registry(),
+                registry.clone(),
                 config,
             );
             tokio::spawn(worker.run(stop.clone()))

@@ -2,10 +2,11 @@
 //! `HOMING_TEST_TASKS=1`) tasks that misbehave on purpose for the crash and poison tests.
 
 use homing::{Registry, TaskDefaults, TaskError};
+use homing_pipelines::Pipelines;
 
-pub fn registry() -> Registry {
+pub fn registry(pipelines: &Pipelines) -> Registry {
     let mut r = homing::builtin::registry();
-    r.merge(&crate::pipelines::registry());
+    r.merge(&pipelines.registry());
     if std::env::var("HOMING_TEST_TASKS").as_deref() == Ok("1") {
         add_test_tasks(&mut r);
     }

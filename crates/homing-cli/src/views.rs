@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use homing::broker::QueueDepth;
-use homing::store::{FinishedCounts, QueueStats, WorkerRecord};
+use homing::store::{FinishedCounts, QueueStats, WorkerRecord, WorkerStatus};
 use homing::time::{now, Micros};
 use homing::{Backends, Result};
 
@@ -70,8 +70,13 @@ pub async fn queues(b: &Backends) -> Result<Vec<QueueView>> {
 pub struct WorkerView {
     #[serde(flatten)]
     pub record: WorkerRecord,
-    /// Seconds since the store last heard of the worker.
+    /// Seconds since the worker last updated its store record (`last_seen`), which it does every
+    /// few heartbeats: a record, not the liveness signal.
     pub last_seen_age_s: f64,
+    /// Seconds until the worker's heartbeat in the broker expires unless refreshed; `None` when
+    /// it has none. Liveness is decided by this heartbeat, so this is what shows whether a
+    /// worker is about to be presumed dead (a healthy one stays between TTL − interval and TTL).
+    pub heartbeat_expires_in_s: Option<f64>,
     /// Whether its heartbeat is current in the broker.
     pub alive: bool,
     /// What it is running now, and since when.
@@ -96,7 +101,12 @@ pub async fn workers(b: &Backends, since: Micros) -> Result<Vec<WorkerView>> {
     let t = now();
     let mut out = Vec::with_capacity(records.len());
     for r in records {
-        let alive = r.status == "live" && b.broker.is_alive(&r.info.id).await?;
+        let expires_in = if r.status == WorkerStatus::Live {
+            b.broker.heartbeat_expires_in(&r.info.id).await?
+        } else {
+            None
+        };
+        let alive = expires_in.is_some();
         let mut running_jobs = Vec::new();
         for id in r.running.iter().take(RUNNING_SHOWN) {
             if let Some(j) = b.store.get(*id).await? {
@@ -114,6 +124,7 @@ pub async fn workers(b: &Backends, since: Micros) -> Result<Vec<WorkerView>> {
         }
         out.push(WorkerView {
             last_seen_age_s: ((t - r.last_seen).max(0) as f64) / 1e6,
+            heartbeat_expires_in_s: expires_in.map(|d| d.as_secs_f64()),
             alive,
             running_jobs,
             record: r,

@@ -239,6 +239,30 @@ async fn job_lifecycle_over_http() {
     let w = &workers["workers"][0];
     assert_eq!(w["alive"], true);
     assert_eq!(w["status"], "live");
+    // What the views show as the heartbeat is the broker's, which decides liveness: for every
+    // live worker it stays within the TTL (3 × 200 ms here). The store's last_seen, written
+    // every fifth beat, routinely lags past the TTL; it may not stand in for the heartbeat.
+    let ttl = 0.6;
+    for _ in 0..8 {
+        let workers: serde_json::Value = http
+            .get(format!("{base}/v1/workers"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        for w in workers["workers"].as_array().unwrap() {
+            if w["alive"] != true {
+                continue;
+            }
+            let left = w["heartbeat_expires_in_s"]
+                .as_f64()
+                .unwrap_or_else(|| panic!("a live worker's heartbeat expiry: {w}"));
+            assert!(left > 0.0 && left <= ttl, "{w}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let page = http.get(format!("{base}/")).send().await.unwrap();
     assert_eq!(page.status(), 200);
     assert!(page.text().await.unwrap().contains("/dashboard/app.js"));

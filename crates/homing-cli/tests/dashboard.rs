@@ -265,6 +265,31 @@ async fn dashboard_shows_jobs_and_retries_a_failed_one() {
         .await;
     assert_eq!(stored, token, "the token is kept in sessionStorage");
 
+    // The workers' heartbeat column shows the broker's heartbeat expiry, which decides
+    // liveness: for a live worker it is within the TTL (3 × 200 ms), never the store's
+    // last_seen (written every fifth beat, so often older than the TTL).
+    let header = browser
+        .eval("return document.querySelector('#workers thead').textContent;")
+        .await;
+    assert!(
+        header.as_str().unwrap_or("").contains("heartbeat expires"),
+        "{header}"
+    );
+    let cells = browser
+        .wait_for(
+            "live workers' heartbeat expiries",
+            "const c = [...document.querySelectorAll('#workers tbody tr[data-worker]')].filter((r) => r.querySelector('.badge.w-live')).map((r) => r.querySelector('td.heartbeat').dataset.expiresIn); return c.length > 0 ? c : null;",
+        )
+        .await;
+    for c in cells.as_array().unwrap() {
+        let left: f64 = c
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap_or_else(|_| panic!("{cells}"));
+        assert!(left > 0.0 && left <= 0.6, "{cells}");
+    }
+
     // A job enqueued through the API appears, runs and finishes on the page.
     let slow = enqueue(
         &base,

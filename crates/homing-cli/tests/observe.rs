@@ -448,7 +448,10 @@ async fn live_worker_ids(client: &homing::Client, queue: &str) -> Vec<String> {
         .await
         .unwrap()
         .into_iter()
-        .filter(|w| w.status == "live" && w.info.queues.iter().any(|q| q == queue))
+        .filter(|w| {
+            w.status == homing::store::WorkerStatus::Live
+                && w.info.queues.iter().any(|q| q == queue)
+        })
         .map(|w| w.info.id)
         .collect()
 }
@@ -536,7 +539,7 @@ async fn worker_alerts_reach_discord_exactly_once() {
             .then_some(())
     })
     .await;
-    // Let every sweep and dispatcher run a few more times: nothing may arrive twice.
+    // Let every sweep and notifier run a few more times: nothing may arrive twice.
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     let hs = hooks.lock().unwrap().clone();

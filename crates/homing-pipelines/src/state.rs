@@ -80,14 +80,18 @@ CREATE TABLE IF NOT EXISTS exhibition_events (
 );
 ";
 
+/// A failure of the pipelines' database, with its cause kept as the error's source.
 #[derive(Debug, thiserror::Error)]
-#[error("pipeline state: {0}")]
-pub struct StateError(String);
-
-impl From<rusqlite::Error> for StateError {
-    fn from(e: rusqlite::Error) -> Self {
-        StateError(e.to_string())
-    }
+pub enum StateError {
+    #[error("pipeline state: {0}")]
+    Db(#[from] rusqlite::Error),
+    #[error("pipeline state: cannot create directory {dir}: {source}")]
+    Dir {
+        dir: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("pipeline state: the database task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
 }
 
 pub type Result<T> = std::result::Result<T, StateError>;
@@ -163,8 +167,9 @@ pub struct NewTrack {
 impl State {
     pub fn open(path: &Path) -> Result<State> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                StateError(format!("cannot create directory {}: {e}", dir.display()))
+            std::fs::create_dir_all(dir).map_err(|source| StateError::Dir {
+                dir: dir.to_path_buf(),
+                source,
             })?;
         }
         let conn = Connection::open(path)?;
@@ -186,8 +191,7 @@ impl State {
             let mut c = conn.lock().unwrap_or_else(|p| p.into_inner());
             f(&mut c).map_err(StateError::from)
         })
-        .await
-        .map_err(|e| StateError(format!("state task failed: {e}")))?
+        .await?
     }
 
     // ---- documents

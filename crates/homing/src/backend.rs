@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::broker::Broker;
 use crate::error::{Error, Result};
+use crate::redact::redact_url;
 use crate::store::Store;
 
 /// The embedded default for both broker and store.
@@ -27,37 +28,16 @@ impl std::fmt::Debug for Backends {
     }
 }
 
-/// Removes a password from a URL so it can be logged.
-pub fn redact_url(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://") {
-        if let Some((creds, host)) = rest.split_once('@') {
-            // Only a password is secret; a bare user name is shown as it is.
-            if let Some((user, _password)) = creds.split_once(':') {
-                return format!("{scheme}://{user}:***@{host}");
-            }
-        }
-    }
-    url.to_string()
-}
-
 /// Whether `url` names a PostgreSQL database (`postgres://…` or `postgresql://…`).
 pub fn is_postgres_url(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
-/// What [`migrate_store`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigrationReport {
-    /// The store's URL without its password.
-    pub store: String,
-    /// Migrations applied by this call, in order; empty when the schema was already current.
-    pub applied: Vec<String>,
-    /// The newest migration this build knows.
-    pub latest: String,
-}
+pub use crate::schema::MigrationReport;
 
-/// Brings the store's schema up to date. PostgreSQL migrations are versioned and applied under
-/// an advisory lock; SQLite's schema is created and upgraded whenever its file is opened.
+/// Brings the store's schema up to date (see [`crate::schema`]): both stores apply their
+/// numbered migrations once each, PostgreSQL's under an advisory lock, SQLite's under the file's
+/// write lock (every open of the file does the same).
 pub async fn migrate_store(store_url: &str) -> Result<MigrationReport> {
     let store = redact_url(store_url);
     if is_postgres_url(store_url) {
@@ -65,12 +45,8 @@ pub async fn migrate_store(store_url: &str) -> Result<MigrationReport> {
         {
             use crate::store::postgres::{PgOptions, PgStore, MIGRATIONS};
             let pg = PgStore::open(store_url, PgOptions::default()).await?;
-            let applied = pg.migrate().await?;
-            return Ok(MigrationReport {
-                store,
-                applied: applied.into_iter().map(str::to_string).collect(),
-                latest: MIGRATIONS.last().map(|m| m.name).unwrap_or("").to_string(),
-            });
+            let (applied, version) = pg.migrate_to_version().await?;
+            return Ok(report(store, MIGRATIONS, applied, version));
         }
         #[cfg(not(feature = "postgres"))]
         return Err(Error::Invalid(
@@ -85,12 +61,13 @@ pub async fn migrate_store(store_url: &str) -> Result<MigrationReport> {
                     "invalid store URL '{store}': expected sqlite://PATH"
                 ))
             })?;
-            crate::sqlite::Db::open(&path)?;
-            return Ok(MigrationReport {
-                store,
-                applied: Vec::new(),
-                latest: "sqlite schema 1".into(),
-            });
+            let (applied, version) =
+                tokio::task::spawn_blocking(move || crate::sqlite::migrate_file(&path))
+                    .await
+                    .map_err(|e| {
+                        Error::backend_from("sqlite", e).context("migration task failed")
+                    })??;
+            return Ok(report(store, crate::sqlite::MIGRATIONS, applied, version));
         }
         #[cfg(not(feature = "sqlite"))]
         return Err(Error::Invalid("this build has no SQLite support".into()));
@@ -98,6 +75,21 @@ pub async fn migrate_store(store_url: &str) -> Result<MigrationReport> {
     Err(Error::Invalid(format!(
         "unsupported store URL '{store}': expected sqlite://PATH or postgres://USER:PASSWORD@HOST/DB"
     )))
+}
+
+#[allow(dead_code)] // unused in a build with neither store
+fn report(
+    store: String,
+    all: &[crate::schema::Migration],
+    applied: Vec<&'static str>,
+    version: i32,
+) -> MigrationReport {
+    MigrationReport {
+        store,
+        applied: applied.into_iter().map(str::to_string).collect(),
+        version,
+        latest: all.last().map_or("", |m| m.name).to_string(),
+    }
 }
 
 /// Whether `url` names a Redis broker (`redis://`, `rediss://`, `redis+unix://`, `unix://`).
@@ -182,21 +174,5 @@ impl Backends {
             )));
         };
         Ok(Backends { broker, store })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(
-            redact_url("redis://:s3cret@host:6379/0"),
-            "redis://:***@host:6379/0"
-        );
-        assert_eq!(redact_url("postgres://u:p@h/db"), "postgres://u:***@h/db");
-        assert_eq!(redact_url("sqlite://a.db"), "sqlite://a.db");
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
     }
 }

@@ -186,7 +186,7 @@ impl Client {
             .collect();
         // The jobs are accepted: a failed publish leaves them undispatched in the store, and the
         // reconciler publishes them once the broker answers again.
-        if let Err(e) = dispatch(&*self.broker, &*self.store, &to_send).await {
+        if let Err(e) = publish(&*self.broker, &*self.store, &to_send).await {
             tracing::warn!(error = %e, jobs = to_send.len(), "publish failed; the reconciler will publish these jobs later");
         }
         Ok(inserted)
@@ -212,7 +212,7 @@ impl Client {
             id: job.id,
             queue: job.queue.clone(),
         }];
-        if let Err(e) = dispatch(&*self.broker, &*self.store, &d).await {
+        if let Err(e) = publish(&*self.broker, &*self.store, &d).await {
             tracing::warn!(error = %e, job = %id, "publish failed; the reconciler will publish the job later");
         }
         Ok(job)
@@ -239,7 +239,7 @@ impl Client {
 }
 
 /// Publishes jobs and then records them as dispatched: the one way a job reaches the broker.
-pub async fn dispatch(broker: &dyn Broker, store: &dyn Store, jobs: &[Dispatch]) -> Result<()> {
+pub async fn publish(broker: &dyn Broker, store: &dyn Store, jobs: &[Dispatch]) -> Result<()> {
     if jobs.is_empty() {
         return Ok(());
     }

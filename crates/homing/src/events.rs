@@ -3,8 +3,8 @@
 //!
 //! Why events are rows and deliveries are jobs: an alert must survive the crash that causes it.
 //! Each event is written by the store in the same transaction as the transition it reports, so a
-//! transition without its event (or the reverse) cannot exist; the outbox dispatcher
-//! ([`crate::maintenance::dispatcher`]) later fans each event out, in one transaction, into one
+//! transition without its event (or the reverse) cannot exist; the outbox notifier
+//! ([`crate::maintenance::notifier`]) later fans each event out, in one transaction, into one
 //! `builtin.webhook` job per matching subscription, and those jobs get every guarantee a job has
 //! (retries with backoff, `Retry-After`, survival of crashes) without ever taking a slot from
 //! the user's handlers: they run on their own queue, [`WEBHOOK_QUEUE`].
@@ -110,7 +110,7 @@ pub struct Event {
     pub worker: Option<String>,
     pub data: serde_json::Value,
     pub created_at: Micros,
-    /// When the dispatcher fanned it out; `None` while pending.
+    /// When the notifier fanned it out; `None` while pending.
     pub dispatched_at: Option<Micros>,
 }
 
@@ -205,7 +205,7 @@ impl std::fmt::Debug for Subscription {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Subscription")
             .field("name", &self.name)
-            .field("url", &crate::job::redact_secret_url(&self.url))
+            .field("url", &crate::redact::redact_secret_url(&self.url))
             .field("format", &self.format)
             .field("events", &self.events)
             .finish()

@@ -159,7 +159,8 @@ pub struct JobOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_failure: Option<FollowUp>,
     /// An `http(s)` URL called (as a `builtin.webhook` delivery, with retries) when the job
-    /// reaches a terminal state. A secret: shown only redacted, see [`redact_secret_url`].
+    /// reaches a terminal state. A secret: shown only redacted, see
+    /// [`crate::redact::redact_secret_url`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback_url: Option<String>,
 }
@@ -231,24 +232,6 @@ pub struct Job {
     pub callback_url: Option<String>,
 }
 
-/// A URL that may carry a secret (a webhook token in its path or query), reduced to what is safe
-/// to show or log: `scheme://host/…`. Credentials before `@` are dropped too.
-pub fn redact_secret_url(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..end];
-    let host = authority
-        .rsplit_once('@')
-        .map(|(_, h)| h)
-        .unwrap_or(authority);
-    let tail = if end < rest.len() { "/…" } else { "" };
-    if scheme.is_empty() {
-        format!("{host}{tail}")
-    } else {
-        format!("{scheme}://{host}{tail}")
-    }
-}
-
 /// Checks a callback or webhook URL: `http` or `https`, a host, at most 2048 bytes.
 pub fn validate_callback_url(url: &str) -> Result<(), String> {
     let rest = url
@@ -273,7 +256,7 @@ pub fn validate_callback_url(url: &str) -> Result<(), String> {
 
 fn redacted_opt<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
     match v {
-        Some(u) => s.serialize_str(&redact_secret_url(u)),
+        Some(u) => s.serialize_str(&crate::redact::redact_secret_url(u)),
         None => s.serialize_none(),
     }
 }
@@ -334,15 +317,7 @@ mod tests {
     }
 
     #[test]
-    fn secret_urls_are_redacted_and_checked() {
-        assert_eq!(
-            redact_secret_url("https://discord.example/api/webhooks/123/tok?x=1"),
-            "https://discord.example/…"
-        );
-        assert_eq!(
-            redact_secret_url("http://user:pw@127.0.0.1:9000"),
-            "http://127.0.0.1:9000"
-        );
+    fn callback_urls_are_checked() {
         assert!(validate_callback_url("http://127.0.0.1:9/cb").is_ok());
         assert!(validate_callback_url("ftp://x/y").is_err());
         assert!(validate_callback_url("http:///path").is_err());

@@ -62,7 +62,9 @@ pub mod events;
 pub mod job;
 pub mod maintenance;
 pub mod metrics;
+pub mod redact;
 pub mod retry;
+pub mod schema;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub mod store;

@@ -12,100 +12,32 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::schema::{pending, warn_if_newer, Migration};
 
 const BACKEND: &str = "sqlite";
 
 /// How long a write waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
-const SCHEMA_VERSION: i64 = 2;
-
-const SCHEMA: &str = r#"
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    task TEXT NOT NULL,
-    queue TEXT NOT NULL,
-    state TEXT NOT NULL,
-    args TEXT NOT NULL,
-    result TEXT,
-    error TEXT,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    crashes INTEGER NOT NULL DEFAULT 0,
-    epoch INTEGER NOT NULL DEFAULT 0,
-    max_retries INTEGER,
-    max_crashes INTEGER NOT NULL,
-    retry_policy TEXT,
-    time_limit_ms INTEGER,
-    idempotency_key TEXT UNIQUE,
-    progress TEXT,
-    worker TEXT,
-    created_at INTEGER NOT NULL,
-    scheduled_at INTEGER,
-    started_at INTEGER,
-    finished_at INTEGER,
-    updated_at INTEGER NOT NULL,
-    dispatched INTEGER NOT NULL DEFAULT 0,
-    cancel_requested INTEGER NOT NULL DEFAULT 0,
-    on_success TEXT,
-    on_failure TEXT
-);
-CREATE INDEX IF NOT EXISTS jobs_state_queue ON jobs(state, queue);
-CREATE INDEX IF NOT EXISTS jobs_due ON jobs(scheduled_at) WHERE state = 'scheduled';
-CREATE INDEX IF NOT EXISTS jobs_outbox ON jobs(updated_at) WHERE state = 'queued' AND dispatched = 0;
-CREATE INDEX IF NOT EXISTS jobs_running ON jobs(worker) WHERE state = 'running';
-
-CREATE TABLE IF NOT EXISTS workers (
-    id TEXT PRIMARY KEY,
-    info TEXT NOT NULL,
-    started_at INTEGER NOT NULL,
-    last_seen INTEGER NOT NULL,
-    status TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS tasks (name TEXT PRIMARY KEY);
-
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    queue TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    consumer TEXT,
-    reserved_at INTEGER,
-    generation INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS messages_ready ON messages(queue, id) WHERE consumer IS NULL;
-CREATE INDEX IF NOT EXISTS messages_owned ON messages(consumer) WHERE consumer IS NOT NULL;
-CREATE TABLE IF NOT EXISTS dead_letters (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    queue TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    at INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS heartbeats (
-    worker TEXT PRIMARY KEY,
-    expires_at INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"#;
-
-/// Version 2: the events outbox (alerts and webhooks), per-job callback URLs, and an index for
-/// "finished in the last hour".
-const SCHEMA_V2: &str = r#"
-ALTER TABLE jobs ADD COLUMN callback_url TEXT;
-CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished_at) WHERE finished_at IS NOT NULL;
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind TEXT NOT NULL,
-    job_id TEXT,
-    worker TEXT,
-    data TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
-    dispatched_at INTEGER
-);
-CREATE INDEX IF NOT EXISTS events_pending ON events(id) WHERE dispatched_at IS NULL;
-"#;
+/// Every migration of the embedded database, in order (see [`crate::schema`]). The broker's
+/// tables live here too: one file, one schema.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_init",
+        sql: include_str!("sqlite/migrations/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_events",
+        sql: include_str!("sqlite/migrations/0002_events.sql"),
+    },
+];
 
 /// An open database file.
 pub struct Db {
+    /// What opening it applied (see [`migrate`]), and the schema version then.
+    migrated: (Vec<&'static str>, i32),
     path: PathBuf,
     writer: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
@@ -168,9 +100,9 @@ fn map_err(e: rusqlite::Error) -> Error {
                     | rusqlite::ErrorCode::DiskFull
             ) =>
         {
-            Error::unavailable(BACKEND, e)
+            Error::unavailable_from(BACKEND, e)
         }
-        _ => Error::backend(BACKEND, e),
+        _ => Error::backend_from(BACKEND, e),
     }
 }
 
@@ -181,15 +113,17 @@ impl Db {
         if let Some(dir) = path.parent() {
             if !dir.as_os_str().is_empty() {
                 std::fs::create_dir_all(dir).map_err(|e| {
-                    Error::unavailable(BACKEND, format!("cannot create {}: {e}", dir.display()))
+                    Error::unavailable_from(BACKEND, e)
+                        .context(format!("cannot create {}", dir.display()))
                 })?;
             }
         }
         let writer = open_conn(&path).map_err(|e| {
-            Error::unavailable(BACKEND, format!("cannot open {}: {e}", path.display()))
+            Error::unavailable_from(BACKEND, e).context(format!("cannot open {}", path.display()))
         })?;
-        migrate(&writer).map_err(map_err)?;
+        let migrated = migrate(&writer).map_err(map_err)?;
         Ok(Arc::new(Db {
+            migrated,
             path,
             writer: Mutex::new(writer),
             readers: Mutex::new(Vec::new()),
@@ -218,7 +152,7 @@ impl Db {
             Ok(out)
         })
         .await
-        .map_err(|e| Error::backend(BACKEND, format!("database task failed: {e}")))?
+        .map_err(|e| Error::backend_from(BACKEND, e).context("database task failed"))?
     }
 
     /// Runs `f` on a read connection (a consistent snapshot for the duration of `f` when it
@@ -243,33 +177,95 @@ impl Db {
             out
         })
         .await
-        .map_err(|e| Error::backend(BACKEND, format!("database task failed: {e}")))?
+        .map_err(|e| Error::backend_from(BACKEND, e).context("database task failed"))?
     }
 }
 
-fn migrate(conn: &Connection) -> rusqlite::Result<()> {
-    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    if version >= SCHEMA_VERSION {
-        return Ok(());
+/// Applies the migrations the file lacks, under SQLite's write lock so that processes opening
+/// the file at once apply each exactly once; returns the names of those applied and the schema
+/// version afterwards.
+///
+/// Files made before migrations were recorded carry their version only in `user_version`
+/// (1 or 2): the migrations up to it are recorded as applied, then the rest run. `user_version`
+/// is kept equal to the schema version so those older builds still find the file current.
+fn migrate(conn: &Connection) -> rusqlite::Result<(Vec<&'static str>, i32)> {
+    // Without the write lock first: a current file (nearly every open) need not wait for a
+    // busy writer.
+    if let Some(done) = recorded_versions(conn)? {
+        if pending(MIGRATIONS, &done).is_empty() {
+            warn_if_newer(BACKEND, MIGRATIONS, &done);
+            return Ok((Vec::new(), done.iter().copied().max().unwrap_or(0)));
+        }
     }
     conn.execute_batch("BEGIN IMMEDIATE")?;
-    // Re-read under the write lock: another process may have migrated meanwhile.
-    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    let mut res = Ok(());
-    if version < 1 {
-        res = conn.execute_batch(SCHEMA);
-    }
-    if version < 2 {
-        res = res.and_then(|_| conn.execute_batch(SCHEMA_V2));
-    }
-    let res = res.and_then(|_| conn.pragma_update(None, "user_version", SCHEMA_VERSION));
+    let res = migrate_locked(conn);
     match res {
-        Ok(()) => conn.execute_batch("COMMIT"),
+        Ok(out) => conn.execute_batch("COMMIT").map(|_| out),
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
             Err(e)
         }
     }
+}
+
+/// The versions recorded in `homing_migrations`; `None` when the table does not exist yet.
+fn recorded_versions(conn: &Connection) -> rusqlite::Result<Option<Vec<i32>>> {
+    let exists: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' \
+         AND name = 'homing_migrations')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !exists {
+        return Ok(None);
+    }
+    let done = conn
+        .prepare("SELECT version FROM homing_migrations")?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(Some(done))
+}
+
+fn migrate_locked(conn: &Connection) -> rusqlite::Result<(Vec<&'static str>, i32)> {
+    let t = crate::time::now();
+    // Re-read under the lock: another process may have migrated meanwhile.
+    if recorded_versions(conn)?.is_none() {
+        conn.execute_batch(
+            "CREATE TABLE homing_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, \
+             applied_at INTEGER NOT NULL)",
+        )?;
+        let legacy: i32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        for m in MIGRATIONS.iter().filter(|m| m.version <= legacy) {
+            conn.execute(
+                "INSERT INTO homing_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
+                rusqlite::params![m.version, m.name, t],
+            )?;
+        }
+    }
+    let done = recorded_versions(conn)?.unwrap_or_default();
+    warn_if_newer(BACKEND, MIGRATIONS, &done);
+    let mut version = done.iter().copied().max().unwrap_or(0);
+    let mut applied = Vec::new();
+    for m in pending(MIGRATIONS, &done) {
+        conn.execute_batch(m.sql)?;
+        conn.execute(
+            "INSERT INTO homing_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
+            rusqlite::params![m.version, m.name, t],
+        )?;
+        tracing::info!(migration = m.name, "applied SQLite migration");
+        applied.push(m.name);
+        version = version.max(m.version);
+    }
+    if !applied.is_empty() {
+        conn.pragma_update(None, "user_version", version)?;
+    }
+    Ok((applied, version))
+}
+
+/// Brings the file at `path` up to date (creating it if needed), for `homing migrate`: what
+/// every [`Db::open`] does, with the report of what it applied.
+pub fn migrate_file(path: &Path) -> Result<(Vec<&'static str>, i32)> {
+    Ok(Db::open(path)?.migrated.clone())
 }
 
 /// Extracts the file path from `sqlite://PATH` (or `sqlite:PATH`).
@@ -282,4 +278,35 @@ pub fn path_from_url(url: &str) -> Option<PathBuf> {
         return None;
     }
     Some(PathBuf::from(rest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_opened_at_once_apply_each_migration_exactly_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        let runs: Vec<_> = (0..6)
+            .map(|_| {
+                let path = path.clone();
+                std::thread::spawn(move || migrate_file(&path).unwrap())
+            })
+            .collect();
+        let results: Vec<_> = runs.into_iter().map(|r| r.join().unwrap()).collect();
+        let latest = crate::schema::latest(MIGRATIONS);
+        assert!(results.iter().all(|(_, v)| *v == latest), "{results:?}");
+        let appliers: Vec<_> = results.iter().filter(|(a, _)| !a.is_empty()).collect();
+        assert_eq!(appliers.len(), 1, "{results:?}");
+        let names: Vec<&str> = MIGRATIONS.iter().map(|m| m.name).collect();
+        assert_eq!(appliers[0].0, names);
+        // A file current under the recorded table is also current for older builds.
+        let conn = open_conn(&path).unwrap();
+        let uv: i32 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(uv, latest);
+        assert_eq!(migrate_file(&path).unwrap(), (Vec::new(), latest));
+    }
 }

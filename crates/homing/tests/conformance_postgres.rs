@@ -533,5 +533,9 @@ async fn backends_open_selects_postgres_and_a_worker_runs_jobs() {
     stop.cancel();
     running.await.unwrap().unwrap();
     let ws = backends.store.workers(0).await.unwrap();
-    assert!(ws.iter().any(|w| w.status == "stopped"), "{ws:?}");
+    assert!(
+        ws.iter()
+            .any(|w| w.status == homing::store::WorkerStatus::Stopped),
+        "{ws:?}"
+    );
 }

@@ -51,7 +51,7 @@ impl AppState {
     }
 }
 
-pub fn router(state: AppState) -> Router {
+pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Router {
     Router::new()
         .route("/", get(status::page))
         .route("/dashboard/app.js", get(status::script))
@@ -66,7 +66,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs/:id/events", get(events::stream))
         .route("/v1/queues", get(status::queues))
         .route("/v1/workers", get(status::workers))
-        .merge(crate::pipelines::router(state.client.clone()))
+        .merge(pipelines.router(state.client.clone()))
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn(declared_length_limit))

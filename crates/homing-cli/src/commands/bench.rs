@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use super::chaos::services::{Postgres, Redis, REDIS_SETTINGS};
 use crate::cli::{BenchArgs, Global};
 use crate::output;
-use homing::backend::redact_url;
-use homing::store::JobFilter;
+use homing::redact::redact_url;
+use homing::store::{JobFilter, WorkerStatus};
 use homing::{Backends, Client, EnqueueRequest, Job, JobState};
 
 #[derive(Debug, Serialize)]
@@ -217,7 +217,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         let ws = backends.store.workers(started - 1_000_000).await?;
         let ready = ws
             .iter()
-            .filter(|w| w.status == "live" && w.info.queues.contains(&queue))
+            .filter(|w| w.status == WorkerStatus::Live && w.info.queues.contains(&queue))
             .count();
         if ready >= a.workers {
             break;

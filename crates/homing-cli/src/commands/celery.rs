@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{CeleryWorkerArgs, EnqueueArgs, Global};
-use homing::backend::redact_url;
 use homing::celery::{CeleryClient, CelerySend, Conn, Ingress, IngressConfig};
+use homing::redact::redact_url;
 use homing::{Backends, Registry};
 
 /// The Celery broker: the explicit URL, else homing's own broker when it is a Redis server (its
@@ -97,7 +97,7 @@ impl Bridge {
 }
 
 pub async fn enqueue(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
-    let args = super::enqueue::read_args(&a.args)?;
+    let args = super::input::read_args(&a.args)?;
     let url = broker_url(g, a.celery_broker.as_deref())?;
     let client = Arc::new(CeleryClient::open(&url, None)?);
     let mut send =

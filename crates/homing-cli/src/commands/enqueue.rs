@@ -1,29 +1,13 @@
 //! `homing enqueue`: one job from the command line, optionally waiting for its end.
 
-use anyhow::Context as _;
-use std::io::Read;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use super::input::read_args;
 use super::open;
 use crate::cli::{EnqueueArgs, Global};
 use crate::{output, tasks};
 use homing::{Client, EnqueueRequest, JobOptions, JobState, RetryPolicy};
-
-pub(super) fn read_args(raw: &str) -> anyhow::Result<serde_json::Value> {
-    let text = if raw == "-" {
-        let mut s = String::new();
-        std::io::stdin()
-            .read_to_string(&mut s)
-            .context("cannot read --args from standard input")?;
-        s
-    } else if let Some(path) = raw.strip_prefix('@') {
-        std::fs::read_to_string(path).with_context(|| format!("cannot read --args file {path}"))?
-    } else {
-        raw.to_string()
-    };
-    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("--args is not valid JSON: {e}"))
-}
 
 pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
     if a.celery {
@@ -31,7 +15,7 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
     }
     let args = read_args(&a.args)?;
     let backends = open(g, false).await?;
-    let registry = tasks::registry();
+    let registry = tasks::registry(&crate::pipelines::for_routing());
     homing::client::validate_name("task", &a.task)?;
     if !a.allow_unknown_task && registry.get(&a.task).is_none() {
         let known = backends.store.known_tasks().await?;

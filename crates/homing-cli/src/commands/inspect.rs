@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use super::open;
 use crate::cli::{Global, JobsCommand, OutputArgs, WorkersArgs};
 use crate::{output, tasks, views};
-use homing::store::JobFilter;
+use homing::store::{JobFilter, WorkerStatus};
 use homing::time::rfc3339;
 use homing::{Client, JobId, JobState};
 
@@ -16,7 +16,8 @@ fn parse_id(s: &str) -> anyhow::Result<JobId> {
 
 pub async fn jobs(g: &Global, cmd: JobsCommand) -> anyhow::Result<ExitCode> {
     let b = open(g, false).await?;
-    let client = Client::new(b.broker.clone(), b.store.clone()).with_registry(tasks::registry());
+    let client = Client::new(b.broker.clone(), b.store.clone())
+        .with_registry(tasks::registry(&crate::pipelines::for_routing()));
     let (job, out) = match cmd {
         JobsCommand::Get { id, out } => (client.get(parse_id(&id)?).await?, out),
         JobsCommand::Retry { id, out } => (client.retry(parse_id(&id)?).await?, out),
@@ -139,15 +140,18 @@ pub async fn workers(g: &Global, a: WorkersArgs) -> anyhow::Result<ExitCode> {
                 r.info.id.clone(),
                 if w.alive {
                     "live".into()
-                } else if r.status == "live" {
+                } else if r.status == WorkerStatus::Live {
                     "unresponsive".into()
                 } else {
-                    r.status.clone()
+                    r.status.to_string()
                 },
                 r.info.queues.join(","),
                 r.info.concurrency.to_string(),
                 r.running.len().to_string(),
-                format!("{:.1}s ago", w.last_seen_age_s),
+                match w.heartbeat_expires_in_s {
+                    Some(s) => format!("in {s:.1}s"),
+                    None => "-".into(),
+                },
             ]
         })
         .collect();
@@ -158,7 +162,7 @@ pub async fn workers(g: &Global, a: WorkersArgs) -> anyhow::Result<ExitCode> {
             "queues",
             "concurrency",
             "running",
-            "last seen",
+            "heartbeat expires",
         ],
         rows,
     );

@@ -12,7 +12,7 @@ pub async fn run(g: &Global, out: OutputArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| {
             format!(
                 "cannot migrate store {}",
-                homing::backend::redact_url(&g.store)
+                homing::redact::redact_url(&g.store)
             )
         })?;
     if out.json {
@@ -21,19 +21,14 @@ pub async fn run(g: &Global, out: OutputArgs) -> anyhow::Result<ExitCode> {
             serde_json::json!({
                 "store": report.store,
                 "applied": report.applied,
+                "version": report.version,
                 "latest": report.latest,
             })
         );
-    } else if report.applied.is_empty() {
-        println!(
-            "{}: up to date ({}); nothing to apply",
-            report.store, report.latest
-        );
     } else {
-        for name in &report.applied {
-            println!("applied {name}");
+        for line in report.lines() {
+            println!("{line}");
         }
-        println!("{}: now at {}", report.store, report.latest);
     }
     Ok(ExitCode::SUCCESS)
 }

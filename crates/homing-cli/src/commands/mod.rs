@@ -4,6 +4,7 @@ mod bench;
 mod celery;
 mod chaos;
 mod enqueue;
+mod input;
 mod inspect;
 mod migrate;
 mod serve;
@@ -12,7 +13,7 @@ use anyhow::Context as _;
 use std::process::ExitCode;
 
 use crate::cli::{Cli, Command, Global};
-use homing::backend::redact_url;
+use homing::redact::redact_url;
 use homing::Backends;
 
 /// Opens the broker and store. Commands that only read or enqueue refuse to create an embedded
@@ -41,7 +42,6 @@ pub async fn open(g: &Global, create: bool) -> anyhow::Result<Backends> {
 
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let g = cli.global;
-    crate::pipelines::init(&g)?;
     match cli.command {
         Command::Up(a) => serve::up(&g, a).await,
         Command::Server(a) => serve::server(&g, a).await,

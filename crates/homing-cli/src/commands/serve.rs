@@ -1,7 +1,7 @@
 //! The long-running commands: `homing up` (everything in one process), `homing server` (API and
 //! maintenance) and `homing worker`. All stop gracefully on SIGTERM/SIGINT.
 //!
-//! `up` and `server` also run the outbox dispatcher and a small webhook worker (queue
+//! `up` and `server` also run the outbox notifier and a small webhook worker (queue
 //! `homing.webhooks`), so events reach their subscriptions; a `worker` does so only when it has
 //! webhooks configured.
 
@@ -17,8 +17,9 @@ use crate::config::Config;
 use crate::{signals, tasks};
 use homing::builtin::webhook::Webhook;
 use homing::events::WEBHOOK_QUEUE;
-use homing::maintenance::{dispatcher, Maintenance, MaintenanceConfig};
+use homing::maintenance::{notifier, Maintenance, MaintenanceConfig};
 use homing::{Backends, Registry, Worker, WorkerConfig};
+use homing_pipelines::Pipelines;
 
 fn worker_config(
     queues: Vec<String>,
@@ -46,8 +47,8 @@ fn worker_config(
     })
 }
 
-/// How often the outbox dispatcher looks for new events.
-const DISPATCH_INTERVAL: Duration = Duration::from_millis(250);
+/// How often the outbox notifier looks for new events.
+const NOTIFY_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The small worker that delivers webhooks, on its own queue and slots so that a slow receiver
 /// never holds up the user's jobs.
@@ -73,7 +74,7 @@ fn webhook_worker(backends: &Backends, config: &Config, heartbeat: Duration) -> 
 /// Event fan-out plus webhook delivery, stopped together.
 struct Notifier {
     stop: CancellationToken,
-    dispatcher: tokio::task::JoinHandle<()>,
+    fan_out: tokio::task::JoinHandle<()>,
     worker: tokio::task::JoinHandle<homing::Result<()>>,
 }
 
@@ -84,24 +85,24 @@ impl Notifier {
             let names: Vec<&str> = config.webhooks.iter().map(|w| w.name.as_str()).collect();
             tracing::info!(webhooks = ?names, "delivering events to webhooks");
         }
-        let dispatcher = dispatcher::spawn(
+        let fan_out = notifier::spawn(
             backends.broker.clone(),
             backends.store.clone(),
             config.subscribers(),
-            DISPATCH_INTERVAL,
+            NOTIFY_INTERVAL,
             stop.clone(),
         );
         let worker = tokio::spawn(webhook_worker(backends, config, heartbeat).run(stop.clone()));
         Notifier {
             stop,
-            dispatcher,
+            fan_out,
             worker,
         }
     }
 
     async fn stop(self) {
         self.stop.cancel();
-        let _ = self.dispatcher.await;
+        let _ = self.fan_out.await;
         match self.worker.await {
             Ok(Err(e)) => tracing::warn!(error = %e, "webhook worker failed"),
             Err(e) => tracing::warn!(error = %e, "webhook worker panicked"),
@@ -112,6 +113,7 @@ impl Notifier {
 
 async fn serve_api(
     backends: Backends,
+    pipelines: &Pipelines,
     config: &Config,
     listen: std::net::SocketAddr,
     stop: CancellationToken,
@@ -120,7 +122,11 @@ async fn serve_api(
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
-    let mut state = AppState::new(backends, tasks::registry(), config.api_tokens.clone());
+    let mut state = AppState::new(
+        backends,
+        tasks::registry(pipelines),
+        config.api_tokens.clone(),
+    );
     state.metrics = api::install_recorder();
     let auth = if state.tokens.is_empty() {
         ""
@@ -129,7 +135,7 @@ async fn serve_api(
     };
     println!("homing is up: http://{addr}/  (API under http://{addr}/v1){auth}");
     tracing::info!(%addr, "HTTP API and dashboard listening");
-    axum::serve(listener, api::router(state))
+    axum::serve(listener, api::router(state, pipelines))
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await
         .context("HTTP server failed")
@@ -137,6 +143,8 @@ async fn serve_api(
 
 pub async fn up(g: &Global, a: UpArgs) -> anyhow::Result<ExitCode> {
     let config = Config::from_env()?;
+    let pipelines = crate::pipelines::configured(g)?;
+    let registry = tasks::registry(&pipelines);
     let backends = open(g, true).await?;
     let stop = signals::shutdown_token();
     let heartbeat = a.tuning.heartbeat_interval;
@@ -144,15 +152,15 @@ pub async fn up(g: &Global, a: UpArgs) -> anyhow::Result<ExitCode> {
     let worker = Worker::new(
         backends.broker.clone(),
         backends.store.clone(),
-        tasks::registry(),
+        registry.clone(),
         config_w,
     );
     let worker_stop = CancellationToken::new();
     let worker_task = tokio::spawn(worker.run(worker_stop.clone()));
     let pipeline_workers =
-        crate::pipelines::spawn_workers(&backends, &a.tuning, &a.queues, &worker_stop);
+        crate::pipelines::spawn_workers(&backends, &registry, &a.tuning, &a.queues, &worker_stop);
     let notifier = Notifier::start(&backends, &config, heartbeat);
-    let api = serve_api(backends, &config, a.listen, stop.clone()).await;
+    let api = serve_api(backends, &pipelines, &config, a.listen, stop.clone()).await;
     // The API is down (signal or error): let the workers finish gracefully.
     worker_stop.cancel();
     let worker_result = worker_task.await.context("worker task failed")?;
@@ -167,6 +175,7 @@ pub async fn up(g: &Global, a: UpArgs) -> anyhow::Result<ExitCode> {
 
 pub async fn server(g: &Global, a: ServerArgs) -> anyhow::Result<ExitCode> {
     let config = Config::from_env()?;
+    let pipelines = crate::pipelines::configured(g)?;
     let backends = open(g, true).await?;
     let stop = signals::shutdown_token();
     let mc = MaintenanceConfig {
@@ -185,7 +194,7 @@ pub async fn server(g: &Global, a: ServerArgs) -> anyhow::Result<ExitCode> {
         &config,
         a.rescue_interval.min(Duration::from_secs(2)),
     );
-    let api = serve_api(backends, &config, a.listen, stop.clone()).await;
+    let api = serve_api(backends, &pipelines, &config, a.listen, stop.clone()).await;
     stop.cancel();
     notifier.stop().await;
     maintenance.stop().await;
@@ -195,11 +204,17 @@ pub async fn server(g: &Global, a: ServerArgs) -> anyhow::Result<ExitCode> {
 
 pub async fn worker(g: &Global, a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let config = Config::from_env()?;
+    let pipelines = crate::pipelines::configured(g)?;
     let backends = open(g, true).await?;
     let stop = signals::shutdown_token();
     let heartbeat = a.tuning.heartbeat_interval;
-    let mut bridge =
-        super::celery::Bridge::new(g, &a.celery, &backends, tasks::registry(), heartbeat)?;
+    let mut bridge = super::celery::Bridge::new(
+        g,
+        &a.celery,
+        &backends,
+        tasks::registry(&pipelines),
+        heartbeat,
+    )?;
     let mut queues = a.queues;
     for q in &a.celery.celery_queues {
         if !queues.contains(q) {
@@ -207,7 +222,7 @@ pub async fn worker(g: &Global, a: WorkerArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let config_w = worker_config(queues, &a.tuning, !a.no_maintenance)?;
-    // Only a worker that knows the subscriptions may fan events out (see the dispatcher's docs).
+    // Only a worker that knows the subscriptions may fan events out (see the notifier's docs).
     let notifier =
         (!config.webhooks.is_empty()).then(|| Notifier::start(&backends, &config, heartbeat));
     let ingress = bridge.spawn(&stop);

@@ -121,6 +121,16 @@ function workerStatus(w) {
   return w.status;
 }
 
+// The broker's heartbeat, which decides liveness: a healthy worker's expiry stays between
+// TTL − interval and TTL. (The worker row's last_seen is written only every few beats.)
+function heartbeatCell(w) {
+  const left = w.heartbeat_expires_in_s;
+  const text = left == null ? el('span', { class: 'muted' }, w.status === 'live' ? 'expired' : '—')
+    : 'in ' + secs(left);
+  return el('td', { class: 'heartbeat', dataset: { expiresIn: left == null ? '' : left },
+    title: 'store record updated ' + secs(w.last_seen_age_s) + ' ago' }, text);
+}
+
 function renderWorkers(workers) {
   fill('workers', workers.map((w) => {
     const st = workerStatus(w);
@@ -131,7 +141,7 @@ function renderWorkers(workers) {
       el('td', { class: 'mono' }, w.id),
       el('td', {}, el('span', { class: 'badge w-' + st }, st)),
       el('td', {}, w.queues.join(', ')),
-      el('td', {}, secs(w.last_seen_age_s) + ' ago'),
+      heartbeatCell(w),
       el('td', {}, running));
   }), 'no workers in the last hour');
 }

@@ -332,7 +332,10 @@ pub async fn wait_workers(client: &Client, queue: &str, n: usize, limit: Duratio
         let ws = client.store().workers(0).await.ok()?;
         let live = ws
             .iter()
-            .filter(|w| w.status == "live" && w.info.queues.iter().any(|q| q == queue))
+            .filter(|w| {
+                w.status == homing::store::WorkerStatus::Live
+                    && w.info.queues.iter().any(|q| q == queue)
+            })
             .count();
         (live >= n).then_some(())
     })

@@ -101,6 +101,10 @@ pub trait Broker: Send + Sync + 'static {
 
     async fn is_alive(&self, worker: &str) -> Result<bool>;
 
+    /// How long until the worker's heartbeat expires unless refreshed; `None` when it has no
+    /// live heartbeat. This is what liveness is decided by, so it is what views show.
+    async fn heartbeat_expires_in(&self, worker: &str) -> Result<Option<Duration>>;
+
     /// Consumers that own reserved messages (or are known to the broker) but whose heartbeat
     /// has expired: the rescuer's work list.
     async fn lost_consumers(&self) -> Result<Vec<String>>;

@@ -9,7 +9,7 @@
 //! can never remove the message from its new owner.
 
 use async_trait::async_trait;
-use rusqlite::params;
+use rusqlite::{params, OptionalExtension};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -285,6 +285,23 @@ impl Broker for SqliteBroker {
             .read(move |c| {
                 c.prepare_cached("SELECT 1 FROM heartbeats WHERE worker = ?1 AND expires_at > ?2")?
                     .exists(params![worker, now()])
+            })
+            .await
+    }
+
+    async fn heartbeat_expires_in(&self, worker: &str) -> Result<Option<Duration>> {
+        let worker = worker.to_string();
+        self.db
+            .read(move |c| {
+                let t = now();
+                let expires: Option<i64> = c
+                    .prepare_cached("SELECT expires_at FROM heartbeats WHERE worker = ?1")?
+                    .query_row([worker], |r| r.get(0))
+                    .optional()?;
+                Ok(expires
+                    .and_then(|e| u64::try_from(e.saturating_sub(t)).ok())
+                    .filter(|left| *left > 0)
+                    .map(Duration::from_micros))
             })
             .await
     }

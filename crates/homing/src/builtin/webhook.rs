@@ -1,6 +1,6 @@
 //! `builtin.webhook`: delivers one event to one target, as a job, so a delivery is retried with
 //! backoff, honours `429 Retry-After`, and survives any crash (DESIGN.md section 6). The outbox
-//! dispatcher creates these jobs; see [`crate::events`] for why.
+//! notifier creates these jobs; see [`crate::events`] for why.
 //!
 //! The job's args name the target (a subscription, or the callback URL of the job the event is
 //! about), never its URL: URLs carry secrets (a Discord webhook's token is in its path), and job
@@ -12,7 +12,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::events::{discord_message, Format, Subscription, CALLBACK_TARGET};
-use crate::job::{redact_secret_url, JobId};
+use crate::job::JobId;
+use crate::redact::redact_secret_url;
 use crate::retry::RetryPolicy;
 use crate::task::{Context, Task, TaskError};
 

@@ -7,9 +7,9 @@ use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{ConnectionAddr, IntoConnectionInfo, ProtocolVersion};
 use std::time::Duration;
 
-use crate::backend::redact_url;
 use crate::broker::redis::err;
 use crate::error::{Error, Result};
+use crate::redact::redact_url;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);

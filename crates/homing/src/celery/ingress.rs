@@ -19,7 +19,7 @@ use super::conn::Conn;
 use super::scripts::Scripts;
 use super::{keys, results, wire};
 use crate::broker::Broker;
-use crate::client::{dispatch, MAX_ARGS_BYTES};
+use crate::client::{publish, MAX_ARGS_BYTES};
 use crate::error::Result;
 use crate::job::{JobOptions, NewJob};
 use crate::store::{Dispatch, Inserted, Store};
@@ -324,7 +324,7 @@ impl Ingress {
                 queue: i.queue.clone(),
             })
             .collect();
-        if let Err(e) = dispatch(&*self.broker, &*self.store, &to_send).await {
+        if let Err(e) = publish(&*self.broker, &*self.store, &to_send).await {
             tracing::warn!(error = %e, jobs = to_send.len(), "publish failed; the reconciler will publish these jobs");
         }
         for (payload, e) in dead {

@@ -141,7 +141,7 @@ impl CeleryClient {
             .map_err(crate::broker::redis::err)?;
         raw.map(|r| {
             serde_json::from_str(&r)
-                .map_err(|e| Error::backend("celery", format!("unreadable result: {e}")))
+                .map_err(|e| Error::backend_from("celery", e).context("unreadable result"))
         })
         .transpose()
     }

@@ -188,18 +188,31 @@ pub async fn heartbeat_lifecycle(b: Arc<dyn Broker>) {
     let w = unique_queue("hb");
     let ttl = Duration::from_millis(300);
     assert!(!b.is_alive(&w).await.unwrap());
+    assert_eq!(b.heartbeat_expires_in(&w).await.unwrap(), None);
     assert!(
         !b.heartbeat(&w, ttl).await.unwrap(),
         "an unregistered worker cannot heartbeat"
     );
     b.register(&w, ttl).await.unwrap();
     assert!(b.is_alive(&w).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = b.heartbeat_expires_in(&w).await.unwrap().expect("live");
+    assert!(
+        before < ttl,
+        "{before:?}: time passed since the registration"
+    );
     assert!(b.heartbeat(&w, ttl).await.unwrap());
+    let after = b.heartbeat_expires_in(&w).await.unwrap().expect("live");
+    assert!(
+        after > before && after <= ttl,
+        "a heartbeat pushes the expiry back to the TTL: {before:?} then {after:?}"
+    );
     tokio::time::sleep(Duration::from_millis(450)).await;
     assert!(
         !b.is_alive(&w).await.unwrap(),
         "heartbeat must expire after its TTL"
     );
+    assert_eq!(b.heartbeat_expires_in(&w).await.unwrap(), None);
     assert!(
         !b.heartbeat(&w, ttl).await.unwrap(),
         "an expired worker learns it was presumed dead"

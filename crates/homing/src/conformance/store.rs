@@ -691,7 +691,7 @@ pub async fn workers_registry(s: Arc<dyn Store>) {
         .iter()
         .find(|w| w.info.id == id)
         .expect("registered worker listed");
-    assert_eq!(w.status, "live");
+    assert_eq!(w.status, WorkerStatus::Live);
     assert_eq!(w.last_seen, t + 5);
     assert_eq!(w.running, vec![nj.id]);
     assert_eq!(w.info, info);
@@ -700,9 +700,15 @@ pub async fn workers_registry(s: Arc<dyn Store>) {
         .await
         .unwrap()
         .contains(&format!("{id}.task")));
-    assert!(s.worker_gone(&id, "lost", None, t + 6).await.unwrap());
+    assert!(s
+        .worker_gone(&id, WorkerStatus::Lost, None, t + 6)
+        .await
+        .unwrap());
     let ws = s.workers(t - 1).await.unwrap();
-    assert_eq!(ws.iter().find(|w| w.info.id == id).unwrap().status, "lost");
+    assert_eq!(
+        ws.iter().find(|w| w.info.id == id).unwrap().status,
+        WorkerStatus::Lost
+    );
 }
 
 pub async fn queue_stats_count(s: Arc<dyn Store>) {
@@ -855,7 +861,10 @@ pub async fn purge_deletes_only_old_history(s: Arc<dyn Store>) {
     };
     s.register_worker(&info("gone"), now()).await.unwrap();
     s.register_worker(&info("alive"), now()).await.unwrap();
-    assert!(s.worker_gone("gone", "stopped", None, now()).await.unwrap());
+    assert!(s
+        .worker_gone("gone", WorkerStatus::Stopped, None, now())
+        .await
+        .unwrap());
     let cut = now() + 1;
     std::thread::sleep(Duration::from_millis(2));
     finish(late, Outcome::Succeeded(serde_json::json!(2))).await;
@@ -1177,7 +1186,9 @@ pub async fn worker_gone_reports_one_change(s: Arc<dyn Store>) {
                 &id,
                 serde_json::json!({}),
             );
-            s.worker_gone(&id, "lost", Some(ev), now()).await.unwrap()
+            s.worker_gone(&id, WorkerStatus::Lost, Some(ev), now())
+                .await
+                .unwrap()
         }));
     }
     let mut changed = 0;
@@ -1198,11 +1209,18 @@ pub async fn worker_gone_reports_one_change(s: Arc<dyn Store>) {
         vec![crate::events::WORKER_LOST.to_string()],
         "the alert is recorded with the change, once"
     );
-    assert!(!s.worker_gone(&id, "stopped", None, now()).await.unwrap());
     assert!(!s
-        .worker_gone("no-such-worker", "lost", None, now())
+        .worker_gone(&id, WorkerStatus::Stopped, None, now())
         .await
         .unwrap());
+    assert!(!s
+        .worker_gone("no-such-worker", WorkerStatus::Lost, None, now())
+        .await
+        .unwrap());
+    assert!(matches!(
+        s.worker_gone(&id, WorkerStatus::Live, None, now()).await,
+        Err(crate::Error::Invalid(_))
+    ));
 }
 
 pub async fn finished_since_counts(s: Arc<dyn Store>) {

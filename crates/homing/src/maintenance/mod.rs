@@ -8,10 +8,10 @@
 //!   its data, and recovers running jobs whose worker and message are both gone.
 //! - [`pruner`]: deletes finished jobs, delivered events, departed workers and dead letters
 //!   older than the retention period.
-//! - [`dispatcher`]: fans pending events out into webhook deliveries (started separately, by
+//! - [`notifier`]: fans pending events out into webhook deliveries (started separately, by
 //!   the processes that hold the webhook configuration).
 
-pub mod dispatcher;
+pub mod notifier;
 pub mod pruner;
 pub mod reconciler;
 pub mod rescuer;

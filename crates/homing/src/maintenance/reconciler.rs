@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::MaintenanceConfig;
 use crate::broker::Broker;
-use crate::client::dispatch;
+use crate::client::publish;
 use crate::error::Result;
 use crate::store::{Dispatch, Lost, Store};
 use crate::time::{micros, now};
@@ -85,14 +85,14 @@ pub async fn pass(
         }
     }
     report.orphans_requeued = orphans.len();
-    dispatch(broker, store, &orphans).await?;
+    publish(broker, store, &orphans).await?;
     let before = now() - micros(config.dispatch_grace);
     loop {
         let due: Vec<Dispatch> = store.undispatched(before, BATCH).await?;
         if due.is_empty() {
             break;
         }
-        dispatch(broker, store, &due).await?;
+        publish(broker, store, &due).await?;
         report.published += due.len();
         if due.len() < BATCH {
             break;

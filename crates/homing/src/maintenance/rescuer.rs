@@ -11,7 +11,7 @@ use crate::broker::Broker;
 use crate::error::Result;
 use crate::events::{NewEvent, WORKER_LOST};
 use crate::job::JobState;
-use crate::store::{Lost, Store};
+use crate::store::{Lost, Store, WorkerStatus};
 use crate::time::now;
 
 pub(crate) async fn run(
@@ -110,7 +110,7 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
                 serde_json::json!({ "reclaimed": reclaimed }),
             );
             if store
-                .worker_gone(&consumer, "lost", Some(ev), now())
+                .worker_gone(&consumer, WorkerStatus::Lost, Some(ev), now())
                 .await?
             {
                 tracing::warn!(event = "worker.lost", worker = %consumer, reclaimed, "worker lost: its heartbeat expired");

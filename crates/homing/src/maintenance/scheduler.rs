@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
-use crate::client::dispatch;
+use crate::client::publish;
 use crate::error::Result;
 use crate::store::Store;
 use crate::time::now;
@@ -37,7 +37,7 @@ pub async fn dispatch_due(broker: &dyn Broker, store: &dyn Store) -> Result<usiz
         }
         total += due.len();
         // A crash or failure here leaves them queued and undispatched: the reconciler's work.
-        dispatch(broker, store, &due).await?;
+        publish(broker, store, &due).await?;
         if due.len() < BATCH {
             return Ok(total);
         }

@@ -9,6 +9,9 @@
 pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+mod worker_status;
+
+pub use worker_status::WorkerStatus;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -252,8 +255,7 @@ pub struct WorkerRecord {
     pub info: WorkerInfo,
     #[serde(with = "crate::time::as_rfc3339")]
     pub last_seen: Micros,
-    /// `live`, `stopped` (shut down cleanly) or `lost` (its heartbeat expired).
-    pub status: String,
+    pub status: WorkerStatus,
     pub running: Vec<JobId>,
 }
 
@@ -353,14 +355,15 @@ pub trait Store: Send + Sync + 'static {
     /// Records that a worker was alive at `now`.
     async fn worker_seen(&self, id: &str, now: Micros) -> Result<()>;
 
-    /// Records a worker's end: `stopped` or `lost`, only if it is still `live`, and with it, in
+    /// Records a worker's end: `Stopped` or `Lost` (`Live` is refused as invalid input), only if
+    /// it is still `live`, and with it, in
     /// the same transaction, `event` (its `worker.lost` or `worker.shutdown` alert). Returns
     /// whether this call changed the row: of several rescuers declaring the same worker lost
     /// exactly one records the alert, and a crash cannot leave the worker marked without it.
     async fn worker_gone(
         &self,
         id: &str,
-        status: &str,
+        status: WorkerStatus,
         event: Option<NewEvent>,
         now: Micros,
     ) -> Result<bool>;

@@ -809,17 +809,20 @@ impl Store for SqliteStore {
     async fn worker_gone(
         &self,
         id: &str,
-        status: &str,
+        status: WorkerStatus,
         event: Option<NewEvent>,
         now: Micros,
     ) -> Result<bool> {
-        let (id, status) = (id.to_string(), status.to_string());
+        if status == WorkerStatus::Live {
+            return Err(Error::Invalid("a worker's end is stopped or lost".into()));
+        }
+        let id = id.to_string();
         self.db
             .write(move |tx| {
                 let changed = tx.execute(
                     "UPDATE workers SET status = ?2, last_seen = max(last_seen, ?3) WHERE id = ?1 \
                      AND status = 'live'",
-                    params![id, status, now],
+                    params![id, status.as_str(), now],
                 )? == 1;
                 if let (true, Some(ev)) = (changed, &event) {
                     insert_event(tx, ev, now)?;
@@ -851,6 +854,7 @@ impl Store for SqliteStore {
                     let (info, last_seen, status) = r?;
                     let info: WorkerInfo =
                         serde_json::from_str(&info).map_err(|e| corrupt("worker", e))?;
+                    let status = status.parse().map_err(|e| corrupt("worker", e))?;
                     let ids = running
                         .query_map([&info.id], |r| r.get::<_, String>(0))?
                         .map(|r| r.and_then(parse_id))

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Session;
 use crate::broker::Delivery;
-use crate::client::dispatch;
+use crate::client::publish;
 use crate::job::JobState;
 use crate::store::{Committed, Completion, Dispatch, Outcome};
 use crate::time::now;
@@ -111,7 +111,7 @@ async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
         }
     }
     if !to_dispatch.is_empty() {
-        if let Err(e) = dispatch(&*s.broker, &*s.store, &to_dispatch).await {
+        if let Err(e) = publish(&*s.broker, &*s.store, &to_dispatch).await {
             tracing::warn!(error = %e, "publish failed; the reconciler will publish these jobs");
         }
     }

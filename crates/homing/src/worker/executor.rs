@@ -24,7 +24,7 @@ struct Reserved {
 
 /// Takes a freshly reserved batch: dead-letters what cannot be decoded, starts at once what has
 /// a free slot (one store transaction), and leaves the rest waiting for a slot.
-pub(crate) async fn dispatch_batch(
+pub(crate) async fn start_batch(
     s: &Arc<Session>,
     deliveries: Vec<Delivery>,
     permits: Vec<OwnedSemaphorePermit>,
@@ -52,7 +52,7 @@ pub(crate) async fn dispatch_batch(
         }
     }
     if !ready.is_empty() {
-        start_batch(s, ready).await;
+        start_ready(s, ready).await;
     }
 }
 
@@ -75,10 +75,11 @@ async fn wait_and_start(s: Arc<Session>, r: Reserved) {
         }
         _ = s.lost.cancelled() => return,
     };
-    start_batch(&s, vec![(r, slot)]).await;
+    start_ready(&s, vec![(r, slot)]).await;
 }
 
-async fn start_batch(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermit)>) {
+/// Starts jobs that each hold a slot, in one store transaction, and runs those it may.
+async fn start_ready(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermit)>) {
     let ids: Vec<JobId> = items.iter().map(|(r, _)| r.id).collect();
     // Set when a start call failed and was tried again: the failed call may have committed
     // before its answer was lost, leaving our own jobs `running` under this worker.

@@ -54,7 +54,7 @@ pub(crate) async fn run(s: Arc<Session>) {
                     }
                     return;
                 }
-                executor::dispatch_batch(&s, deliveries, permits).await;
+                executor::start_batch(&s, deliveries, permits).await;
             }
         }
     }

@@ -28,7 +28,7 @@ use crate::error::Result;
 use crate::events::{NewEvent, WORKER_READY, WORKER_SHUTDOWN};
 use crate::job::JobId;
 use crate::maintenance::{Maintenance, MaintenanceConfig};
-use crate::store::{Store, WorkerInfo};
+use crate::store::{Store, WorkerInfo, WorkerStatus};
 use crate::task::Registry;
 use crate::time::now;
 
@@ -344,7 +344,11 @@ impl Worker {
                 serde_json::json!({ "queues": self.config.queues }),
             );
             // Ok(false): a rescuer already declared this worker lost (it paused past its TTL).
-            if let Err(e) = self.store.worker_gone(id, "stopped", Some(ev), now()).await {
+            if let Err(e) = self
+                .store
+                .worker_gone(id, WorkerStatus::Stopped, Some(ev), now())
+                .await
+            {
                 tracing::warn!(error = %e, "could not record the worker's stop");
             }
             tracing::info!(event = "worker.shutdown", worker = %id, "worker stopped gracefully");

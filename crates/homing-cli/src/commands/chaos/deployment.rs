@@ -217,7 +217,10 @@ impl Deployment {
                 .workers(since)
                 .await?
                 .iter()
-                .filter(|w| w.status == "live" && w.info.queues.contains(&self.plan.queue))
+                .filter(|w| {
+                    w.status == homing::store::WorkerStatus::Live
+                        && w.info.queues.contains(&self.plan.queue)
+                })
                 .count();
             if live >= self.slots.len() {
                 return Ok(());

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::{ChaosArgs, Global};
 use deployment::{BrokerChoice, Deployment, Plan, StoreChoice};
-use homing::backend::redact_url;
+use homing::redact::redact_url;
 use homing::store::JobFilter;
 use homing::{Backends, Client, Job};
 

@@ -104,9 +104,9 @@ pub(crate) fn err(e: RedisError) -> Error {
                 | ErrorKind::ReadOnly
         );
     if transient {
-        Error::unavailable(BACKEND, e)
+        Error::unavailable_from(BACKEND, e)
     } else {
-        Error::backend(BACKEND, e)
+        Error::backend_from(BACKEND, e)
     }
 }
 
@@ -730,6 +730,17 @@ impl Broker for RedisBroker {
     async fn is_alive(&self, worker: &str) -> Result<bool> {
         self.query(::redis::cmd("EXISTS").arg(self.keys.heartbeat(worker)))
             .await
+    }
+
+    async fn heartbeat_expires_in(&self, worker: &str) -> Result<Option<Duration>> {
+        // PTTL: milliseconds left, -2 without the key, -1 without an expiry (never written so).
+        let ms: i64 = self
+            .query(::redis::cmd("PTTL").arg(self.keys.heartbeat(worker)))
+            .await?;
+        Ok(u64::try_from(ms)
+            .ok()
+            .filter(|ms| *ms > 0)
+            .map(Duration::from_millis))
     }
 
     async fn lost_consumers(&self) -> Result<Vec<String>> {

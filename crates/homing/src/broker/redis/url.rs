@@ -21,7 +21,7 @@ pub fn parse(url: &str) -> Result<BrokerUrl> {
     let mut info = url.as_str().into_connection_info().map_err(|e| {
         Error::Invalid(format!(
             "invalid Redis URL '{}': {e}",
-            crate::backend::redact_url(&url)
+            crate::redact::redact_url(&url)
         ))
     })?;
     // The reply parsers expect RESP2 shapes; a `?protocol=resp3` must not change them.

@@ -4,18 +4,13 @@
 //! for it and then find nothing left to do. PostgreSQL's DDL is transactional, so a process killed
 //! halfway leaves the schema as it was.
 //!
-//! Each migration is embedded in the binary and recorded in `homing_migrations` by version; a
-//! migration, once released, is never edited, only followed by a new one.
+//! Planning, recording and reporting are shared with the SQLite store ([`crate::schema`]); this
+//! module runs them the PostgreSQL way.
 
 use sqlx::{Executor, PgConnection, PgPool};
 
-/// One embedded migration.
-#[derive(Debug, Clone, Copy)]
-pub struct Migration {
-    pub version: i32,
-    pub name: &'static str,
-    sql: &'static str,
-}
+pub use crate::schema::Migration;
+use crate::schema::{pending, warn_if_newer};
 
 /// Every migration, in the order it must be applied.
 pub const MIGRATIONS: &[Migration] = &[
@@ -35,8 +30,9 @@ pub const MIGRATIONS: &[Migration] = &[
 /// per database, so two homing databases on one server do not wait for each other.
 const LOCK_KEY: i64 = 0x686f_6d69_6e67;
 
-/// Applies every migration the database lacks; returns the names of those it applied.
-pub(crate) async fn apply(pool: &PgPool) -> sqlx::Result<Vec<&'static str>> {
+/// Applies every migration the database lacks; returns the names of those it applied and the
+/// schema version the database is at afterwards.
+pub(crate) async fn apply(pool: &PgPool) -> sqlx::Result<(Vec<&'static str>, i32)> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(LOCK_KEY)
@@ -51,7 +47,7 @@ pub(crate) async fn apply(pool: &PgPool) -> sqlx::Result<Vec<&'static str>> {
     Ok(applied)
 }
 
-async fn apply_locked(conn: &mut PgConnection) -> sqlx::Result<Vec<&'static str>> {
+async fn apply_locked(conn: &mut PgConnection) -> sqlx::Result<(Vec<&'static str>, i32)> {
     // Checked rather than `CREATE TABLE IF NOT EXISTS`, which logs a notice on every start.
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('homing_migrations') IS NOT NULL")
         .fetch_one(&mut *conn)
@@ -67,20 +63,11 @@ async fn apply_locked(conn: &mut PgConnection) -> sqlx::Result<Vec<&'static str>
     let done: Vec<i32> = sqlx::query_scalar("SELECT version FROM homing_migrations")
         .fetch_all(&mut *conn)
         .await?;
-    let latest = MIGRATIONS.last().map(|m| m.version).unwrap_or(0);
-    if let Some(newest) = done.iter().copied().max().filter(|v| *v > latest) {
-        tracing::warn!(
-            database_version = newest,
-            build_version = latest,
-            "the PostgreSQL schema is newer than this build of homing; upgrade this process"
-        );
-    }
+    warn_if_newer("postgres", MIGRATIONS, &done);
+    let mut version = done.iter().copied().max().unwrap_or(0);
     let mut applied = Vec::new();
     // A plain loop: an iterator adaptor's closure held across `.await` makes the future !Send.
-    for m in MIGRATIONS {
-        if done.contains(&m.version) {
-            continue;
-        }
+    for m in pending(MIGRATIONS, &done) {
         // A `&str` runs as a simple query, which may hold several statements. (`raw_sql`
         // would too, but its generic `async fn` makes the caller's future not `Send`.)
         conn.execute(m.sql).await?;
@@ -91,6 +78,7 @@ async fn apply_locked(conn: &mut PgConnection) -> sqlx::Result<Vec<&'static str>
             .await?;
         tracing::info!(migration = m.name, "applied PostgreSQL migration");
         applied.push(m.name);
+        version = version.max(m.version);
     }
-    Ok(applied)
+    Ok((applied, version))
 }

@@ -26,10 +26,10 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::*;
-use crate::backend::redact_url;
 use crate::error::Error;
 use crate::events::CALLBACK_TARGET;
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
+use crate::redact::redact_url;
 
 pub use migrations::{Migration, MIGRATIONS};
 
@@ -116,6 +116,11 @@ impl PgStore {
 
     /// Applies missing migrations (see [`MIGRATIONS`]); returns the names of those applied.
     pub async fn migrate(&self) -> Result<Vec<&'static str>> {
+        Ok(self.migrate_to_version().await?.0)
+    }
+
+    /// [`PgStore::migrate`], also returning the schema version the database is at afterwards.
+    pub async fn migrate_to_version(&self) -> Result<(Vec<&'static str>, i32)> {
         self.call(migrations::apply(&self.pool)).await
     }
 
@@ -152,9 +157,14 @@ impl PgStore {
             );
         }
         match map_err(e) {
-            Error::Unavailable { backend, message } => Error::Unavailable {
+            Error::Unavailable {
+                backend,
+                message,
+                source,
+            } => Error::Unavailable {
                 backend,
                 message: format!("{}: {message}", self.target),
+                source,
             },
             other => other,
         }
@@ -183,21 +193,21 @@ pub(crate) fn map_err(e: sqlx::Error) -> Error {
         | sqlx::Error::Protocol(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => Error::unavailable(BACKEND, e),
+        | sqlx::Error::WorkerCrashed => Error::unavailable_from(BACKEND, e),
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();
             if transient_sqlstate(&code) {
-                Error::unavailable(BACKEND, e)
+                Error::unavailable_from(BACKEND, e)
             } else if matches!(code.as_ref(), "22021" | "22P05") {
                 // Text with a NUL byte (PostgreSQL refuses it; SQLite does not): the caller's
                 // input, not the store, is at fault.
                 Error::Invalid(format!("text cannot contain a NUL character ({db})"))
             } else {
-                Error::backend(BACKEND, e)
+                Error::backend_from(BACKEND, e)
             }
         }
         sqlx::Error::Configuration(_) => Error::Invalid(e.to_string()),
-        _ => Error::backend(BACKEND, e),
+        _ => Error::backend_from(BACKEND, e),
     }
 }
 
@@ -1402,10 +1412,13 @@ impl Store for PgStore {
     async fn worker_gone(
         &self,
         id: &str,
-        status: &str,
+        status: WorkerStatus,
         event: Option<NewEvent>,
         now: Micros,
     ) -> Result<bool> {
+        if status == WorkerStatus::Live {
+            return Err(Error::Invalid("a worker's end is stopped or lost".into()));
+        }
         self.call(async {
             let mut tx = self.pool.begin().await?;
             let r = sqlx::query(
@@ -1413,7 +1426,7 @@ impl Store for PgStore {
                  WHERE id = $1 AND status = 'live'",
             )
             .bind(id)
-            .bind(status)
+            .bind(status.as_str())
             .bind(now)
             .execute(&mut *tx)
             .await?;
@@ -1445,6 +1458,7 @@ impl Store for PgStore {
             for (info, last_seen, status) in rows {
                 let info: WorkerInfo =
                     serde_json::from_str(&info).map_err(|e| corrupt("worker", e))?;
+                let status = status.parse().map_err(|e| corrupt("worker", e))?;
                 out.push(WorkerRecord {
                     info,
                     last_seen,

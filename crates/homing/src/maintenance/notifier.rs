@@ -1,10 +1,10 @@
-//! Responsible for the events outbox: turns each pending event into one `builtin.webhook` job per
+//! The notifier drains the events outbox: turns each pending event into one `builtin.webhook` job per
 //! matching subscription (and one for the job's callback URL), in one store transaction, then
 //! publishes those jobs. Safe to run in many processes at once: the store hands each event to one
 //! caller and the deliveries' idempotency keys (`<event id>:<target>`) make a repeat harmless.
 //!
 //! Every process that runs it must have the same subscriptions: an event is fanned out once, to
-//! the subscriptions of whichever dispatcher takes it. `homing server` and `homing up` always run
+//! the subscriptions of whichever notifier takes it. `homing server` and `homing up` always run
 //! it (callbacks need no subscription); a `homing worker` runs it only when it has webhooks
 //! configured.
 
@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
-use crate::client::dispatch;
+use crate::client::publish;
 use crate::error::Result;
 use crate::events::Subscriber;
 use crate::store::Store;
@@ -22,7 +22,7 @@ use crate::time::now;
 
 const BATCH: usize = 200;
 
-/// Starts the dispatcher loop; it stops when `stop` is cancelled.
+/// Starts the notifier loop; it stops when `stop` is cancelled.
 pub fn spawn(
     broker: Arc<dyn Broker>,
     store: Arc<dyn Store>,
@@ -33,7 +33,7 @@ pub fn spawn(
     tokio::spawn(async move {
         loop {
             if let Err(e) = pass(&*broker, &*store, &subscribers).await {
-                tracing::warn!(error = %e, "event dispatcher pass failed; will try again");
+                tracing::warn!(error = %e, "event notifier pass failed; will try again");
             }
             if !super::tick(interval, &stop).await {
                 return;
@@ -59,7 +59,7 @@ pub async fn pass(
                 "events fanned out"
             );
             // A failed publish leaves the deliveries undispatched: the reconciler's work.
-            if let Err(e) = dispatch(broker, store, &out.dispatch).await {
+            if let Err(e) = publish(broker, store, &out.dispatch).await {
                 tracing::warn!(error = %e, "publishing webhook deliveries failed; the reconciler will");
             }
         }

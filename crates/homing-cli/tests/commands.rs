@@ -1,0 +1,200 @@
+//! The real binary's commands where they read their configuration: the pipelines' settings are
+//! read only by the commands that run the pipelines, and `homing migrate` reports the embedded
+//! store's schema as it is (numbered migrations, each applied once).
+
+mod support;
+
+use std::time::Duration;
+use support::*;
+
+/// A bad pipeline setting stops `homing up` at start with a one-line reason, and does not touch
+/// the commands that only read or steer jobs.
+#[test]
+fn a_bad_pipeline_setting_fails_up_but_not_jobs_list() {
+    let env = Env::sqlite();
+    let (code, _, err) = env.run(&["migrate"]);
+    assert_eq!(code, 0, "{err}");
+
+    let mut list = env.command(&["jobs", "list", "--json"]);
+    list.env("HOMING_BGM_SECONDS", "garbage");
+    let out = list.output().expect("run homing");
+    assert!(
+        out.status.success(),
+        "jobs list must not read the pipelines' settings: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(page["jobs"].is_array(), "{page}");
+
+    let mut up = env.command(&["up", "--listen", &format!("127.0.0.1:{}", free_port())]);
+    up.env("HOMING_BGM_SECONDS", "garbage");
+    let mut child = up
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start homing up");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("homing up started despite HOMING_BGM_SECONDS=garbage");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line: {err}");
+    assert!(
+        lines[0].starts_with("error: ") && lines[0].contains("HOMING_BGM_SECONDS"),
+        "{err}"
+    );
+}
+
+fn migrate(env: &Env) -> (String, serde_json::Value) {
+    let (code, text, err) = env.run(&["migrate"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, json, err) = env.run(&["migrate", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    (text, serde_json::from_str(&json).expect("JSON report"))
+}
+
+#[test]
+fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
+    let env = Env::sqlite();
+    let (code, first, err) = env.run(&["migrate"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(first.contains("applied 0001_init"), "{first}");
+    assert!(first.contains("applied 0002_events"), "{first}");
+    assert!(first.contains("schema at version 2"), "{first}");
+
+    let (second, report) = migrate(&env);
+    assert!(
+        second.contains("schema at version 2, nothing to apply"),
+        "{second}"
+    );
+    assert!(!second.contains("applied"), "{second}");
+    assert_eq!(report["applied"], serde_json::json!([]));
+    assert_eq!(report["version"], 2);
+    assert_eq!(report["latest"], "0002_events");
+
+    let conn = rusqlite::Connection::open(env.db_path()).unwrap();
+    let rows: Vec<(i64, String, i64)> = conn
+        .prepare("SELECT version, name, applied_at FROM homing_migrations ORDER BY version")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!((rows[0].0, rows[0].1.as_str()), (1, "0001_init"));
+    assert_eq!((rows[1].0, rows[1].1.as_str()), (2, "0002_events"));
+    assert!(
+        rows.iter().all(|r| r.2 > 0),
+        "recorded with the time applied"
+    );
+}
+
+/// The schema that builds before numbered migrations wrote as version 1 (`user_version` = 1),
+/// copied here as it was released: such a file upgrades, keeps its jobs and says what it applied.
+const OLD_SCHEMA_V1: &str = "
+CREATE TABLE jobs (
+    id TEXT PRIMARY KEY, task TEXT NOT NULL, queue TEXT NOT NULL, state TEXT NOT NULL,
+    args TEXT NOT NULL, result TEXT, error TEXT, attempts INTEGER NOT NULL DEFAULT 0,
+    crashes INTEGER NOT NULL DEFAULT 0, epoch INTEGER NOT NULL DEFAULT 0, max_retries INTEGER,
+    max_crashes INTEGER NOT NULL, retry_policy TEXT, time_limit_ms INTEGER,
+    idempotency_key TEXT UNIQUE, progress TEXT, worker TEXT, created_at INTEGER NOT NULL,
+    scheduled_at INTEGER, started_at INTEGER, finished_at INTEGER, updated_at INTEGER NOT NULL,
+    dispatched INTEGER NOT NULL DEFAULT 0, cancel_requested INTEGER NOT NULL DEFAULT 0,
+    on_success TEXT, on_failure TEXT
+);
+CREATE INDEX jobs_state_queue ON jobs(state, queue);
+CREATE INDEX jobs_due ON jobs(scheduled_at) WHERE state = 'scheduled';
+CREATE INDEX jobs_outbox ON jobs(updated_at) WHERE state = 'queued' AND dispatched = 0;
+CREATE INDEX jobs_running ON jobs(worker) WHERE state = 'running';
+CREATE TABLE workers (id TEXT PRIMARY KEY, info TEXT NOT NULL, started_at INTEGER NOT NULL,
+    last_seen INTEGER NOT NULL, status TEXT NOT NULL);
+CREATE TABLE tasks (name TEXT PRIMARY KEY);
+CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL,
+    payload TEXT NOT NULL, consumer TEXT, reserved_at INTEGER,
+    generation INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX messages_ready ON messages(queue, id) WHERE consumer IS NULL;
+CREATE INDEX messages_owned ON messages(consumer) WHERE consumer IS NOT NULL;
+CREATE TABLE dead_letters (id INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL,
+    payload TEXT NOT NULL, reason TEXT NOT NULL, at INTEGER NOT NULL);
+CREATE TABLE heartbeats (worker TEXT PRIMARY KEY, expires_at INTEGER NOT NULL);
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO jobs (id, task, queue, state, args, max_crashes, created_at, updated_at, finished_at)
+    VALUES ('0190a0a0-0000-7000-8000-000000000001', 'builtin.noop', 'default', 'succeeded', '{}',
+            3, 1700000000000000, 1700000000000000, 1700000000000000);
+PRAGMA user_version = 1;
+";
+
+/// Version 2 as those builds wrote it: version 1 plus the events outbox, `user_version` = 2.
+const OLD_SCHEMA_V2_DELTA: &str = "
+ALTER TABLE jobs ADD COLUMN callback_url TEXT;
+CREATE INDEX jobs_finished ON jobs(finished_at) WHERE finished_at IS NOT NULL;
+CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, job_id TEXT,
+    worker TEXT, data TEXT NOT NULL, created_at INTEGER NOT NULL, dispatched_at INTEGER);
+CREATE INDEX events_pending ON events(id) WHERE dispatched_at IS NULL;
+PRAGMA user_version = 2;
+";
+
+fn old_database(env: &Env, sql: &[&str]) {
+    std::fs::create_dir_all(env.db_path().parent().unwrap()).unwrap();
+    let conn = rusqlite::Connection::open(env.db_path()).unwrap();
+    for s in sql {
+        conn.execute_batch(s).unwrap();
+    }
+}
+
+#[test]
+fn an_old_version_1_sqlite_store_is_upgraded_and_reported() {
+    let env = Env::sqlite();
+    old_database(&env, &[OLD_SCHEMA_V1]);
+    let (code, first, err) = env.run(&["migrate"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(first.contains("applied 0002_events"), "{first}");
+    assert!(
+        !first.contains("0001_init"),
+        "version 1 was already there: {first}"
+    );
+    assert!(first.contains("schema at version 2"), "{first}");
+    let (second, _) = migrate(&env);
+    assert!(
+        second.contains("schema at version 2, nothing to apply"),
+        "{second}"
+    );
+    // The old job is still there, readable by this build.
+    let (code, job, err) = env.run(&[
+        "jobs",
+        "get",
+        "0190a0a0-0000-7000-8000-000000000001",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let job: serde_json::Value = serde_json::from_str(&job).unwrap();
+    assert_eq!(job["state"], "succeeded");
+}
+
+#[test]
+fn an_old_version_2_sqlite_store_needs_nothing_and_says_so() {
+    let env = Env::sqlite();
+    old_database(&env, &[OLD_SCHEMA_V1, OLD_SCHEMA_V2_DELTA]);
+    let (text, report) = migrate(&env);
+    assert!(
+        text.contains("schema at version 2, nothing to apply"),
+        "{text}"
+    );
+    assert_eq!(report["version"], 2);
+    let conn = rusqlite::Connection::open(env.db_path()).unwrap();
+    let names: Vec<String> = conn
+        .prepare("SELECT name FROM homing_migrations ORDER BY version")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(names, ["0001_init", "0002_events"], "recorded as applied");
+}
