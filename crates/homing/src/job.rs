@@ -229,6 +229,11 @@ pub struct Job {
         serialize_with = "redacted_opt"
     )]
     pub callback_url: Option<String>,
+    /// Stored columns that could not be decoded (`"args cannot be read: …"`), each shown as
+    /// null/absent above. Such a job is made `dead` instead of run (see
+    /// [`crate::transition::start`]); reads still show it, so one bad row never fails a page.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<String>,
 }
 
 /// A URL that may carry a secret (a webhook token in its path or query), reduced to what is safe
