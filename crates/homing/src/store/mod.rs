@@ -324,6 +324,9 @@ pub trait Store: Send + Sync + 'static {
     /// (the outbox of messages still to publish). A shared store may lease what it returns
     /// (PostgreSQL stamps the rows with the current time), so that reconcilers sweeping at once
     /// do not publish the same jobs; unpublished ones come back once `before` passes the lease.
+    ///
+    /// Crash contract: a read (plus the lease, one statement); a caller that crashes before
+    /// publishing leaves the jobs undispatched, and they come back.
     async fn undispatched(&self, before: Micros, limit: usize) -> Result<Vec<ToPublish>>;
 
     /// Marks every queued job undispatched, so the reconciler publishes it again: called when
@@ -419,15 +422,24 @@ pub trait Store: Send + Sync + 'static {
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>>;
 
+    /// Records a worker's start (`live`) and the task names it runs.
+    ///
+    /// Crash contract: one transaction; registering again replaces the row.
     async fn register_worker(&self, info: &WorkerInfo, now: Micros) -> Result<()>;
 
     /// Records that a worker was alive at `now`.
+    ///
+    /// Crash contract: one statement; a crash loses at most this sighting.
     async fn worker_seen(&self, id: &str, now: Micros) -> Result<()>;
 
     /// Records a worker's end: `stopped` or `lost`, only if it is still `live`, and with it, in
     /// the same transaction, `event` (its `worker.lost` or `worker.shutdown` alert). Returns
-    /// whether this call changed the row: of several rescuers declaring the same worker lost
-    /// exactly one records the alert, and a crash cannot leave the worker marked without it.
+    /// whether this call changed the row (of several rescuers declaring the same worker lost,
+    /// exactly one gets `true`).
+    ///
+    /// Crash contract: one transaction: the worker is marked with its alert, or neither is
+    /// written; exactly one of several rescuers records the alert, and a crash cannot leave
+    /// the worker marked without it.
     async fn worker_gone(
         &self,
         id: &str,
@@ -481,8 +493,10 @@ pub trait Store: Send + Sync + 'static {
     /// Retention: deletes at most `limit` finished jobs (succeeded, failed, dead, cancelled)
     /// whose `finished_at` is before `before`, at most `limit` events already fanned out and
     /// created before it, and the rows of stopped or lost workers last seen before it. Nothing
-    /// queued, scheduled or running and no pending event is touched. One transaction: a crash
-    /// leaves all of one call's deletions or none, and calling again is harmless. Competing
-    /// callers (one per process) skip rows another is deleting.
+    /// queued, scheduled or running and no pending event is touched. Competing callers (one per
+    /// process) skip rows another is deleting.
+    ///
+    /// Crash contract: one transaction: a crash leaves all of one call's deletions or none, and
+    /// calling again is harmless.
     async fn purge(&self, before: Micros, limit: usize) -> Result<Purged>;
 }

@@ -146,12 +146,12 @@ async fn start_batch(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermi
                 ack_only(s, r).await;
             }
             StartOutcome::Dead => {
-                let task = match s.store.get(r.id).await {
-                    Ok(Some(j)) => j.task,
-                    _ => "unknown".into(),
+                let (task, reason) = match s.store.get(r.id).await {
+                    Ok(Some(j)) => (j.task, j.error.unwrap_or_default()),
+                    _ => ("unknown".into(), String::new()),
                 };
                 crate::metrics::count(crate::metrics::JOBS_DEAD, &r.delivery.queue, &task);
-                tracing::error!(event = "job.dead", job = %r.id, %task, queue = %r.delivery.queue, "crash budget spent: job is dead");
+                tracing::error!(event = "job.dead", job = %r.id, %task, queue = %r.delivery.queue, %reason, "job is dead instead of starting");
                 ack_only(s, r).await;
             }
             StartOutcome::Missing => {
