@@ -804,14 +804,13 @@ impl Store for SqliteStore {
                         message: message.into(),
                     }));
                 }
-                Ok(tx
-                    .prepare_cached(&format!(
-                        "UPDATE jobs SET state = 'queued', dispatched = 0, attempts = 0, \
-                         crashes = 0, cancel_requested = 0, worker = NULL, finished_at = NULL, \
-                         scheduled_at = NULL, updated_at = ?2 WHERE id = ?1 RETURNING {COLUMNS}"
-                    ))?
-                    .query_row(params![sid, now], row_to_job)
-                    .map(Ok)?)
+                tx.prepare_cached(&format!(
+                    "UPDATE jobs SET state = 'queued', dispatched = 0, attempts = 0, \
+                     crashes = 0, cancel_requested = 0, worker = NULL, finished_at = NULL, \
+                     scheduled_at = NULL, updated_at = ?2 WHERE id = ?1 RETURNING {COLUMNS}"
+                ))?
+                .query_row(params![sid, now], row_to_job)
+                .map(Ok)
             })
             .await?
     }
