@@ -62,6 +62,22 @@ impl Tamper for RawPg {
     async fn unstorable_queue(&self) -> String {
         format!("{}\0", homing::conformance::unique_queue("nul"))
     }
+
+    async fn refuse_job_key(&self, key: &str) {
+        let name = homing::conformance::unique_queue("refuse").replace('-', "_");
+        let key = key.replace('\'', "''");
+        sqlx::raw_sql(&format!(
+            "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               IF NEW.idempotency_key = '{key}' THEN \
+                 RAISE EXCEPTION 'this key is refused by the test'; \
+               END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER {name} BEFORE INSERT ON homing_jobs \
+               FOR EACH ROW EXECUTE FUNCTION {name}();"
+        ))
+        .execute(self.0.pool())
+        .await
+        .unwrap();
+    }
 }
 
 async fn poisonable() -> Poisonable {

@@ -72,6 +72,19 @@ impl Tamper for RawSqlite {
             .unwrap();
         q
     }
+
+    async fn refuse_job_key(&self, key: &str) {
+        let sql = format!(
+            "CREATE TRIGGER \"refuse-key-{key}\" BEFORE INSERT ON jobs \
+             WHEN NEW.idempotency_key = {} \
+             BEGIN SELECT RAISE(ABORT, 'this key is refused by the test'); END",
+            lit(key)
+        );
+        self.0
+            .write(move |tx| tx.execute_batch(&sql))
+            .await
+            .unwrap();
+    }
 }
 
 async fn poisonable() -> Poisonable {

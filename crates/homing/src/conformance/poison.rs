@@ -23,6 +23,8 @@ pub trait Tamper: Send + Sync {
     /// A queue name that the database refuses to store a job under (PostgreSQL: one with a NUL
     /// character; SQLite, which stores anything: one a trigger refuses).
     async fn unstorable_queue(&self) -> String;
+    /// Makes the database refuse to insert a job with idempotency key `key` (a trigger).
+    async fn refuse_job_key(&self, key: &str);
 }
 
 /// A store and raw access to its rows.
@@ -35,7 +37,8 @@ macro_rules! store_poison_conformance {
     ($make:expr) => {
         $crate::__conformance_cases!(poison, $make;
             unreadable_jobs_die_at_start_and_neighbours_run, unreadable_rows_still_read,
-            unreadable_event_does_not_block_the_others, uncommittable_outcome_is_isolated,
+            unreadable_event_does_not_block_the_others, undeliverable_event_does_not_block_the_others,
+            uncommittable_outcome_is_isolated,
             uncommittable_dead_transition_at_start_is_isolated
         );
     };
@@ -179,6 +182,39 @@ pub async fn unreadable_event_does_not_block_the_others((s, t): Poisonable) {
     }
     let bad = events.iter().find(|e| e.id == ids[1]).unwrap();
     assert!(bad.data["unreadable"].is_string(), "{:?}", bad.data);
+}
+
+pub async fn undeliverable_event_does_not_block_the_others((s, t): Poisonable) {
+    let worker = unique_queue("poison-del");
+    let mut ids = Vec::new();
+    for kind in [WORKER_READY, WORKER_LOST, WORKER_SHUTDOWN] {
+        let ev = NewEvent::worker(kind, &worker, serde_json::json!({}));
+        ids.push(s.record_event(ev, now()).await.unwrap());
+    }
+    let subs = vec![Subscriber {
+        name: "all".into(),
+        events: vec!["*".into()],
+    }];
+    // The middle event's delivery cannot be stored: the batch fails, and must be split.
+    t.refuse_job_key(&format!("{}:all", ids[1])).await;
+    for _ in 0..100 {
+        if s.fan_out(&subs, 10, now()).await.expect("fan_out").events == 0 {
+            break;
+        }
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let delivery = s.get_by_key(&format!("{id}:all")).await.unwrap();
+        assert_eq!(
+            delivery.is_some(),
+            i != 1,
+            "event {i}: the others are delivered"
+        );
+    }
+    let events = s.events(ids[0] - 1, 10_000).await.unwrap();
+    for id in &ids {
+        let e = events.iter().find(|e| e.id == *id).unwrap();
+        assert!(e.dispatched_at.is_some(), "event {id} is no longer pending");
+    }
 }
 
 pub async fn uncommittable_outcome_is_isolated((s, t): Poisonable) {
