@@ -97,13 +97,19 @@ pub trait Broker: Send + Sync + 'static {
     async fn pending(&self, consumer: &str, limit: usize) -> Result<Vec<Delivery>>;
 
     /// Starts (or refreshes) a worker's liveness with time-to-live `ttl`.
+    ///
+    /// Crash contract: one write; a worker that crashes after it simply lets the TTL expire.
     async fn register(&self, worker: &str, ttl: Duration) -> Result<()>;
 
     /// Refreshes a live worker's heartbeat. Returns `false` when the heartbeat had already
     /// expired or been removed: the worker was presumed dead and must rejoin under a new name.
+    ///
+    /// Crash contract: one atomic refresh-if-present, so an expired heartbeat is never revived.
     async fn heartbeat(&self, worker: &str, ttl: Duration) -> Result<bool>;
 
     /// Removes a worker's heartbeat (graceful shutdown).
+    ///
+    /// Crash contract: idempotent; a crash before it leaves the heartbeat to expire.
     async fn unregister(&self, worker: &str) -> Result<()>;
 
     async fn is_alive(&self, worker: &str) -> Result<bool>;
@@ -113,6 +119,9 @@ pub trait Broker: Send + Sync + 'static {
     async fn lost_consumers(&self) -> Result<Vec<String>>;
 
     /// Forgets a consumer, only if it owns no message. Returns whether it was removed.
+    ///
+    /// Crash contract: a consumer that still owns a message is never removed; a crash midway
+    /// leaves the consumer known, and the next call removes it.
     async fn remove_consumer(&self, consumer: &str) -> Result<bool>;
 
     /// Checks the marker that proves the broker kept its data. Returns `true` when it was there;
@@ -130,5 +139,7 @@ pub trait Broker: Send + Sync + 'static {
 
     /// Retention: deletes the dead letters recorded before `before` and returns how many. They
     /// are a record for operators (the store keeps the jobs); nothing live is touched.
+    ///
+    /// Crash contract: a crash may leave some of them; calling again is harmless.
     async fn purge_dead_letters(&self, before: crate::time::Micros) -> Result<u64>;
 }
