@@ -230,8 +230,9 @@ pub struct Job {
     )]
     pub callback_url: Option<String>,
     /// Stored columns that could not be decoded (`"args cannot be read: …"`), each shown as
-    /// null/absent above. Such a job is made `dead` instead of run (see
-    /// [`crate::transition::start`]); reads still show it, so one bad row never fails a page.
+    /// null/absent above; reads still show the job, so one bad row never fails a page. A job
+    /// whose args, retry policy or follow-ups are among them is made `dead` instead of run (see
+    /// [`crate::transition::start`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<String>,
 }

@@ -156,18 +156,25 @@ pub fn effects_after(after: &Job, now: Micros) -> Effects {
     }
 }
 
-/// The reason a job whose stored data cannot be decoded is made `dead`, if it has such data.
+/// The stored columns a run needs: its input, its retry policy, and the follow-ups its end may
+/// enqueue (running without those would lose them silently). A previous run's unreadable
+/// `result` or `progress` does not stop a new run, which overwrites them.
+const NEEDED_TO_RUN: [&str; 4] = ["args", "retry_policy", "on_success", "on_failure"];
+
+/// The reason a job whose stored data cannot be decoded is made `dead` instead of run, if it
+/// has such data among the columns a run needs.
 pub fn unreadable_reason(job: &Job) -> Option<String> {
-    if job.unreadable.is_empty() {
-        return None;
-    }
-    Some(
-        job.unreadable
-            .iter()
-            .map(|n| format!("stored {n}"))
-            .collect::<Vec<_>>()
-            .join("; "),
-    )
+    let notes: Vec<String> = job
+        .unreadable
+        .iter()
+        .filter(|n| {
+            NEEDED_TO_RUN
+                .iter()
+                .any(|c| n.strip_prefix(c).is_some_and(|rest| rest.starts_with(' ')))
+        })
+        .map(|n| format!("stored {n}"))
+        .collect();
+    (!notes.is_empty()).then(|| notes.join("; "))
 }
 
 /// What [`start`] decided for one delivery (DESIGN.md section 4, step 2).
@@ -184,8 +191,8 @@ pub enum Start {
 }
 
 /// The start rule. In order: a finished or running job is skipped; a scheduled job not yet due
-/// is deferred; a job whose stored data cannot be read, or whose crash budget is spent, is dead;
-/// anything else runs.
+/// is deferred; a job whose stored data that a run needs cannot be read ([`unreadable_reason`]),
+/// or whose crash budget is spent, is dead; anything else runs.
 ///
 /// For a job whose data can be read, `Run` is exactly: `crashes < max_crashes` and (`queued`, or
 /// `scheduled` with `scheduled_at` (absent = 0) `<= now`). The SQLite store's one-statement fast
@@ -435,12 +442,24 @@ mod tests {
         j.unreadable = vec![
             "args cannot be read: x".into(),
             "result cannot be read: y".into(),
+            "on_failure cannot be read: z".into(),
         ];
         assert_eq!(
             unreadable_reason(&j).unwrap(),
-            "stored args cannot be read: x; stored result cannot be read: y"
+            "stored args cannot be read: x; stored on_failure cannot be read: z"
         );
         assert_eq!(unreadable_reason(&job(JobState::Queued)), None);
+        // A previous run's result or progress is overwritten by the next run: it may start.
+        j.unreadable = vec![
+            "result cannot be read: y".into(),
+            "progress cannot be read: w".into(),
+        ];
+        assert_eq!(unreadable_reason(&j), None);
+        assert_eq!(start(&j, NOW), Start::Run);
+        for column in NEEDED_TO_RUN {
+            j.unreadable = vec![format!("{column} cannot be read: v")];
+            assert!(matches!(start(&j, NOW), Start::Dead(_)), "{column}");
+        }
     }
 
     #[test]
