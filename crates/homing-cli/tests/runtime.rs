@@ -6,7 +6,7 @@ mod support;
 use std::time::{Duration, Instant};
 use support::*;
 
-use homing::store::Dispatch;
+use homing::store::ToPublish;
 use homing::{EnqueueRequest, JobState, RetryPolicy};
 
 /// Issue 2, test 4a: fails twice then succeeds → attempts = 2, with the retry delay honoured.
@@ -161,11 +161,11 @@ async fn idempotency_key_and_duplicate_messages() {
     let b = env.backends().await;
     b.broker
         .publish(&[
-            Dispatch {
+            ToPublish {
                 id,
                 queue: "idem".into(),
             },
-            Dispatch {
+            ToPublish {
                 id,
                 queue: "idem".into(),
             },
@@ -480,4 +480,67 @@ async fn retention_deletes_finished_history_and_nothing_else() {
         .log_text()
         .contains("deleted history older than the retention period"));
     assert!(!w.exited());
+}
+
+/// Issue 17: a job whose stored args cannot be read (nested deeper than the decoder reads, as
+/// older versions could write) is made dead with the reason; a good job reserved in the same
+/// batch on the same queue still succeeds, and `homing jobs list` still answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_poisoned_job_does_not_stop_its_queue() {
+    let env = Env::sqlite();
+    let client = env.client().await;
+    let enqueue = |args| {
+        let mut r = EnqueueRequest::new("builtin.noop", args);
+        r.options.queue = Some("poison".into());
+        r
+    };
+    // Both are queued before any worker runs, so its first reservation takes them together.
+    let bad = client
+        .enqueue(enqueue(serde_json::json!({"n": 1})))
+        .await
+        .unwrap()
+        .id;
+    let good = client
+        .enqueue(enqueue(serde_json::json!({"n": 2})))
+        .await
+        .unwrap()
+        .id;
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    let db = rusqlite::Connection::open(env.db_path()).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    let n = db
+        .execute(
+            "UPDATE jobs SET args = ?1 WHERE id = ?2",
+            rusqlite::params![deep, bad.to_string()],
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    drop(db);
+
+    let w = env.worker("w", "poison", &[]);
+    let j = wait_state(&client, good, JobState::Succeeded, Duration::from_secs(30)).await;
+    assert_eq!(j.result, Some(serde_json::json!({"n": 2})));
+    let b = wait_state(&client, bad, JobState::Dead, Duration::from_secs(30)).await;
+    let error = b.error.unwrap_or_default();
+    assert!(error.starts_with("stored args cannot be read"), "{error}");
+
+    // A later job on the same queue runs too.
+    let later = client
+        .enqueue(enqueue(serde_json::json!({"n": 3})))
+        .await
+        .unwrap()
+        .id;
+    wait_state(&client, later, JobState::Succeeded, Duration::from_secs(30)).await;
+
+    let (code, out, err) = env.run(&["jobs", "list", "--queue", "poison", "--json"]);
+    assert_eq!(code, 0, "jobs list fails on a poisoned row: {err}");
+    assert!(
+        out.contains(&bad.to_string()) && out.contains("unreadable"),
+        "{out}"
+    );
+    assert!(
+        !w.log_text().contains("cannot start jobs"),
+        "the worker failed whole batches:\n{}",
+        w.log_text()
+    );
 }

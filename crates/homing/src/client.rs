@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::broker::Broker;
 use crate::error::{Error, Result};
 use crate::job::{new_job_id, Job, JobId, JobOptions, NewJob};
-use crate::store::{Dispatch, Inserted, JobFilter, JobPage, Store};
+use crate::store::{Inserted, JobFilter, JobPage, Store, ToPublish};
 use crate::task::{Registry, Task};
 use crate::time::{micros, now};
 
@@ -176,10 +176,10 @@ impl Client {
                 crate::metrics::count(crate::metrics::JOBS_ENQUEUED, &i.queue, task);
             }
         }
-        let to_send: Vec<Dispatch> = inserted
+        let to_send: Vec<ToPublish> = inserted
             .iter()
             .filter(|i| i.needs_dispatch())
-            .map(|i| Dispatch {
+            .map(|i| ToPublish {
                 id: i.id,
                 queue: i.queue.clone(),
             })
@@ -208,7 +208,7 @@ impl Client {
     /// Puts a failed, dead or cancelled job back in its queue.
     pub async fn retry(&self, id: JobId) -> Result<Job> {
         let job = self.store.retry(id, now()).await?;
-        let d = [Dispatch {
+        let d = [ToPublish {
             id: job.id,
             queue: job.queue.clone(),
         }];
@@ -239,7 +239,7 @@ impl Client {
 }
 
 /// Publishes jobs and then records them as dispatched: the one way a job reaches the broker.
-pub async fn publish(broker: &dyn Broker, store: &dyn Store, jobs: &[Dispatch]) -> Result<()> {
+pub async fn publish(broker: &dyn Broker, store: &dyn Store, jobs: &[ToPublish]) -> Result<()> {
     if jobs.is_empty() {
         return Ok(());
     }

@@ -230,6 +230,12 @@ pub struct Job {
         serialize_with = "redacted_opt"
     )]
     pub callback_url: Option<String>,
+    /// Stored columns that could not be decoded (`"args cannot be read: …"`), each shown as
+    /// null/absent above; reads still show the job, so one bad row never fails a page. A job
+    /// whose args, retry policy or follow-ups are among them is made `dead` instead of run (see
+    /// [`crate::transition::start`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<String>,
 }
 
 /// Checks a callback or webhook URL: `http` or `https`, a host, at most 2048 bytes.

@@ -70,6 +70,7 @@ pub mod sqlite;
 pub mod store;
 pub mod task;
 pub mod time;
+pub mod transition;
 pub mod worker;
 
 #[cfg(feature = "conformance")]

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use homing::conformance::new_job;
+use homing::conformance::{new_job, Poisonable, Tamper};
 use homing::events::{
     NewEvent, Subscriber, CALLBACK_TARGET, WEBHOOK_QUEUE, WEBHOOK_TASK, WORKER_LOST, WORKER_READY,
     WORKER_SHUTDOWN,
@@ -31,6 +31,63 @@ async fn store() -> Arc<dyn Store> {
 
 mod store_suite {
     homing::store_conformance!(super::store());
+}
+
+/// Raw writes to the store's tables, for the poisoned-row cases.
+struct RawPg(PgStore);
+
+#[homing::async_trait]
+impl Tamper for RawPg {
+    async fn set_job_text(&self, id: JobId, column: &str, text: &str) {
+        sqlx::query(&format!(
+            "UPDATE homing_jobs SET {column} = $2 WHERE id = $1"
+        ))
+        .bind(id)
+        .bind(text)
+        .execute(self.0.pool())
+        .await
+        .unwrap();
+    }
+
+    async fn set_event_data(&self, id: i64, text: &str) {
+        sqlx::query("UPDATE homing_events SET data = $2 WHERE id = $1")
+            .bind(id)
+            .bind(text)
+            .execute(self.0.pool())
+            .await
+            .unwrap();
+    }
+
+    /// PostgreSQL text cannot hold a NUL character.
+    async fn unstorable_queue(&self) -> String {
+        format!("{}\0", homing::conformance::unique_queue("nul"))
+    }
+
+    async fn refuse_job_key(&self, key: &str) {
+        let name = homing::conformance::unique_queue("refuse").replace('-', "_");
+        let key = key.replace('\'', "''");
+        sqlx::raw_sql(&format!(
+            "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               IF NEW.idempotency_key = '{key}' THEN \
+                 RAISE EXCEPTION 'this key is refused by the test'; \
+               END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER {name} BEFORE INSERT ON homing_jobs \
+               FOR EACH ROW EXECUTE FUNCTION {name}();"
+        ))
+        .execute(self.0.pool())
+        .await
+        .unwrap();
+    }
+}
+
+async fn poisonable() -> Poisonable {
+    let store = fresh_store().await;
+    let raw = RawPg(store.clone());
+    (Arc::new(store), Arc::new(raw))
+}
+
+mod poison_suite {
+    homing::store_poison_conformance!(super::poisonable());
 }
 
 /// Two stores on one database, as two servers (or a server and a worker) would have.

@@ -14,7 +14,7 @@ use homing::conformance::{new_job, unique_queue};
 use homing::maintenance::{reconciler, rescuer, MaintenanceConfig};
 use homing::sqlite::Db;
 use homing::store::sqlite::SqliteStore;
-use homing::store::{Dispatch, StartOutcome, Store};
+use homing::store::{StartOutcome, Store, ToPublish};
 use homing::{Client, EnqueueRequest, JobId, JobState, Worker, WorkerConfig};
 use redis_server::{shared, unique_prefix, RedisServer};
 
@@ -37,7 +37,7 @@ async fn enqueued(store: &dyn Store, broker: &dyn Broker, queue: &str) -> JobId 
     let id = job.id;
     store.insert(vec![job]).await.expect("insert");
     broker
-        .publish(&[Dispatch {
+        .publish(&[ToPublish {
             id,
             queue: queue.to_string(),
         }])
@@ -62,7 +62,7 @@ async fn garbage_in_a_stream_is_delivered_undecodable_and_dead_lettered() {
     let b = open(&server.url(&unique_prefix("garbage"))).await;
     let q = unique_queue("g");
     let good = homing::job::new_job_id();
-    b.publish(&[Dispatch {
+    b.publish(&[ToPublish {
         id: good,
         queue: q.clone(),
     }])
@@ -195,9 +195,9 @@ async fn a_deleted_pending_entry_is_acknowledged_away() {
     let b = open(&server.url(&unique_prefix("deleted"))).await;
     let q = unique_queue("del");
     let ids: Vec<JobId> = (0..2).map(|_| homing::job::new_job_id()).collect();
-    let msgs: Vec<Dispatch> = ids
+    let msgs: Vec<ToPublish> = ids
         .iter()
-        .map(|id| Dispatch {
+        .map(|id| ToPublish {
             id: *id,
             queue: q.clone(),
         })
@@ -226,9 +226,9 @@ async fn a_deleted_pending_entry_is_acknowledged_away() {
 async fn reserving_from_several_queues_never_exceeds_max() {
     let b = open(&shared().url(&unique_prefix("multi"))).await;
     let (qa, qb) = (unique_queue("qa"), unique_queue("qb"));
-    let msgs: Vec<Dispatch> = [&qa, &qa, &qa, &qb, &qb, &qb]
+    let msgs: Vec<ToPublish> = [&qa, &qa, &qa, &qb, &qb, &qb]
         .iter()
-        .map(|q| Dispatch {
+        .map(|q| ToPublish {
             id: homing::job::new_job_id(),
             queue: q.to_string(),
         })
@@ -248,7 +248,7 @@ async fn a_waiting_reservation_picks_up_a_requeued_message() {
     let b = open(&shared().url(&unique_prefix("wake"))).await;
     let q = unique_queue("wake");
     let id = homing::job::new_job_id();
-    b.publish(&[Dispatch {
+    b.publish(&[ToPublish {
         id,
         queue: q.clone(),
     }])
@@ -355,7 +355,7 @@ async fn connection_loss_is_unavailable_and_the_same_broker_recovers() {
     let mut server = RedisServer::tcp("s3cret");
     let b = open(&server.url("conn")).await;
     let q = unique_queue("conn");
-    let msg = |id| Dispatch {
+    let msg = |id| ToPublish {
         id,
         queue: q.clone(),
     };

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::error::Result;
 use crate::job::JobId;
-use crate::store::Dispatch;
+use crate::store::ToPublish;
 
 /// One reserved message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +59,7 @@ pub trait Broker: Send + Sync + 'static {
     ///
     /// Crash contract: a crash may publish a prefix of the batch; the store still lists the
     /// rest as undispatched, so the reconciler publishes them.
-    async fn publish(&self, jobs: &[Dispatch]) -> Result<()>;
+    async fn publish(&self, jobs: &[ToPublish]) -> Result<()>;
 
     /// Reserves up to `max` ready messages from `queues` for `consumer`, oldest first, waiting up
     /// to `wait` for at least one. Reserved messages stay owned by `consumer` until acknowledged
@@ -81,22 +81,35 @@ pub trait Broker: Send + Sync + 'static {
 
     /// Puts messages reserved by `consumer` back to ready, and returns how many were still owned
     /// by `consumer` (only those are put back, so concurrent rescuers requeue each message once).
+    ///
+    /// Crash contract: each message moves on its own; a crash may put back a prefix of the
+    /// batch, and the rest stays reserved by `consumer`, where the rescuer finds it again. A
+    /// requeued message gets a new tag, so an ack with the old one cannot remove it.
     async fn requeue(&self, consumer: &str, deliveries: &[Delivery]) -> Result<usize>;
 
     /// Moves one message out of its queue into the dead-letter list with a reason.
+    ///
+    /// Crash contract: atomic; a crash leaves the message either reserved (the rescuer finds it
+    /// and it is dead-lettered again) or dead-lettered, never both or neither.
     async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<()>;
 
     /// Messages reserved by `consumer`, at most `limit`.
     async fn pending(&self, consumer: &str, limit: usize) -> Result<Vec<Delivery>>;
 
     /// Starts (or refreshes) a worker's liveness with time-to-live `ttl`.
+    ///
+    /// Crash contract: one write; a worker that crashes after it simply lets the TTL expire.
     async fn register(&self, worker: &str, ttl: Duration) -> Result<()>;
 
     /// Refreshes a live worker's heartbeat. Returns `false` when the heartbeat had already
     /// expired or been removed: the worker was presumed dead and must rejoin under a new name.
+    ///
+    /// Crash contract: one atomic refresh-if-present, so an expired heartbeat is never revived.
     async fn heartbeat(&self, worker: &str, ttl: Duration) -> Result<bool>;
 
     /// Removes a worker's heartbeat (graceful shutdown).
+    ///
+    /// Crash contract: idempotent; a crash before it leaves the heartbeat to expire.
     async fn unregister(&self, worker: &str) -> Result<()>;
 
     async fn is_alive(&self, worker: &str) -> Result<bool>;
@@ -110,10 +123,18 @@ pub trait Broker: Send + Sync + 'static {
     async fn lost_consumers(&self) -> Result<Vec<String>>;
 
     /// Forgets a consumer, only if it owns no message. Returns whether it was removed.
+    ///
+    /// Crash contract: a consumer that still owns a message is never removed; a crash midway
+    /// leaves the consumer known, and the next call removes it.
     async fn remove_consumer(&self, consumer: &str) -> Result<bool>;
 
     /// Checks the marker that proves the broker kept its data. Returns `true` when it was there;
     /// `false` when it was missing (first start, or the broker lost its data) — it is set again.
+    ///
+    /// Crash contract: one atomic check-and-set, so of concurrent callers after a loss at least
+    /// one sees `false`. The marker is set again by the call itself: a caller that crashes
+    /// after a `false` answer and before its store's `redispatch_all` loses that signal, and
+    /// queued jobs whose messages were lost wait for an operator's re-dispatch.
     async fn check_marker(&self) -> Result<bool>;
 
     async fn depths(&self) -> Result<Vec<QueueDepth>>;
@@ -122,5 +143,7 @@ pub trait Broker: Send + Sync + 'static {
 
     /// Retention: deletes the dead letters recorded before `before` and returns how many. They
     /// are a record for operators (the store keeps the jobs); nothing live is touched.
+    ///
+    /// Crash contract: a crash may leave some of them; calling again is harmless.
     async fn purge_dead_letters(&self, before: crate::time::Micros) -> Result<u64>;
 }

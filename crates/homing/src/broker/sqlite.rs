@@ -116,7 +116,7 @@ impl Broker for SqliteBroker {
         "sqlite"
     }
 
-    async fn publish(&self, jobs: &[Dispatch]) -> Result<()> {
+    async fn publish(&self, jobs: &[ToPublish]) -> Result<()> {
         if jobs.is_empty() {
             return Ok(());
         }

@@ -22,7 +22,7 @@ use crate::broker::Broker;
 use crate::client::{publish, MAX_ARGS_BYTES};
 use crate::error::Result;
 use crate::job::{JobOptions, NewJob};
-use crate::store::{Dispatch, Inserted, Store};
+use crate::store::{Inserted, Store, ToPublish};
 use crate::task::Registry;
 use crate::time::now;
 
@@ -316,10 +316,10 @@ impl Ingress {
         let Some(inserted) = self.insert(jobs, &mut dead, stop).await else {
             return; // the store stayed away and we are stopping: the messages go back
         };
-        let to_send: Vec<Dispatch> = inserted
+        let to_send: Vec<ToPublish> = inserted
             .iter()
             .filter(|i| i.needs_dispatch())
-            .map(|i| Dispatch {
+            .map(|i| ToPublish {
                 id: i.id,
                 queue: i.queue.clone(),
             })

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::unique_queue;
 use crate::broker::*;
 use crate::job::{new_job_id, JobId};
-use crate::store::Dispatch;
+use crate::store::ToPublish;
 
 /// Generates one `#[tokio::test]` per broker case; `$make` is an expression whose value is a
 /// future of `Arc<dyn Broker>`, evaluated afresh for each case.
@@ -23,9 +23,9 @@ macro_rules! broker_conformance {
     };
 }
 
-fn dispatches(q: &str, n: usize) -> Vec<Dispatch> {
+fn dispatches(q: &str, n: usize) -> Vec<ToPublish> {
     (0..n)
-        .map(|_| Dispatch {
+        .map(|_| ToPublish {
             id: new_job_id(),
             queue: q.to_string(),
         })

@@ -2,10 +2,14 @@
 //! run unchanged against every implementation (SQLite, Redis, PostgreSQL, and any third-party
 //! backend). A backend's test file invokes [`store_conformance!`](crate::store_conformance) or
 //! [`broker_conformance!`](crate::broker_conformance) with an expression that makes a fresh
-//! backend; each case becomes its own `#[tokio::test]`.
+//! backend; each case becomes its own `#[tokio::test]`. A store's test file that can also write
+//! raw rows runs [`store_poison_conformance!`](crate::store_poison_conformance) too.
 
 pub mod broker;
+pub mod poison;
 pub mod store;
+
+pub use poison::{Poisonable, Tamper};
 
 use crate::job::{new_job_id, JobOptions, NewJob};
 

@@ -119,7 +119,7 @@ pub async fn countdown_is_scheduled_and_claimed_once(s: Arc<dyn Store>) {
     let early = s.claim_due(due - 1, 100).await.unwrap();
     assert!(!early.iter().any(|d| d.id == nj.id), "claimed before due");
     let claimed = s.claim_due(due, 100).await.unwrap();
-    assert!(claimed.contains(&Dispatch {
+    assert!(claimed.contains(&ToPublish {
         id: nj.id,
         queue: q.clone()
     }));
@@ -430,7 +430,7 @@ pub async fn release_counts_nothing(s: Arc<dyn Store>) {
     assert_eq!(*state, JobState::Queued);
     assert_eq!(
         dispatch,
-        &vec![Dispatch {
+        &vec![ToPublish {
             id: nj.id,
             queue: q
         }]
@@ -445,7 +445,7 @@ pub async fn outbox_tracks_dispatch(s: Arc<dyn Store>) {
     let nj = new_job(&q, "t");
     insert_one(&*s, nj.clone()).await;
     let far = now() + micros(Duration::from_secs(3600));
-    let listed = |v: Vec<Dispatch>| v.iter().any(|d| d.id == nj.id);
+    let listed = |v: Vec<ToPublish>| v.iter().any(|d| d.id == nj.id);
     assert!(
         listed(s.undispatched(far, 10_000).await.unwrap()),
         "a new job is undispatched"

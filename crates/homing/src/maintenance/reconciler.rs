@@ -13,7 +13,7 @@ use super::MaintenanceConfig;
 use crate::broker::Broker;
 use crate::client::publish;
 use crate::error::Result;
-use crate::store::{Dispatch, Lost, Store};
+use crate::store::{Lost, Store, ToPublish};
 use crate::time::{micros, now};
 
 const BATCH: usize = 1000;
@@ -77,7 +77,7 @@ pub async fn pass(
             tracing::warn!(event = "job.reclaimed", job = %id, %worker, "reclaimed a running job whose worker and message are gone");
             if let Some(job) = store.get(id).await? {
                 crate::metrics::count(crate::metrics::JOBS_RECLAIMED, &job.queue, &job.task);
-                orphans.push(Dispatch {
+                orphans.push(ToPublish {
                     id,
                     queue: job.queue,
                 });
@@ -88,7 +88,7 @@ pub async fn pass(
     publish(broker, store, &orphans).await?;
     let before = now() - micros(config.dispatch_grace);
     loop {
-        let due: Vec<Dispatch> = store.undispatched(before, BATCH).await?;
+        let due: Vec<ToPublish> = store.undispatched(before, BATCH).await?;
         if due.is_empty() {
             break;
         }

@@ -4,6 +4,10 @@
 //! either all of it is committed or none of it. Each method says what a crash in the middle
 //! leaves behind ("crash contract"); the conformance suite in [`crate::conformance::store`]
 //! checks the observable part of each contract against every implementation.
+//!
+//! What a transition does is decided in [`crate::transition`]; a store reads the row, asks it,
+//! and writes the answer. A row whose data cannot be decoded is still read (the column shows
+//! as null, named in [`Job::unreadable`]), so one bad job cannot fail a page, a batch or a queue.
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -23,7 +27,7 @@ use crate::time::Micros;
 
 /// A job that must be (re)published to the broker.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Dispatch {
+pub struct ToPublish {
     pub id: JobId,
     pub queue: String,
 }
@@ -60,32 +64,7 @@ pub enum StartOutcome {
     Missing,
 }
 
-/// How a run ended, as committed by [`Store::complete`].
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    Succeeded(serde_json::Value),
-    /// A handler error with retries left: `attempts + 1`, `scheduled` at `at`.
-    Retry {
-        error: String,
-        at: Micros,
-    },
-    /// A handler error with no retries left, or a fatal one: `attempts + 1`, `failed`.
-    Failed {
-        error: String,
-    },
-    /// The handler asked to run again later: `scheduled` at `at`, nothing counted.
-    Snooze {
-        at: Micros,
-    },
-    /// Stopped on request: `cancelled`.
-    Cancelled,
-    /// Not the handler's fault and not a crash (graceful shutdown): back to `queued`, nothing counted.
-    Released,
-    /// The worker cannot run it at all (unknown task): `dead` with the reason.
-    Dead {
-        reason: String,
-    },
-}
+pub use crate::transition::Outcome;
 
 /// One fenced completion.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,7 +82,7 @@ pub enum Committed {
     /// a released job).
     Applied {
         state: JobState,
-        dispatch: Vec<Dispatch>,
+        dispatch: Vec<ToPublish>,
     },
     /// Rejected: the epoch is stale (a zombie's write) or the job is no longer running.
     Stale,
@@ -225,6 +204,72 @@ pub(crate) fn group_counts(
     out
 }
 
+/// Decodes a stored JSON column without failing the row: text that cannot be decoded (invalid,
+/// or nested deeper than the decoder reads) becomes `None`, and a note naming the column is added
+/// to `unreadable` (it becomes [`Job::unreadable`]).
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(
+    text: Option<&str>,
+    column: &str,
+    unreadable: &mut Vec<String>,
+) -> Option<T> {
+    match serde_json::from_str(text?) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            unreadable.push(format!("{column} cannot be read: {e}"));
+            None
+        }
+    }
+}
+
+/// A stored event's data, or what a reader is shown instead when it cannot be decoded:
+/// `{"unreadable": "<why>"}`, so one bad event never fails a page of events.
+pub(crate) fn read_event_data(text: &str) -> std::result::Result<serde_json::Value, String> {
+    serde_json::from_str(text).map_err(|e| format!("event data cannot be read: {e}"))
+}
+
+/// The second line of defence of batch calls (DESIGN.md section 12, bad input): `batch` runs
+/// everything in one transaction; when that fails for a reason other than the store being
+/// unavailable (so one item's data is at fault), each item runs alone in its own transaction,
+/// and an item that still fails is handed to `isolate` with its error, which confines it to
+/// its own job (it becomes `dead`) so its neighbours commit normally. A transient error stops
+/// the fallback and is returned: the caller retries the call.
+pub(crate) async fn isolating<I, O, B, BF, S, SF, X, XF>(
+    items: Vec<I>,
+    batch: B,
+    single: S,
+    isolate: X,
+) -> Result<Vec<O>>
+where
+    I: Clone,
+    B: FnOnce(Vec<I>) -> BF,
+    BF: std::future::Future<Output = Result<Vec<O>>>,
+    S: Fn(I) -> SF,
+    SF: std::future::Future<Output = Result<O>>,
+    X: Fn(I, crate::error::Error) -> XF,
+    XF: std::future::Future<Output = Result<O>>,
+{
+    match batch(items.clone()).await {
+        Ok(v) => return Ok(v),
+        Err(e) if e.is_transient() || items.is_empty() => return Err(e),
+        Err(e) if items.len() == 1 => {
+            let item = items.into_iter().next().expect("one item");
+            return Ok(vec![isolate(item, e).await?]);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, items = items.len(), "a batch failed; trying its items one by one");
+        }
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        match single(item.clone()).await {
+            Ok(o) => out.push(o),
+            Err(e) if e.is_transient() => return Err(e),
+            Err(e) => out.push(isolate(item, e).await?),
+        }
+    }
+    Ok(out)
+}
+
 /// What one [`Store::fan_out`] call did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FanOut {
@@ -232,7 +277,7 @@ pub struct FanOut {
     pub events: usize,
     /// The `builtin.webhook` jobs it inserted, to publish now (the reconciler publishes them
     /// otherwise).
-    pub dispatch: Vec<Dispatch>,
+    pub dispatch: Vec<ToPublish>,
 }
 
 /// What a worker says about itself when it starts.
@@ -281,24 +326,39 @@ pub trait Store: Send + Sync + 'static {
     /// (the outbox of messages still to publish). A shared store may lease what it returns
     /// (PostgreSQL stamps the rows with the current time), so that reconcilers sweeping at once
     /// do not publish the same jobs; unpublished ones come back once `before` passes the lease.
-    async fn undispatched(&self, before: Micros, limit: usize) -> Result<Vec<Dispatch>>;
+    ///
+    /// Crash contract: a read (plus the lease, one statement); a caller that crashes before
+    /// publishing leaves the jobs undispatched, and they come back.
+    async fn undispatched(&self, before: Micros, limit: usize) -> Result<Vec<ToPublish>>;
 
     /// Marks every queued job undispatched, so the reconciler publishes it again: called when
     /// the broker has lost its data.
+    ///
+    /// Crash contract: one transaction; calling it again is harmless (duplicate messages are
+    /// skipped by the idempotency guard).
     async fn redispatch_all(&self) -> Result<u64>;
 
     /// Decides, atomically, what to do with one delivery of `id` to `worker` at `now`
     /// (DESIGN.md section 4, step 2). `Run` increments the epoch and sets `running`, `worker`,
     /// `started_at`.
     ///
-    /// Crash contract: one transaction per job; a crash after it leaves the job `running` under
-    /// `worker`, which the rescuer reclaims once the worker's heartbeat expires.
+    /// The decision is [`crate::transition::start`]'s; a job whose stored data cannot be
+    /// decoded is made `dead` with the reason, and its batch-mates start normally.
+    ///
+    /// Crash contract: one transaction for the batch (one per job if the batch fails for a job's
+    /// data, see [`isolating`]); a crash after it leaves the jobs `running` under `worker`, which
+    /// the rescuer reclaims once the worker's heartbeat expires.
     async fn start(&self, ids: &[JobId], worker: &str, now: Micros) -> Result<Vec<StartOutcome>>;
 
     /// Commits outcomes, each only if the job is `running` with exactly that epoch. Follow-ups
     /// declared by a job for the state it reaches are inserted in the same transaction.
     ///
-    /// Crash contract: one transaction for the batch; a crash commits all or none, and an
+    /// What each outcome writes is [`crate::transition::complete`]'s decision. A completion
+    /// that cannot be written (say, a follow-up the database refuses) makes its job `dead` with
+    /// the reason instead, and the rest of the batch commits normally.
+    ///
+    /// Crash contract: one transaction for the batch (one per completion if the batch fails for
+    /// one's data, see [`isolating`]); a crash commits all or none of a transaction, and an
     /// uncommitted run is reclaimed and runs again under a new epoch.
     async fn complete(&self, done: &[Completion], now: Micros) -> Result<Vec<Committed>>;
 
@@ -313,12 +373,14 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// Crash contract: one transaction; each due job is claimed by exactly one caller even when
     /// many schedulers run; a crash after it leaves them undispatched for the reconciler.
-    async fn claim_due(&self, now: Micros, limit: usize) -> Result<Vec<Dispatch>>;
+    async fn claim_due(&self, now: Micros, limit: usize) -> Result<Vec<ToPublish>>;
 
     /// Jobs `running` under any worker: `(id, worker, started_at)`, oldest first.
     async fn running(&self, limit: usize) -> Result<Vec<(JobId, String, Micros)>>;
 
     /// Records the handler's progress, only while `epoch` is current.
+    ///
+    /// Crash contract: one fenced statement; a crash loses at most this report.
     async fn set_progress(
         &self,
         id: JobId,
@@ -326,7 +388,11 @@ pub trait Store: Send + Sync + 'static {
         progress: serde_json::Value,
     ) -> Result<bool>;
 
-    /// Makes a job `dead` with a reason whatever its state (an undecodable delivery).
+    /// Makes a job `dead` with a reason whatever its state (an undecodable delivery), with its
+    /// `job.dead` event and `on_failure` follow-up. Returns `false` for a missing or finished job.
+    ///
+    /// Crash contract: one transaction: the job is dead with its event and follow-up, or
+    /// untouched; calling it again changes nothing.
     async fn mark_dead(&self, id: JobId, reason: &str, now: Micros) -> Result<bool>;
 
     async fn get(&self, id: JobId) -> Result<Option<Job>>;
@@ -339,10 +405,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// An operator's retry: a `failed`, `dead` or `cancelled` job goes back to `queued`
     /// (undispatched) with its retry budget renewed. Other states are a `Conflict`.
+    ///
+    /// Crash contract: one transaction deciding on the locked row, so two operators retrying at
+    /// once requeue the job once (the second gets a `Conflict`); a crash after it leaves the job
+    /// undispatched, and the reconciler publishes it.
     async fn retry(&self, id: JobId, now: Micros) -> Result<Job>;
 
     /// Cancels a job: `queued` or `scheduled` become `cancelled`; a `running` job is marked
     /// `cancel_requested` and its worker stops it. Terminal jobs are a `Conflict`.
+    ///
+    /// Crash contract: one transaction deciding on the locked row, with the `job.cancelled`
+    /// event of a job with a callback. A request on a running job survives a crash of the
+    /// worker: the rescuer finds it and makes the job `cancelled`.
     async fn cancel(&self, id: JobId, now: Micros) -> Result<Job>;
 
     /// Of these jobs, the ones with a cancel request.
@@ -350,16 +424,25 @@ pub trait Store: Send + Sync + 'static {
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>>;
 
+    /// Records a worker's start (`live`) and the task names it runs.
+    ///
+    /// Crash contract: one transaction; registering again replaces the row.
     async fn register_worker(&self, info: &WorkerInfo, now: Micros) -> Result<()>;
 
     /// Records that a worker was alive at `now`.
+    ///
+    /// Crash contract: one statement; a crash loses at most this sighting.
     async fn worker_seen(&self, id: &str, now: Micros) -> Result<()>;
 
     /// Records a worker's end: `Stopped` or `Lost` (`Live` is refused as invalid input), only if
     /// it is still `live`, and with it, in
     /// the same transaction, `event` (its `worker.lost` or `worker.shutdown` alert). Returns
-    /// whether this call changed the row: of several rescuers declaring the same worker lost
-    /// exactly one records the alert, and a crash cannot leave the worker marked without it.
+    /// whether this call changed the row (of several rescuers declaring the same worker lost,
+    /// exactly one gets `true`).
+    ///
+    /// Crash contract: one transaction: the worker is marked with its alert, or neither is
+    /// written; exactly one of several rescuers records the alert, and a crash cannot leave
+    /// the worker marked without it.
     async fn worker_gone(
         &self,
         id: &str,
@@ -392,9 +475,12 @@ pub trait Store: Send + Sync + 'static {
     /// [`crate::events::CALLBACK_TARGET`]) inserts a `builtin.webhook` job on
     /// [`crate::events::WEBHOOK_QUEUE`] with idempotency key `<event id>:<target>` and args
     /// `{"event": <event JSON>, "subscription": <name>}` (or `"callback_job": <job id>`), then
-    /// marks the event dispatched. Events that match nothing are marked dispatched too.
+    /// marks the event dispatched. Events that match nothing are marked dispatched too, and so
+    /// are events whose data cannot be read or whose deliveries cannot be stored (logged as
+    /// errors): one bad event never holds up the alerts behind it.
     ///
-    /// Crash contract: one transaction: a crash fans out all of the batch or none of it; two
+    /// Crash contract: one transaction (one per event if the batch fails for an event's data):
+    /// a crash fans out all of a transaction or none of it; two
     /// concurrent callers never take the same event, and the idempotency keys make a repeated
     /// fan-out of an event insert nothing new.
     async fn fan_out(
@@ -410,8 +496,10 @@ pub trait Store: Send + Sync + 'static {
     /// Retention: deletes at most `limit` finished jobs (succeeded, failed, dead, cancelled)
     /// whose `finished_at` is before `before`, at most `limit` events already fanned out and
     /// created before it, and the rows of stopped or lost workers last seen before it. Nothing
-    /// queued, scheduled or running and no pending event is touched. One transaction: a crash
-    /// leaves all of one call's deletions or none, and calling again is harmless. Competing
-    /// callers (one per process) skip rows another is deleting.
+    /// queued, scheduled or running and no pending event is touched. Competing callers (one per
+    /// process) skip rows another is deleting.
+    ///
+    /// Crash contract: one transaction: a crash leaves all of one call's deletions or none, and
+    /// calling again is harmless.
     async fn purge(&self, before: Micros, limit: usize) -> Result<Purged>;
 }

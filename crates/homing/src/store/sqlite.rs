@@ -11,6 +11,7 @@ use crate::error::Error;
 use crate::events::CALLBACK_TARGET;
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
 use crate::sqlite::Db;
+use crate::transition::{self, Change};
 
 /// The SQLite store.
 #[derive(Debug, Clone)]
@@ -37,53 +38,56 @@ fn corrupt(what: &str, e: impl std::fmt::Display) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(format!("corrupt {what}: {e}").into())
 }
 
-fn json_col(row: &Row<'_>, idx: usize, what: &str) -> rusqlite::Result<Option<serde_json::Value>> {
-    let s: Option<String> = row.get(idx)?;
-    s.map(|s| serde_json::from_str(&s).map_err(|e| corrupt(what, e)))
-        .transpose()
-}
-
-fn typed_col<T: serde::de::DeserializeOwned>(
+/// A JSON column, decoded leniently (see [`read_json`]).
+fn json_col<T: serde::de::DeserializeOwned>(
     row: &Row<'_>,
     idx: usize,
     what: &str,
+    unreadable: &mut Vec<String>,
 ) -> rusqlite::Result<Option<T>> {
     let s: Option<String> = row.get(idx)?;
-    s.map(|s| serde_json::from_str(&s).map_err(|e| corrupt(what, e)))
-        .transpose()
+    Ok(read_json(s.as_deref(), what, unreadable))
 }
 
 fn row_to_job(row: &Row<'_>) -> rusqlite::Result<Job> {
     let id: String = row.get(0)?;
     let state: String = row.get(3)?;
+    let mut bad = Vec::new();
+    let args = json_col(row, 4, "args", &mut bad)?.unwrap_or(serde_json::Value::Null);
+    let result = json_col(row, 5, "result", &mut bad)?;
+    let retry_policy = json_col(row, 12, "retry_policy", &mut bad)?;
+    let progress = json_col(row, 15, "progress", &mut bad)?;
+    let on_success = json_col(row, 22, "on_success", &mut bad)?;
+    let on_failure = json_col(row, 23, "on_failure", &mut bad)?;
     Ok(Job {
         id: id.parse().map_err(|e| corrupt("job id", e))?,
         task: row.get(1)?,
         queue: row.get(2)?,
         state: state.parse().map_err(|e| corrupt("state", e))?,
-        args: json_col(row, 4, "args")?.unwrap_or(serde_json::Value::Null),
-        result: json_col(row, 5, "result")?,
+        args,
+        result,
         error: row.get(6)?,
         attempts: row.get(7)?,
         crashes: row.get(8)?,
         epoch: row.get::<_, i64>(9)? as u64,
         max_retries: row.get(10)?,
         max_crashes: row.get(11)?,
-        retry_policy: typed_col(row, 12, "retry policy")?,
+        retry_policy,
         time_limit: row
             .get::<_, Option<i64>>(13)?
             .map(|ms| std::time::Duration::from_millis(ms.max(0) as u64)),
         idempotency_key: row.get(14)?,
-        progress: json_col(row, 15, "progress")?,
+        progress,
         worker: row.get(16)?,
         created_at: row.get(17)?,
         scheduled_at: row.get(18)?,
         started_at: row.get(19)?,
         finished_at: row.get(20)?,
         cancel_requested: row.get::<_, i64>(21)? != 0,
-        on_success: typed_col(row, 22, "on_success")?,
-        on_failure: typed_col(row, 23, "on_failure")?,
+        on_success,
+        on_failure,
         callback_url: row.get(24)?,
+        unreadable: bad,
     })
 }
 
@@ -162,160 +166,238 @@ fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result<Inserted> 
     })
 }
 
-/// Applies `set` to job `id` only while run `epoch` owns it (the fence), returning the updated
-/// row; `None` means a newer run or a terminal transition got there first. One statement, so
-/// the common path reads the row once.
-fn fenced_update(
+/// Which rows a [`write_change`] may touch besides the id.
+enum Guard {
+    /// Whatever its state (the caller read and decided on the row in this transaction).
+    Any,
+    /// Only while run `epoch` owns it: a newer run or a terminal transition got there first
+    /// otherwise.
+    Fence(u64),
+    /// Only while it has not started (`queued` or `scheduled`).
+    NotStarted,
+}
+
+/// Writes a decided [`Change`] to job `id` in one statement and returns the row as committed,
+/// or `None` when the guard does not hold. The statement's text depends only on which columns
+/// change, so the few shapes there are stay in the prepared-statement cache.
+fn write_change(
     tx: &Transaction<'_>,
-    set: &str,
     id: &str,
-    epoch: u64,
-    values: &[&dyn rusqlite::ToSql],
+    guard: Guard,
+    change: &Change,
+    now: Micros,
 ) -> rusqlite::Result<Option<Job>> {
-    let sql = format!(
-        "UPDATE jobs SET {set} WHERE id = ?1 AND state = 'running' AND epoch = ?2 RETURNING {COLUMNS}"
+    let mut vals: Vec<Box<dyn rusqlite::ToSql>> = vec![Box::new(id.to_string()), Box::new(now)];
+    let mut sql = format!(
+        "UPDATE jobs SET state = '{}', updated_at = ?2",
+        change.state.as_str()
     );
-    let mut all: Vec<&dyn rusqlite::ToSql> = vec![&id, &epoch];
-    all.extend_from_slice(values);
+    let mut bind = |sql: &mut String, col: &str, v: Box<dyn rusqlite::ToSql>| {
+        vals.push(v);
+        *sql += &format!(", {col} = ?{}", vals.len());
+    };
+    if change.count_attempt {
+        sql += ", attempts = attempts + 1";
+    }
+    if change.count_crash {
+        sql += ", crashes = crashes + 1";
+    }
+    match &change.error {
+        None => {}
+        Some(None) => sql += ", error = NULL",
+        Some(Some(e)) => bind(&mut sql, "error", Box::new(e.clone())),
+    }
+    if let Some(r) = &change.result {
+        bind(&mut sql, "result", Box::new(to_json(r)));
+    }
+    if let Some(at) = change.scheduled_at {
+        bind(&mut sql, "scheduled_at", Box::new(at));
+    }
+    if change.finished {
+        sql += ", finished_at = ?2";
+    }
+    if change.release_worker {
+        sql += ", worker = NULL";
+    }
+    if change.republish {
+        sql += ", dispatched = 0";
+    }
+    sql += " WHERE id = ?1";
+    match guard {
+        Guard::Any => {}
+        Guard::Fence(epoch) => {
+            vals.push(Box::new(epoch as i64));
+            sql += &format!(" AND state = 'running' AND epoch = ?{}", vals.len());
+        }
+        Guard::NotStarted => sql += " AND state IN ('queued', 'scheduled')",
+    }
+    sql += &format!(" RETURNING {COLUMNS}");
+    let refs: Vec<&dyn rusqlite::ToSql> = vals.iter().map(|v| v.as_ref()).collect();
     tx.prepare_cached(&sql)?
-        .query_row(all.as_slice(), row_to_job)
+        .query_row(refs.as_slice(), row_to_job)
         .optional()
 }
 
-fn complete_one(tx: &Transaction<'_>, c: &Completion, now: Micros) -> rusqlite::Result<Committed> {
-    let id = c.id.to_string();
-    let mut dispatch = Vec::new();
-    let (updated, state) = match &c.outcome {
-        Outcome::Succeeded(v) => (
-            fenced_update(
-                tx,
-                "state = 'succeeded', result = ?3, error = NULL, finished_at = ?4, updated_at = ?4",
-                &id,
-                c.epoch,
-                &[&to_json(v), &now],
-            )?,
-            JobState::Succeeded,
-        ),
-        Outcome::Retry { error, at } => (
-            fenced_update(
-                tx,
-                "state = 'scheduled', attempts = attempts + 1, error = ?3, scheduled_at = ?4, \
-                 worker = NULL, updated_at = ?5",
-                &id,
-                c.epoch,
-                &[error, at, &now],
-            )?,
-            JobState::Scheduled,
-        ),
-        Outcome::Failed { error } => (
-            fenced_update(
-                tx,
-                "state = 'failed', attempts = attempts + 1, error = ?3, finished_at = ?4, \
-                 updated_at = ?4",
-                &id,
-                c.epoch,
-                &[error, &now],
-            )?,
-            JobState::Failed,
-        ),
-        Outcome::Snooze { at } => (
-            fenced_update(
-                tx,
-                "state = 'scheduled', scheduled_at = ?3, worker = NULL, updated_at = ?4",
-                &id,
-                c.epoch,
-                &[at, &now],
-            )?,
-            JobState::Scheduled,
-        ),
-        Outcome::Cancelled => (
-            fenced_update(
-                tx,
-                "state = 'cancelled', error = 'cancelled', finished_at = ?3, updated_at = ?3",
-                &id,
-                c.epoch,
-                &[&now],
-            )?,
-            JobState::Cancelled,
-        ),
-        Outcome::Released => (
-            fenced_update(
-                tx,
-                "state = 'queued', dispatched = 0, worker = NULL, updated_at = ?3",
-                &id,
-                c.epoch,
-                &[&now],
-            )?,
-            JobState::Queued,
-        ),
-        Outcome::Dead { reason } => (
-            fenced_update(
-                tx,
-                "state = 'dead', error = ?3, finished_at = ?4, updated_at = ?4",
-                &id,
-                c.epoch,
-                &[reason, &now],
-            )?,
-            JobState::Dead,
-        ),
-    };
-    let Some(job) = updated else {
-        return Ok(Committed::Stale);
-    };
-    if state == JobState::Queued {
-        dispatch.push(Dispatch {
-            id: job.id,
-            queue: job.queue.clone(),
+/// Writes what a transition brings with it, from the job as committed (`after`): its event and
+/// its follow-up, and returns the jobs to publish (the job itself when it went back to
+/// `queued`, and a new follow-up).
+fn write_effects(
+    tx: &Transaction<'_>,
+    after: &Job,
+    change: &Change,
+    now: Micros,
+) -> rusqlite::Result<Vec<ToPublish>> {
+    let mut publish = Vec::new();
+    if change.republish {
+        publish.push(ToPublish {
+            id: after.id,
+            queue: after.queue.clone(),
         });
     }
-    if NewEvent::wanted(&job, state) {
-        terminal_event(tx, &id, now)?;
+    let fx = transition::effects_after(after, now);
+    if fx.event {
+        if let Some(ev) = NewEvent::for_terminal(after) {
+            insert_event(tx, &ev, now)?;
+        }
     }
-    let follow = match state {
-        JobState::Succeeded => job.on_success.as_ref(),
-        JobState::Failed | JobState::Dead => job.on_failure.as_ref(),
-        _ => None,
-    };
-    if let Some(f) = follow {
-        let nj = f.job_for(&job, state, now);
-        let ins = insert_one(tx, &nj)?;
+    if let Some(f) = fx.follow_up {
+        let ins = insert_one(tx, &f)?;
         if ins.needs_dispatch() {
-            dispatch.push(Dispatch {
+            publish.push(ToPublish {
                 id: ins.id,
                 queue: ins.queue,
             });
         }
     }
-    Ok(Committed::Applied { state, dispatch })
+    Ok(publish)
 }
 
-fn dead_with_follow_up(
+/// A decided change with its event and follow-up, in the caller's transaction.
+fn transit(
     tx: &Transaction<'_>,
-    job: &mut Job,
+    id: &str,
+    guard: Guard,
+    change: &Change,
+    now: Micros,
+) -> rusqlite::Result<Option<(Job, Vec<ToPublish>)>> {
+    let Some(after) = write_change(tx, id, guard, change, now)? else {
+        return Ok(None);
+    };
+    let publish = write_effects(tx, &after, change, now)?;
+    Ok(Some((after, publish)))
+}
+
+fn complete_one(tx: &Transaction<'_>, c: &Completion, now: Micros) -> rusqlite::Result<Committed> {
+    let change = transition::complete(&c.outcome);
+    match transit(tx, &c.id.to_string(), Guard::Fence(c.epoch), &change, now)? {
+        Some((_, publish)) => Ok(Committed::Applied {
+            state: change.state,
+            dispatch: publish,
+        }),
+        None => Ok(Committed::Stale),
+    }
+}
+
+/// The last resort for a job whose transition could not be written: `dead` with the reason and
+/// its `job.dead` event, by a statement that reads none of its JSON columns and writes no
+/// follow-up (a follow-up may be what could not be written). `None` when the guard fails.
+fn bury(
+    tx: &Transaction<'_>,
+    id: &str,
+    guard: Guard,
     reason: &str,
     now: Micros,
-) -> rusqlite::Result<()> {
-    tx.execute(
-        "UPDATE jobs SET state = 'dead', error = ?2, finished_at = ?3, updated_at = ?3 WHERE id = ?1",
-        params![job.id.to_string(), reason, now],
-    )?;
-    job.error = Some(reason.to_string());
-    if NewEvent::wanted(job, JobState::Dead) {
-        terminal_event(tx, &job.id.to_string(), now)?;
-    }
-    if let Some(f) = job.on_failure.clone() {
-        insert_one(tx, &f.job_for(job, JobState::Dead, now))?;
-    }
-    Ok(())
-}
-
-/// Writes the event of a terminal transition just made to job `id`, inside that transition's
-/// transaction (DESIGN.md section 1, guarantee 9: follow-up work commits with its cause).
-fn terminal_event(tx: &Transaction<'_>, id: &str, now: Micros) -> rusqlite::Result<()> {
-    if let Some(ev) = get_job(tx, id)?.as_ref().and_then(NewEvent::for_terminal) {
+) -> rusqlite::Result<Option<Job>> {
+    let change = Change::dead(reason.to_string());
+    let Some(after) = write_change(tx, id, guard, &change, now)? else {
+        return Ok(None);
+    };
+    if let Some(ev) = NewEvent::for_terminal(&after) {
         insert_event(tx, &ev, now)?;
     }
-    Ok(())
+    Ok(Some(after))
+}
+
+/// Starts a batch in the caller's transaction, deciding each job by [`transition::start`].
+///
+/// The common case costs one statement: the fast path's WHERE clause is the rule's `Run`
+/// condition for a readable row (`crashes < max_crashes` and queued, or scheduled and due),
+/// which `fast_path_matches_the_start_rule` below checks against the rule for every state. A
+/// row it starts whose data then turns out unreadable is made dead by the rule's next clause,
+/// in the same transaction, so the result is the rule's. Rows the fast path does not match are
+/// read and decided one by one.
+fn start_in(
+    tx: &Transaction<'_>,
+    ids: &[String],
+    worker: &str,
+    now: Micros,
+) -> rusqlite::Result<Vec<StartOutcome>> {
+    let mut out = Vec::with_capacity(ids.len());
+    let mut fast = tx.prepare_cached(&format!(
+        "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
+         started_at = ?3, dispatched = 1, updated_at = ?3 WHERE id = ?1 AND {START_RUNS} \
+         RETURNING {COLUMNS}"
+    ))?;
+    for id in ids {
+        if let Some(job) = fast
+            .query_row(params![id, worker, now], row_to_job)
+            .optional()?
+        {
+            match transition::unreadable_reason(&job) {
+                None => out.push(StartOutcome::Run(Box::new(job))),
+                Some(reason) => {
+                    transit(tx, id, Guard::Any, &Change::dead(reason), now)?;
+                    out.push(StartOutcome::Dead);
+                }
+            }
+            continue;
+        }
+        let Some(job) = get_job(tx, id)? else {
+            out.push(StartOutcome::Missing);
+            continue;
+        };
+        out.push(match transition::start(&job, now) {
+            transition::Start::Skip(state) => StartOutcome::Skip(state),
+            transition::Start::Defer(at) => StartOutcome::Defer(at),
+            transition::Start::Dead(reason) => {
+                transit(tx, id, Guard::Any, &Change::dead(reason), now)?;
+                StartOutcome::Dead
+            }
+            transition::Start::Run => {
+                let job = tx
+                    .prepare_cached(&format!(
+                        "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
+                         started_at = ?3, dispatched = 1, updated_at = ?3 WHERE id = ?1 \
+                         RETURNING {COLUMNS}"
+                    ))?
+                    .query_row(params![id, worker, now], row_to_job)?;
+                StartOutcome::Run(Box::new(job))
+            }
+        });
+    }
+    Ok(out)
+}
+
+/// [`transition::start`]'s `Run` for a readable row, as SQL (`?3` is now).
+const START_RUNS: &str = "crashes < max_crashes AND (state = 'queued' OR (state = 'scheduled' \
+     AND COALESCE(scheduled_at, 0) <= ?3))";
+
+/// A job's state alone: what deciding needs when the rest of the row may not decode.
+fn get_state(tx: &rusqlite::Connection, id: &str) -> rusqlite::Result<Option<JobState>> {
+    tx.prepare_cached("SELECT state FROM jobs WHERE id = ?1")?
+        .query_row([id], |r| r.get::<_, String>(0))
+        .optional()?
+        .map(|s| s.parse().map_err(|e| corrupt("state", e)))
+        .transpose()
+}
+
+/// The store's answer for the state a lost worker's job reached.
+fn lost_as(state: JobState) -> Lost {
+    match state {
+        JobState::Dead => Lost::Dead,
+        JobState::Cancelled => Lost::Cancelled,
+        _ => Lost::Requeued,
+    }
 }
 
 fn insert_event(tx: &Transaction<'_>, ev: &NewEvent, now: Micros) -> rusqlite::Result<i64> {
@@ -332,17 +414,92 @@ fn insert_event(tx: &Transaction<'_>, ev: &NewEvent, now: Micros) -> rusqlite::R
     Ok(tx.last_insert_rowid())
 }
 
-fn row_to_event(r: &Row<'_>) -> rusqlite::Result<Event> {
+/// An event as stored. Data that cannot be decoded is shown as `{"unreadable": "<why>"}` and
+/// its reason returned beside it, so the dispatcher can set the event aside.
+fn row_to_event(r: &Row<'_>) -> rusqlite::Result<(Event, Option<String>)> {
     let job_id: Option<String> = r.get(2)?;
-    Ok(Event {
-        id: r.get(0)?,
-        kind: r.get(1)?,
-        job_id: job_id.map(parse_id).transpose()?,
-        worker: r.get(3)?,
-        data: json_col(r, 4, "event data")?.unwrap_or(serde_json::Value::Null),
-        created_at: r.get(5)?,
-        dispatched_at: r.get(6)?,
-    })
+    let text: String = r.get(4)?;
+    let (data, bad) = match read_event_data(&text) {
+        Ok(v) => (v, None),
+        Err(why) => (serde_json::json!({ "unreadable": why }), Some(why)),
+    };
+    Ok((
+        Event {
+            id: r.get(0)?,
+            kind: r.get(1)?,
+            job_id: job_id.map(parse_id).transpose()?,
+            worker: r.get(3)?,
+            data,
+            created_at: r.get(5)?,
+            dispatched_at: r.get(6)?,
+        },
+        bad,
+    ))
+}
+
+/// Fans out the pending events in the caller's transaction: the oldest `limit`, or only event
+/// `only`.
+fn fan_out_in(
+    tx: &Transaction<'_>,
+    subscribers: &[Subscriber],
+    limit: usize,
+    only: Option<i64>,
+    now: Micros,
+) -> rusqlite::Result<FanOut> {
+    let events = match only {
+        None => tx
+            .prepare_cached(&format!(
+                "SELECT {EVENT_COLUMNS} FROM events WHERE dispatched_at IS NULL \
+                 ORDER BY id LIMIT ?1"
+            ))?
+            .query_map([limit as i64], row_to_event)?
+            .collect::<rusqlite::Result<Vec<_>>>()?,
+        Some(id) => tx
+            .prepare_cached(&format!(
+                "SELECT {EVENT_COLUMNS} FROM events WHERE dispatched_at IS NULL AND id = ?1"
+            ))?
+            .query_map([id], row_to_event)?
+            .collect::<rusqlite::Result<Vec<_>>>()?,
+    };
+    let mut out = FanOut {
+        events: events.len(),
+        dispatch: Vec::new(),
+    };
+    let mut has_callback =
+        tx.prepare_cached("SELECT callback_url IS NOT NULL FROM jobs WHERE id = ?1")?;
+    let mut done = tx.prepare_cached("UPDATE events SET dispatched_at = ?2 WHERE id = ?1")?;
+    for (ev, bad) in &events {
+        if let Some(why) = bad {
+            tracing::error!(event_id = ev.id, kind = %ev.kind, reason = %why, "an event cannot be read; it is set aside undelivered");
+            done.execute(params![ev.id, now])?;
+            continue;
+        }
+        let mut targets: Vec<&str> = subscribers
+            .iter()
+            .filter(|s| s.matches(&ev.kind))
+            .map(|s| s.name.as_str())
+            .collect();
+        if let Some(job) = ev.job_id {
+            let cb = has_callback
+                .query_row([job.to_string()], |r| r.get::<_, bool>(0))
+                .optional()?
+                .unwrap_or(false);
+            if cb {
+                targets.push(CALLBACK_TARGET);
+            }
+        }
+        for t in targets {
+            let ins = insert_one(tx, &ev.delivery_job(t, now))?;
+            if ins.needs_dispatch() {
+                out.dispatch.push(ToPublish {
+                    id: ins.id,
+                    queue: ins.queue,
+                });
+            }
+        }
+        done.execute(params![ev.id, now])?;
+    }
+    Ok(out)
 }
 
 const EVENT_COLUMNS: &str = "id, kind, job_id, worker, data, created_at, dispatched_at";
@@ -378,7 +535,7 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn undispatched(&self, before: Micros, limit: usize) -> Result<Vec<Dispatch>> {
+    async fn undispatched(&self, before: Micros, limit: usize) -> Result<Vec<ToPublish>> {
         self.db
             .read(move |c| {
                 let mut st = c.prepare_cached(
@@ -390,7 +547,7 @@ impl Store for SqliteStore {
                 })?;
                 rows.map(|r| {
                     let (id, queue) = r?;
-                    Ok(Dispatch {
+                    Ok(ToPublish {
                         id: parse_id(id)?,
                         queue,
                     })
@@ -415,117 +572,84 @@ impl Store for SqliteStore {
     async fn start(&self, ids: &[JobId], worker: &str, now: Micros) -> Result<Vec<StartOutcome>> {
         let ids: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
         let worker = worker.to_string();
-        self.db
-            .write(move |tx| {
-                let mut out = Vec::with_capacity(ids.len());
-                // The common case in one statement: a startable job starts. Anything else
-                // (missing, running, terminal, early, out of crash budget) is sorted out below.
-                let mut fast = tx.prepare_cached(&format!(
-                    "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
-                     started_at = ?3, dispatched = 1, updated_at = ?3 WHERE id = ?1 \
-                     AND crashes < max_crashes AND (state = 'queued' OR (state = 'scheduled' \
-                     AND COALESCE(scheduled_at, 0) <= ?3)) RETURNING {COLUMNS}"
-                ))?;
-                for id in &ids {
-                    if let Some(job) = fast
-                        .query_row(params![id, worker, now], row_to_job)
-                        .optional()?
-                    {
-                        out.push(StartOutcome::Run(Box::new(job)));
-                        continue;
-                    }
-                    let Some(mut job) = get_job(tx, id)? else {
-                        out.push(StartOutcome::Missing);
-                        continue;
-                    };
-                    if job.state.is_terminal() || job.state == JobState::Running {
-                        out.push(StartOutcome::Skip(job.state));
-                        continue;
-                    }
-                    if job.state == JobState::Scheduled {
-                        let due = job.scheduled_at.unwrap_or(0);
-                        if due > now {
-                            out.push(StartOutcome::Defer(due));
-                            continue;
-                        }
-                    }
-                    if job.crashes >= job.max_crashes {
-                        let reason = format!(
-                            "lost its worker {} times (max_crashes = {})",
-                            job.crashes, job.max_crashes
-                        );
-                        dead_with_follow_up(tx, &mut job, &reason, now)?;
-                        out.push(StartOutcome::Dead);
-                        continue;
-                    }
-                    let job = tx
-                        .prepare_cached(&format!(
-                            "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
-                             started_at = ?3, dispatched = 1, updated_at = ?3 WHERE id = ?1 \
-                             RETURNING {COLUMNS}"
-                        ))?
-                        .query_row(params![id, worker, now], row_to_job)?;
-                    out.push(StartOutcome::Run(Box::new(job)));
+        let db = &self.db;
+        isolating(
+            ids,
+            |ids| {
+                let worker = worker.clone();
+                db.write(move |tx| start_in(tx, &ids, &worker, now))
+            },
+            |id| {
+                let worker = worker.clone();
+                async move {
+                    let mut v = db
+                        .write(move |tx| start_in(tx, &[id], &worker, now))
+                        .await?;
+                    Ok(v.remove(0))
                 }
-                Ok(out)
-            })
-            .await
+            },
+            |id, e| async move {
+                let reason = transition::unstartable_reason(&e);
+                tracing::error!(job = %id, error = %e, "a job cannot be started; making it dead");
+                db.write(move |tx| {
+                    if bury(tx, &id, Guard::NotStarted, &reason, now)?.is_some() {
+                        return Ok(StartOutcome::Dead);
+                    }
+                    Ok(match get_state(tx, &id)? {
+                        Some(state) => StartOutcome::Skip(state),
+                        None => StartOutcome::Missing,
+                    })
+                })
+                .await
+            },
+        )
+        .await
     }
 
     async fn complete(&self, done: &[Completion], now: Micros) -> Result<Vec<Committed>> {
-        let done = done.to_vec();
-        self.db
-            .write(move |tx| done.iter().map(|c| complete_one(tx, c, now)).collect())
-            .await
+        let db = &self.db;
+        isolating(
+            done.to_vec(),
+            |done| db.write(move |tx| done.iter().map(|c| complete_one(tx, c, now)).collect()),
+            |c| db.write(move |tx| complete_one(tx, &c, now)),
+            |c, e| async move {
+                let reason = transition::uncommittable_reason(&e);
+                tracing::error!(job = %c.id, error = %e, "an outcome cannot be stored; making the job dead");
+                db.write(move |tx| {
+                    Ok(match bury(tx, &c.id.to_string(), Guard::Fence(c.epoch), &reason, now)? {
+                        Some(_) => Committed::Applied {
+                            state: JobState::Dead,
+                            dispatch: Vec::new(),
+                        },
+                        None => Committed::Stale,
+                    })
+                })
+                .await
+            },
+        )
+        .await
     }
 
     async fn mark_lost(&self, id: JobId, worker: &str, now: Micros) -> Result<Lost> {
         let worker = worker.to_string();
         self.db
             .write(move |tx| {
-                let Some(mut job) = get_job(tx, &id.to_string())? else {
+                let sid = id.to_string();
+                let Some(job) = get_job(tx, &sid)? else {
                     return Ok(Lost::Missing);
                 };
-                if job.state != JobState::Running || job.worker.as_deref() != Some(&worker) {
-                    return Ok(Lost::NotOwned(job.state));
-                }
-                let crashes = job.crashes + 1;
-                tx.execute(
-                    "UPDATE jobs SET crashes = ?2 WHERE id = ?1",
-                    params![id.to_string(), crashes],
-                )?;
-                job.crashes = crashes;
-                if job.cancel_requested {
-                    tx.execute(
-                        "UPDATE jobs SET state = 'cancelled', error = 'cancelled', finished_at = ?2, \
-                         updated_at = ?2 WHERE id = ?1",
-                        params![id.to_string(), now],
-                    )?;
-                    if NewEvent::wanted(&job, JobState::Cancelled) {
-                        terminal_event(tx, &id.to_string(), now)?;
+                match transition::lost(&job, &worker) {
+                    transition::Lost::NotOwned(state) => Ok(Lost::NotOwned(state)),
+                    transition::Lost::Crashed(change) => {
+                        transit(tx, &sid, Guard::Any, &change, now)?;
+                        Ok(lost_as(change.state))
                     }
-                    return Ok(Lost::Cancelled);
                 }
-                if crashes >= job.max_crashes {
-                    let reason = format!(
-                        "lost its worker {crashes} times, last {worker} (max_crashes = {}): \
-                         the task may be killing its worker",
-                        job.max_crashes
-                    );
-                    dead_with_follow_up(tx, &mut job, &reason, now)?;
-                    return Ok(Lost::Dead);
-                }
-                tx.execute(
-                    "UPDATE jobs SET state = 'queued', dispatched = 0, worker = NULL, updated_at = ?2 \
-                     WHERE id = ?1",
-                    params![id.to_string(), now],
-                )?;
-                Ok(Lost::Requeued)
             })
             .await
     }
 
-    async fn claim_due(&self, now: Micros, limit: usize) -> Result<Vec<Dispatch>> {
+    async fn claim_due(&self, now: Micros, limit: usize) -> Result<Vec<ToPublish>> {
         self.db
             .write(move |tx| {
                 let mut st = tx.prepare_cached(
@@ -538,7 +662,7 @@ impl Store for SqliteStore {
                 })?;
                 rows.map(|r| {
                     let (id, queue) = r?;
-                    Ok(Dispatch {
+                    Ok(ToPublish {
                         id: parse_id(id)?,
                         queue,
                     })
@@ -592,14 +716,14 @@ impl Store for SqliteStore {
         let reason = reason.to_string();
         self.db
             .write(move |tx| {
-                let Some(mut job) = get_job(tx, &id.to_string())? else {
-                    return Ok(false);
-                };
-                if job.state.is_terminal() {
-                    return Ok(false);
+                let sid = id.to_string();
+                match get_state(tx, &sid)? {
+                    Some(state) if !state.is_terminal() => {
+                        transit(tx, &sid, Guard::Any, &Change::dead(reason), now)?;
+                        Ok(true)
+                    }
+                    _ => Ok(false),
                 }
-                dead_with_follow_up(tx, &mut job, &reason, now)?;
-                Ok(true)
             })
             .await
     }
@@ -667,72 +791,57 @@ impl Store for SqliteStore {
     }
 
     async fn retry(&self, id: JobId, now: Micros) -> Result<Job> {
-        let res = self
-            .db
+        self.db
             .write(move |tx| {
                 let sid = id.to_string();
                 let Some(job) = get_job(tx, &sid)? else {
                     return Ok(Err(Error::NotFound(id)));
                 };
-                if !matches!(
-                    job.state,
-                    JobState::Failed | JobState::Dead | JobState::Cancelled
-                ) {
+                if let Err(message) = transition::operator_retry(&job) {
                     return Ok(Err(Error::Conflict {
                         id,
                         state: job.state,
-                        message: "only failed, dead or cancelled jobs can be retried".into(),
+                        message: message.into(),
                     }));
                 }
-                tx.execute(
-                    "UPDATE jobs SET state = 'queued', dispatched = 0, attempts = 0, crashes = 0, \
-                     cancel_requested = 0, worker = NULL, finished_at = NULL, scheduled_at = NULL, \
-                     updated_at = ?2 WHERE id = ?1",
-                    params![sid, now],
-                )?;
-                Ok(Ok(get_job(tx, &sid)?.expect("row just updated")))
+                tx.prepare_cached(&format!(
+                    "UPDATE jobs SET state = 'queued', dispatched = 0, attempts = 0, \
+                     crashes = 0, cancel_requested = 0, worker = NULL, finished_at = NULL, \
+                     scheduled_at = NULL, updated_at = ?2 WHERE id = ?1 RETURNING {COLUMNS}"
+                ))?
+                .query_row(params![sid, now], row_to_job)
+                .map(Ok)
             })
-            .await?;
-        res
+            .await?
     }
 
     async fn cancel(&self, id: JobId, now: Micros) -> Result<Job> {
-        let res = self
-            .db
+        self.db
             .write(move |tx| {
                 let sid = id.to_string();
                 let Some(job) = get_job(tx, &sid)? else {
                     return Ok(Err(Error::NotFound(id)));
                 };
-                match job.state {
-                    JobState::Queued | JobState::Scheduled => {
-                        tx.execute(
-                            "UPDATE jobs SET state = 'cancelled', error = 'cancelled', \
-                             finished_at = ?2, updated_at = ?2 WHERE id = ?1",
-                            params![sid, now],
-                        )?;
-                        if NewEvent::wanted(&job, JobState::Cancelled) {
-                            terminal_event(tx, &sid, now)?;
-                        }
+                match transition::cancel(&job) {
+                    transition::Cancel::Now => {
+                        let (after, _) = transit(tx, &sid, Guard::Any, &Change::cancelled(), now)?
+                            .ok_or_else(|| corrupt("cancel", "row vanished"))?;
+                        Ok(Ok(after))
                     }
-                    JobState::Running => {
-                        tx.execute(
-                            "UPDATE jobs SET cancel_requested = 1, updated_at = ?2 WHERE id = ?1",
-                            params![sid, now],
-                        )?;
-                    }
-                    st => {
-                        return Ok(Err(Error::Conflict {
-                            id,
-                            state: st,
-                            message: "a finished job cannot be cancelled".into(),
-                        }))
-                    }
+                    transition::Cancel::Request => Ok(Ok(tx
+                        .prepare_cached(&format!(
+                            "UPDATE jobs SET cancel_requested = 1, updated_at = ?2 WHERE id = ?1 \
+                             RETURNING {COLUMNS}"
+                        ))?
+                        .query_row(params![sid, now], row_to_job)?)),
+                    transition::Cancel::Refuse(message) => Ok(Err(Error::Conflict {
+                        id,
+                        state: job.state,
+                        message: message.into(),
+                    })),
                 }
-                Ok(Ok(get_job(tx, &sid)?.expect("row just updated")))
             })
-            .await?;
-        res
+            .await?
     }
 
     async fn cancel_requested(&self, ids: &[JobId]) -> Result<Vec<JobId>> {
@@ -939,53 +1048,56 @@ impl Store for SqliteStore {
         limit: usize,
         now: Micros,
     ) -> Result<FanOut> {
-        let subscribers = subscribers.to_vec();
-        self.db
-            .write(move |tx| {
-                let events = tx
-                    .prepare_cached(&format!(
-                        "SELECT {EVENT_COLUMNS} FROM events WHERE dispatched_at IS NULL \
-                         ORDER BY id LIMIT ?1"
-                    ))?
-                    .query_map([limit as i64], row_to_event)?
-                    .collect::<rusqlite::Result<Vec<Event>>>()?;
-                let mut out = FanOut {
-                    events: events.len(),
-                    dispatch: Vec::new(),
-                };
-                let mut has_callback =
-                    tx.prepare_cached("SELECT callback_url IS NOT NULL FROM jobs WHERE id = ?1")?;
-                let mut done =
-                    tx.prepare_cached("UPDATE events SET dispatched_at = ?2 WHERE id = ?1")?;
-                for ev in &events {
-                    let mut targets: Vec<&str> = subscribers
-                        .iter()
-                        .filter(|s| s.matches(&ev.kind))
-                        .map(|s| s.name.as_str())
-                        .collect();
-                    if let Some(job) = ev.job_id {
-                        let cb = has_callback
-                            .query_row([job.to_string()], |r| r.get::<_, bool>(0))
-                            .optional()?
-                            .unwrap_or(false);
-                        if cb {
-                            targets.push(CALLBACK_TARGET);
-                        }
-                    }
-                    for t in targets {
-                        let ins = insert_one(tx, &ev.delivery_job(t, now))?;
-                        if ins.needs_dispatch() {
-                            out.dispatch.push(Dispatch {
-                                id: ins.id,
-                                queue: ins.queue,
-                            });
-                        }
-                    }
-                    done.execute(params![ev.id, now])?;
-                }
-                Ok(out)
+        let subs = subscribers.to_vec();
+        let first = self
+            .db
+            .write(move |tx| fan_out_in(tx, &subs, limit, None, now))
+            .await;
+        let e = match first {
+            Err(e) if !e.is_transient() => e,
+            other => return other,
+        };
+        // One event's deliveries could not be stored: fan the batch out one event at a time
+        // and set aside the one that still fails, so the alerts behind it go out.
+        tracing::warn!(error = %e, "fanning out a batch of events failed; trying them one by one");
+        let pending: Vec<i64> = self
+            .db
+            .read(move |c| {
+                c.prepare_cached(
+                    "SELECT id FROM events WHERE dispatched_at IS NULL ORDER BY id LIMIT ?1",
+                )?
+                .query_map([limit as i64], |r| r.get(0))?
+                .collect()
             })
-            .await
+            .await?;
+        let mut out = FanOut::default();
+        for id in pending {
+            let subs = subscribers.to_vec();
+            match self
+                .db
+                .write(move |tx| fan_out_in(tx, &subs, 1, Some(id), now))
+                .await
+            {
+                Ok(part) => {
+                    out.events += part.events;
+                    out.dispatch.extend(part.dispatch);
+                }
+                Err(e) if e.is_transient() => return Err(e),
+                Err(e) => {
+                    tracing::error!(event_id = id, error = %e, "an event's deliveries cannot be stored; it is set aside undelivered");
+                    self.db
+                        .write(move |tx| {
+                            tx.execute(
+                                "UPDATE events SET dispatched_at = ?2 WHERE id = ?1",
+                                params![id, now],
+                            )
+                        })
+                        .await?;
+                    out.events += 1;
+                }
+            }
+        }
+        Ok(out)
     }
 
     async fn events(&self, after: i64, limit: usize) -> Result<Vec<Event>> {
@@ -995,8 +1107,53 @@ impl Store for SqliteStore {
                     "SELECT {EVENT_COLUMNS} FROM events WHERE id > ?1 ORDER BY id LIMIT ?2"
                 ))?
                 .query_map(params![after, limit as i64], row_to_event)?
+                .map(|r| r.map(|(ev, _)| ev))
                 .collect()
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fast path's WHERE clause must start exactly the readable rows the start rule runs.
+    #[test]
+    fn fast_path_matches_the_start_rule() {
+        let c = rusqlite::Connection::open_in_memory().unwrap();
+        c.execute_batch(
+            "CREATE TABLE jobs (state TEXT, crashes INTEGER, max_crashes INTEGER, \
+             scheduled_at INTEGER)",
+        )
+        .unwrap();
+        let now: Micros = 1_000;
+        let mut checked = 0;
+        for state in JobState::ALL {
+            for crashes in [0u32, 2, 3, 4] {
+                for at in [None, Some(now - 1), Some(now), Some(now + 1)] {
+                    c.execute("DELETE FROM jobs", []).unwrap();
+                    c.execute(
+                        "INSERT INTO jobs VALUES (?1, ?2, 3, ?3)",
+                        params![state.as_str(), crashes, at],
+                    )
+                    .unwrap();
+                    let sql = format!(
+                        "SELECT count(*) FROM jobs WHERE ?1 = ?1 AND ?2 = ?2 AND {START_RUNS}"
+                    );
+                    let n: i64 = c
+                        .query_row(&sql, params!["id", "worker", now], |r| r.get(0))
+                        .unwrap();
+                    let mut job = crate::transition::sample_job(state);
+                    job.crashes = crashes;
+                    job.max_crashes = 3;
+                    job.scheduled_at = at;
+                    let runs = transition::start(&job, now) == transition::Start::Run;
+                    assert_eq!(n == 1, runs, "{state} crashes={crashes} at={at:?}");
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 7 * 4 * 4);
     }
 }

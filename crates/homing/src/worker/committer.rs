@@ -12,7 +12,7 @@ use super::Session;
 use crate::broker::Delivery;
 use crate::client::publish;
 use crate::job::JobState;
-use crate::store::{Committed, Completion, Dispatch, Outcome};
+use crate::store::{Committed, Completion, Outcome, ToPublish};
 use crate::time::now;
 
 /// Most completions committed in one transaction.
@@ -82,7 +82,7 @@ where
 
 async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
     let completions: Vec<Completion> = batch.iter().filter_map(|i| i.completion.clone()).collect();
-    let mut to_dispatch: Vec<Dispatch> = Vec::new();
+    let mut to_dispatch: Vec<ToPublish> = Vec::new();
     if !completions.is_empty() {
         let Some(results) = retrying(s, done, "committing outcomes", || {
             s.store.complete(&completions, now())

@@ -2,6 +2,7 @@
 //! its time limit and cancellation, and turning how it ended into a fenced outcome for the
 //! committer (DESIGN.md section 4, steps 2–4).
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
@@ -86,14 +87,26 @@ async fn start_ready(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermi
     let mut retried = false;
     let outcomes = loop {
         match s.store.start(&ids, &s.id, now()).await {
-            Ok(o) => break o,
+            Ok(o) => {
+                s.start_failures.store(0, Ordering::Relaxed);
+                break o;
+            }
             Err(e) if e.is_transient() && !s.lost.is_cancelled() && !s.stopping.is_cancelled() => {
                 retried = true;
-                tracing::warn!(error = %e, "store unavailable while starting jobs; retrying");
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                let failures = s.start_failures.fetch_add(1, Ordering::Relaxed) + 1;
+                let nap = backoff(failures, TRANSIENT_CAP);
+                tracing::warn!(error = %e, retry_in = ?nap, "store unavailable while starting jobs; retrying");
+                pause(s, nap).await;
             }
             Err(e) => {
-                tracing::error!(error = %e, "cannot start jobs; handing their messages back");
+                // The store isolates a job whose data it cannot handle, so this is the store
+                // itself failing. Keep the messages (and their slots) for a growing pause
+                // before handing them back, or the fetcher reserves them again at once and
+                // the worker spins on the same failure.
+                let failures = s.start_failures.fetch_add(1, Ordering::Relaxed) + 1;
+                let nap = backoff(failures, FAILURE_CAP);
+                tracing::error!(error = %e, failures, retry_in = ?nap, "cannot start jobs; handing their messages back after a pause");
+                pause(s, nap).await;
                 let ds: Vec<Delivery> = items.iter().map(|(r, _)| r.delivery.clone()).collect();
                 let _ = s.broker.requeue(&s.id, &ds).await;
                 return;
@@ -134,12 +147,12 @@ async fn start_ready(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermi
                 ack_only(s, r).await;
             }
             StartOutcome::Dead => {
-                let task = match s.store.get(r.id).await {
-                    Ok(Some(j)) => j.task,
-                    _ => "unknown".into(),
+                let (task, reason) = match s.store.get(r.id).await {
+                    Ok(Some(j)) => (j.task, j.error.unwrap_or_default()),
+                    _ => ("unknown".into(), String::new()),
                 };
                 crate::metrics::count(crate::metrics::JOBS_DEAD, &r.delivery.queue, &task);
-                tracing::error!(event = "job.dead", job = %r.id, %task, queue = %r.delivery.queue, "crash budget spent: job is dead");
+                tracing::error!(event = "job.dead", job = %r.id, %task, queue = %r.delivery.queue, %reason, "job is dead instead of starting");
                 ack_only(s, r).await;
             }
             StartOutcome::Missing => {
@@ -147,6 +160,28 @@ async fn start_ready(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermi
                 dead_letter(s, &r.delivery, &reason).await;
             }
         }
+    }
+}
+
+/// Longest pause between start attempts while the store is unavailable.
+const TRANSIENT_CAP: Duration = Duration::from_secs(5);
+/// Longest pause before handing back messages that could not be started.
+const FAILURE_CAP: Duration = Duration::from_secs(30);
+
+/// The pause after `failures` failed start calls in a row: 100 ms doubled each time, at most
+/// `cap`.
+fn backoff(failures: u32, cap: Duration) -> Duration {
+    Duration::from_millis(100)
+        .saturating_mul(1u32 << failures.min(16))
+        .min(cap)
+}
+
+/// Sleeps for `nap`, or less if the session stops or is presumed dead meanwhile.
+async fn pause(s: &Session, nap: Duration) {
+    tokio::select! {
+        _ = tokio::time::sleep(nap) => {}
+        _ = s.lost.cancelled() => {}
+        _ = s.stopping.cancelled() => {}
     }
 }
 
@@ -350,7 +385,21 @@ mod tests {
             on_failure: None,
             cancel_requested: false,
             callback_url: None,
+            unreadable: Vec::new(),
         }
+    }
+
+    #[test]
+    fn start_failures_back_off_exponentially_to_a_cap() {
+        let naps: Vec<u64> = (1..=10)
+            .map(|n| backoff(n, FAILURE_CAP).as_millis() as u64)
+            .collect();
+        assert_eq!(
+            naps,
+            [200, 400, 800, 1_600, 3_200, 6_400, 12_800, 25_600, 30_000, 30_000]
+        );
+        assert_eq!(backoff(1, TRANSIENT_CAP), Duration::from_millis(200));
+        assert_eq!(backoff(u32::MAX, TRANSIENT_CAP), TRANSIENT_CAP);
     }
 
     #[test]

@@ -126,6 +126,8 @@ pub(crate) struct Session {
     pub stopping: CancellationToken,
     pub commits: mpsc::Sender<committer::Item>,
     pub executors: TaskTracker,
+    /// Store `start` calls that failed in a row: how long the executor pauses before the next.
+    pub start_failures: std::sync::atomic::AtomicU32,
 }
 
 impl Session {
@@ -292,6 +294,7 @@ impl Worker {
             stopping: shutdown.child_token(),
             commits: tx,
             executors: TaskTracker::new(),
+            start_failures: std::sync::atomic::AtomicU32::new(0),
         });
         let committer_done = CancellationToken::new();
         let committer = tokio::spawn(committer::run(session.clone(), rx, committer_done.clone()));

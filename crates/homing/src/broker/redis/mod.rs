@@ -531,7 +531,7 @@ impl Broker for RedisBroker {
         BACKEND
     }
 
-    async fn publish(&self, jobs: &[Dispatch]) -> Result<()> {
+    async fn publish(&self, jobs: &[ToPublish]) -> Result<()> {
         if jobs.is_empty() {
             return Ok(());
         }

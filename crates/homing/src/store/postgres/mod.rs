@@ -30,6 +30,7 @@ use crate::error::Error;
 use crate::events::CALLBACK_TARGET;
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
 use crate::redact::redact_url;
+use crate::transition::{self, Change};
 
 pub use migrations::{Migration, MIGRATIONS};
 
@@ -258,14 +259,15 @@ fn corrupt(what: &str, e: impl std::fmt::Display) -> sqlx::Error {
     sqlx::Error::Decode(format!("corrupt {what}: {e}").into())
 }
 
-fn json_col<T: serde::de::DeserializeOwned>(
+/// A job's JSON column, decoded leniently (see [`read_json`]).
+fn lenient_col<T: serde::de::DeserializeOwned>(
     row: &PgRow,
     idx: usize,
     what: &str,
+    unreadable: &mut Vec<String>,
 ) -> sqlx::Result<Option<T>> {
     let s: Option<String> = row.try_get(idx)?;
-    s.map(|s| serde_json::from_str(&s).map_err(|e| corrupt(what, e)))
-        .transpose()
+    Ok(read_json(s.as_deref(), what, unreadable))
 }
 
 fn count_col(row: &PgRow, idx: usize, what: &str) -> sqlx::Result<u32> {
@@ -279,13 +281,20 @@ fn parse_state(s: &str) -> sqlx::Result<JobState> {
 
 fn row_to_job(row: &PgRow) -> sqlx::Result<Job> {
     let state: String = row.try_get(3)?;
+    let mut bad = Vec::new();
+    let args = lenient_col(row, 4, "args", &mut bad)?.unwrap_or(serde_json::Value::Null);
+    let result = lenient_col(row, 5, "result", &mut bad)?;
+    let retry_policy = lenient_col(row, 12, "retry_policy", &mut bad)?;
+    let progress = lenient_col(row, 15, "progress", &mut bad)?;
+    let on_success = lenient_col(row, 22, "on_success", &mut bad)?;
+    let on_failure = lenient_col(row, 23, "on_failure", &mut bad)?;
     Ok(Job {
         id: row.try_get(0)?,
         task: row.try_get(1)?,
         queue: row.try_get(2)?,
         state: parse_state(&state)?,
-        args: json_col(row, 4, "args")?.unwrap_or(serde_json::Value::Null),
-        result: json_col(row, 5, "result")?,
+        args,
+        result,
         error: row.try_get(6)?,
         attempts: count_col(row, 7, "attempts")?,
         crashes: count_col(row, 8, "crashes")?,
@@ -295,21 +304,22 @@ fn row_to_job(row: &PgRow) -> sqlx::Result<Job> {
             .map(|n| u32::try_from(n).map_err(|e| corrupt("max_retries", e)))
             .transpose()?,
         max_crashes: count_col(row, 11, "max_crashes")?,
-        retry_policy: json_col(row, 12, "retry policy")?,
+        retry_policy,
         time_limit: row
             .try_get::<Option<i64>, _>(13)?
             .map(|ms| Duration::from_millis(ms.max(0) as u64)),
         idempotency_key: row.try_get(14)?,
-        progress: json_col(row, 15, "progress")?,
+        progress,
         worker: row.try_get(16)?,
         created_at: row.try_get(17)?,
         scheduled_at: row.try_get(18)?,
         started_at: row.try_get(19)?,
         finished_at: row.try_get(20)?,
         cancel_requested: row.try_get(21)?,
-        on_success: json_col(row, 22, "on_success")?,
-        on_failure: json_col(row, 23, "on_failure")?,
+        on_success,
+        on_failure,
         callback_url: row.try_get(24)?,
+        unreadable: bad,
     })
 }
 
@@ -573,40 +583,72 @@ async fn insert_event(conn: &mut PgConnection, ev: &NewEvent, now: Micros) -> sq
 
 const EVENT_COLUMNS: &str = "id, kind, job_id, worker, data, created_at, dispatched_at";
 
-fn row_to_event(r: &PgRow) -> sqlx::Result<Event> {
-    Ok(Event {
-        id: r.try_get(0)?,
-        kind: r.try_get(1)?,
-        job_id: r.try_get(2)?,
-        worker: r.try_get(3)?,
-        data: json_col(r, 4, "event data")?.unwrap_or(serde_json::Value::Null),
-        created_at: r.try_get(5)?,
-        dispatched_at: r.try_get(6)?,
-    })
+/// An event as stored. Data that cannot be decoded is shown as `{"unreadable": "<why>"}` and
+/// its reason returned beside it, so the dispatcher can set the event aside.
+fn row_to_event(r: &PgRow) -> sqlx::Result<(Event, Option<String>)> {
+    let text: String = r.try_get(4)?;
+    let (data, bad) = match read_event_data(&text) {
+        Ok(v) => (v, None),
+        Err(why) => (serde_json::json!({ "unreadable": why }), Some(why)),
+    };
+    Ok((
+        Event {
+            id: r.try_get(0)?,
+            kind: r.try_get(1)?,
+            job_id: r.try_get(2)?,
+            worker: r.try_get(3)?,
+            data,
+            created_at: r.try_get(5)?,
+            dispatched_at: r.try_get(6)?,
+        },
+        bad,
+    ))
 }
 
+/// Fans out pending events in one transaction: the oldest `limit`, or only event `only`.
 async fn fan_out_tx(
     pool: &PgPool,
     subscribers: &[Subscriber],
     limit: usize,
+    only: Option<i64>,
     now: Micros,
 ) -> sqlx::Result<FanOut> {
     let mut tx = pool.begin().await?;
     // SKIP LOCKED: events another dispatcher is fanning out are left to it, so two dispatchers
     // take disjoint batches instead of queueing behind each other. An event it has committed
     // meanwhile fails the re-checked `dispatched_at IS NULL` when its lock is taken.
-    let sql = format!(
-        "SELECT {EVENT_COLUMNS} FROM homing_events WHERE dispatched_at IS NULL \
-         ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
-    );
-    let events = sqlx::query(&sql)
-        .bind(limit.min(i64::MAX as usize) as i64)
-        .fetch_all(&mut *tx)
-        .await?
-        .iter()
-        .map(row_to_event)
-        .collect::<sqlx::Result<Vec<Event>>>()?;
-    if events.is_empty() {
+    let rows = match only {
+        None => {
+            let sql = format!(
+                "SELECT {EVENT_COLUMNS} FROM homing_events WHERE dispatched_at IS NULL \
+                 ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+            );
+            sqlx::query(&sql)
+                .bind(limit.min(i64::MAX as usize) as i64)
+                .fetch_all(&mut *tx)
+                .await?
+        }
+        Some(id) => {
+            let sql = format!(
+                "SELECT {EVENT_COLUMNS} FROM homing_events WHERE dispatched_at IS NULL \
+                 AND id = $1 FOR UPDATE SKIP LOCKED"
+            );
+            sqlx::query(&sql).bind(id).fetch_all(&mut *tx).await?
+        }
+    };
+    let mut events = Vec::with_capacity(rows.len());
+    let mut handled = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let (ev, bad) = row_to_event(r)?;
+        handled.push(ev.id);
+        match bad {
+            Some(why) => {
+                tracing::error!(event_id = ev.id, kind = %ev.kind, reason = %why, "an event cannot be read; it is set aside undelivered");
+            }
+            None => events.push(ev),
+        }
+    }
+    if handled.is_empty() {
         tx.commit().await?;
         return Ok(FanOut::default());
     }
@@ -638,51 +680,130 @@ async fn fan_out_tx(
         .await?
         .into_iter()
         .filter(Inserted::needs_dispatch)
-        .map(|i| Dispatch {
+        .map(|i| ToPublish {
             id: i.id,
             queue: i.queue,
         })
         .collect();
-    let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
     sqlx::query("UPDATE homing_events SET dispatched_at = $2 WHERE id = ANY($1)")
-        .bind(&ids)
+        .bind(&handled)
         .bind(now)
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
     Ok(FanOut {
-        events: events.len(),
+        events: handled.len(),
         dispatch,
     })
 }
 
-/// Makes a locked job `dead` and enqueues its `on_failure` follow-up in the same transaction.
-/// The follow-up is left undispatched: the reconciler publishes it.
-async fn dead_with_follow_up(
+/// Writes a decided [`Change`] to job `id` in one statement, only where `guard` (SQL over the
+/// row, may be empty) holds; returns whether it did. Error texts are [`clean`]ed.
+async fn write_change(
     conn: &mut PgConnection,
-    job: &mut Job,
-    reason: &str,
+    id: JobId,
+    guard: &str,
+    change: &Change,
+    now: Micros,
+) -> sqlx::Result<bool> {
+    let mut sql = format!(
+        "UPDATE homing_jobs SET state = '{}', updated_at = $2",
+        change.state.as_str()
+    );
+    let mut n = 2;
+    let mut next = || {
+        n += 1;
+        n
+    };
+    if change.count_attempt {
+        sql += ", attempts = attempts + 1";
+    }
+    if change.count_crash {
+        sql += ", crashes = crashes + 1";
+    }
+    let error = match &change.error {
+        None => None,
+        Some(None) => {
+            sql += ", error = NULL";
+            None
+        }
+        Some(Some(e)) => {
+            sql += &format!(", error = ${}", next());
+            Some(clean(e))
+        }
+    };
+    let result = change.result.as_ref().map(|r| {
+        sql += &format!(", result = ${}", next());
+        to_json(r)
+    });
+    if let Some(_at) = change.scheduled_at {
+        sql += &format!(", scheduled_at = ${}", next());
+    }
+    if change.finished {
+        sql += ", finished_at = $2";
+    }
+    if change.release_worker {
+        sql += ", worker = NULL";
+    }
+    if change.republish {
+        sql += ", dispatched = false";
+    }
+    sql += " WHERE id = $1";
+    sql += guard;
+    let mut q = sqlx::query(&sql).bind(id).bind(now);
+    if let Some(e) = &error {
+        q = q.bind(e.as_ref());
+    }
+    if let Some(r) = &result {
+        q = q.bind(r);
+    }
+    if let Some(at) = change.scheduled_at {
+        q = q.bind(at);
+    }
+    Ok(q.execute(&mut *conn).await?.rows_affected() == 1)
+}
+
+/// A decided change to a locked job with its event and follow-up, in the caller's transaction.
+/// The follow-up is left undispatched: the reconciler publishes it.
+async fn transit(
+    conn: &mut PgConnection,
+    before: &Job,
+    change: &Change,
     now: Micros,
 ) -> sqlx::Result<()> {
-    let reason = clean(reason);
-    sqlx::query(
-        "UPDATE homing_jobs SET state = 'dead', error = $2, finished_at = $3, updated_at = $3 \
-         WHERE id = $1",
-    )
-    .bind(job.id)
-    .bind(reason.as_ref())
-    .bind(now)
-    .execute(&mut *conn)
-    .await?;
-    job.state = JobState::Dead;
-    job.error = Some(reason.into_owned());
-    if NewEvent::wanted(job, JobState::Dead) {
-        terminal_event(conn, job.id, now).await?;
+    write_change(conn, before.id, "", change, now).await?;
+    let fx = transition::effects(before, change, now);
+    if fx.event {
+        terminal_event(conn, before.id, now).await?;
     }
-    if let Some(f) = job.on_failure.clone() {
-        insert_jobs(conn, &[f.job_for(job, JobState::Dead, now)]).await?;
+    if let Some(f) = fx.follow_up {
+        insert_jobs(conn, &[f]).await?;
     }
     Ok(())
+}
+
+/// The last resort for a job whose transition could not be written: `dead` with the reason and
+/// its `job.dead` event, by a statement that reads none of its JSON columns and writes no
+/// follow-up (a follow-up may be what could not be written). `fence` is the run's epoch for a
+/// completion, `None` for a start. Returns whether it applied.
+async fn bury(
+    pool: &PgPool,
+    id: JobId,
+    fence: Option<u64>,
+    reason: &str,
+    now: Micros,
+) -> sqlx::Result<bool> {
+    let mut tx = pool.begin().await?;
+    let guard = match fence {
+        Some(epoch) => format!(" AND state = 'running' AND epoch = {}", epoch as i64),
+        None => " AND state IN ('queued', 'scheduled')".to_string(),
+    };
+    let done = write_change(&mut tx, id, &guard, &Change::dead(reason.to_string()), now).await?;
+    if done {
+        terminal_event(&mut tx, id, now).await?;
+    }
+    tx.commit().await?;
+    Ok(done)
 }
 
 async fn start_tx(
@@ -704,30 +825,25 @@ async fn start_tx(
             decisions.push(Decision::Done(StartOutcome::Missing));
             continue;
         };
-        if job.state.is_terminal() || job.state == JobState::Running {
-            decisions.push(Decision::Done(StartOutcome::Skip(job.state)));
-            continue;
-        }
-        if job.state == JobState::Scheduled {
-            let due = job.scheduled_at.unwrap_or(0);
-            if due > now {
-                decisions.push(Decision::Done(StartOutcome::Defer(due)));
-                continue;
+        match transition::start(job, now) {
+            transition::Start::Skip(state) => {
+                decisions.push(Decision::Done(StartOutcome::Skip(state)))
+            }
+            transition::Start::Defer(at) => decisions.push(Decision::Done(StartOutcome::Defer(at))),
+            transition::Start::Dead(reason) => {
+                let change = Change::dead(reason);
+                transit(&mut tx, job, &change, now).await?;
+                *job = change.apply(job, now);
+                decisions.push(Decision::Done(StartOutcome::Dead));
+            }
+            transition::Start::Run => {
+                // Marked here so that the same id twice in one batch starts once, as one by one
+                // would.
+                job.state = JobState::Running;
+                to_run.push(*id);
+                decisions.push(Decision::Run(*id));
             }
         }
-        if job.crashes >= job.max_crashes {
-            let reason = format!(
-                "lost its worker {} times (max_crashes = {})",
-                job.crashes, job.max_crashes
-            );
-            dead_with_follow_up(&mut tx, job, &reason, now).await?;
-            decisions.push(Decision::Done(StartOutcome::Dead));
-            continue;
-        }
-        // Marked here so that the same id twice in one batch starts once, as one by one would.
-        job.state = JobState::Running;
-        to_run.push(*id);
-        decisions.push(Decision::Run(*id));
     }
     let mut started: HashMap<JobId, Job> = HashMap::new();
     if !to_run.is_empty() {
@@ -782,113 +898,40 @@ async fn complete_tx(
             out.push(Committed::Stale);
             continue;
         };
-        if job.state != JobState::Running || job.epoch != c.epoch {
+        if !transition::fence_holds(job, c.epoch) {
             out.push(Committed::Stale);
             continue;
         }
-        let mut dispatch = Vec::new();
-        let state = match &c.outcome {
+        let change = transition::complete(&c.outcome);
+        match &c.outcome {
             Outcome::Succeeded(v) => {
                 ok_ids.push(job.id);
                 ok_results.push(to_json(v));
-                job.result = Some(v.clone());
-                job.error = None;
-                JobState::Succeeded
             }
-            Outcome::Retry { error, at } => {
-                sqlx::query(
-                    "UPDATE homing_jobs SET state = 'scheduled', attempts = attempts + 1, \
-                     error = $2, scheduled_at = $3, worker = NULL, updated_at = $4 WHERE id = $1",
-                )
-                .bind(job.id)
-                .bind(clean(error).as_ref())
-                .bind(at)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-                JobState::Scheduled
+            _ => {
+                write_change(&mut tx, job.id, "", &change, now).await?;
             }
-            Outcome::Failed { error } => {
-                let error = clean(error);
-                sqlx::query(
-                    "UPDATE homing_jobs SET state = 'failed', attempts = attempts + 1, \
-                     error = $2, finished_at = $3, updated_at = $3 WHERE id = $1",
-                )
-                .bind(job.id)
-                .bind(error.as_ref())
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-                job.error = Some(error.into_owned());
-                JobState::Failed
-            }
-            Outcome::Snooze { at } => {
-                sqlx::query(
-                    "UPDATE homing_jobs SET state = 'scheduled', scheduled_at = $2, \
-                     worker = NULL, updated_at = $3 WHERE id = $1",
-                )
-                .bind(job.id)
-                .bind(at)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-                JobState::Scheduled
-            }
-            Outcome::Cancelled => {
-                sqlx::query(
-                    "UPDATE homing_jobs SET state = 'cancelled', error = 'cancelled', \
-                     finished_at = $2, updated_at = $2 WHERE id = $1",
-                )
-                .bind(job.id)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-                JobState::Cancelled
-            }
-            Outcome::Released => {
-                sqlx::query(
-                    "UPDATE homing_jobs SET state = 'queued', dispatched = false, worker = NULL, \
-                     updated_at = $2 WHERE id = $1",
-                )
-                .bind(job.id)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-                dispatch.push(Dispatch {
-                    id: job.id,
-                    queue: job.queue.clone(),
-                });
-                JobState::Queued
-            }
-            Outcome::Dead { reason } => {
-                let reason = clean(reason);
-                sqlx::query(
-                    "UPDATE homing_jobs SET state = 'dead', error = $2, finished_at = $3, \
-                     updated_at = $3 WHERE id = $1",
-                )
-                .bind(job.id)
-                .bind(reason.as_ref())
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-                job.error = Some(reason.into_owned());
-                JobState::Dead
-            }
-        };
-        if NewEvent::wanted(job, state) {
+        }
+        let mut dispatch = Vec::new();
+        if change.republish {
+            dispatch.push(ToPublish {
+                id: job.id,
+                queue: job.queue.clone(),
+            });
+        }
+        let fx = transition::effects(job, &change, now);
+        if fx.event {
             with_event.push(job.id);
         }
-        // A second completion of the same run in this batch must find it no longer running.
-        job.state = state;
-        let follow = match state {
-            JobState::Succeeded => job.on_success.as_ref(),
-            JobState::Failed | JobState::Dead => job.on_failure.as_ref(),
-            _ => None,
-        };
-        if let Some(f) = follow {
-            follow_ups.push((out.len(), f.job_for(job, state, now)));
+        if let Some(f) = fx.follow_up {
+            follow_ups.push((out.len(), f));
         }
-        out.push(Committed::Applied { state, dispatch });
+        // A second completion of the same run in this batch must find it no longer running.
+        *job = change.apply(job, now);
+        out.push(Committed::Applied {
+            state: change.state,
+            dispatch,
+        });
     }
     if !ok_ids.is_empty() {
         sqlx::query(
@@ -912,7 +955,7 @@ async fn complete_tx(
             if let (true, Committed::Applied { dispatch, .. }) =
                 (ins.needs_dispatch(), &mut out[*idx])
             {
-                dispatch.push(Dispatch {
+                dispatch.push(ToPublish {
                     id: ins.id,
                     queue: ins.queue,
                 });
@@ -927,59 +970,28 @@ async fn mark_lost_tx(pool: &PgPool, id: JobId, worker: &str, now: Micros) -> sq
     let mut tx = pool.begin().await?;
     // The row lock is what makes concurrent rescuers count one crash: the second one waits here
     // and then sees the job no longer running under `worker`.
-    let Some(mut job) = get_job(&mut tx, id, true).await? else {
+    let Some(job) = get_job(&mut tx, id, true).await? else {
         return Ok(Lost::Missing);
     };
-    if job.state != JobState::Running || job.worker.as_deref() != Some(worker) {
-        return Ok(Lost::NotOwned(job.state));
-    }
-    let crashes = job.crashes + 1;
-    sqlx::query("UPDATE homing_jobs SET crashes = $2 WHERE id = $1")
-        .bind(id)
-        .bind(i64::from(crashes))
-        .execute(&mut *tx)
-        .await?;
-    job.crashes = crashes;
-    let lost = if job.cancel_requested {
-        sqlx::query(
-            "UPDATE homing_jobs SET state = 'cancelled', error = 'cancelled', finished_at = $2, \
-             updated_at = $2 WHERE id = $1",
-        )
-        .bind(id)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        if NewEvent::wanted(&job, JobState::Cancelled) {
-            terminal_event(&mut tx, id, now).await?;
+    let lost = match transition::lost(&job, worker) {
+        transition::Lost::NotOwned(state) => return Ok(Lost::NotOwned(state)),
+        transition::Lost::Crashed(change) => {
+            transit(&mut tx, &job, &change, now).await?;
+            match change.state {
+                JobState::Dead => Lost::Dead,
+                JobState::Cancelled => Lost::Cancelled,
+                _ => Lost::Requeued,
+            }
         }
-        Lost::Cancelled
-    } else if crashes >= job.max_crashes {
-        let reason = format!(
-            "lost its worker {crashes} times, last {worker} (max_crashes = {}): \
-             the task may be killing its worker",
-            job.max_crashes
-        );
-        dead_with_follow_up(&mut tx, &mut job, &reason, now).await?;
-        Lost::Dead
-    } else {
-        sqlx::query(
-            "UPDATE homing_jobs SET state = 'queued', dispatched = false, worker = NULL, \
-             updated_at = $2 WHERE id = $1",
-        )
-        .bind(id)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        Lost::Requeued
     };
     tx.commit().await?;
     Ok(lost)
 }
 
-fn dispatch_rows(rows: Vec<PgRow>) -> sqlx::Result<Vec<Dispatch>> {
+fn dispatch_rows(rows: Vec<PgRow>) -> sqlx::Result<Vec<ToPublish>> {
     rows.iter()
         .map(|r| {
-            Ok(Dispatch {
+            Ok(ToPublish {
                 id: r.try_get(0)?,
                 queue: r.try_get(1)?,
             })
@@ -1030,7 +1042,7 @@ impl Store for PgStore {
     /// second reconciler sweeping at the same time (with about the same `before`) skips them
     /// instead of publishing them twice. If the caller dies before publishing, they come back
     /// once `before` passes the lease, i.e. after the reconciler's dispatch grace.
-    async fn undispatched(&self, before: Micros, limit: usize) -> Result<Vec<Dispatch>> {
+    async fn undispatched(&self, before: Micros, limit: usize) -> Result<Vec<ToPublish>> {
         let lease = crate::time::now();
         self.call(async {
             let rows = sqlx::query(
@@ -1050,7 +1062,7 @@ impl Store for PgStore {
                 let was: i64 = r.try_get(2)?;
                 out.push((
                     was,
-                    Dispatch {
+                    ToPublish {
                         id: r.try_get(0)?,
                         queue: r.try_get(1)?,
                     },
@@ -1081,21 +1093,75 @@ impl Store for PgStore {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        self.call(start_tx(&self.pool, ids, worker, now)).await
+        isolating(
+            ids.to_vec(),
+            |ids| async move { self.call(start_tx(&self.pool, &ids, worker, now)).await },
+            |id| async move {
+                let mut v = self.call(start_tx(&self.pool, &[id], worker, now)).await?;
+                Ok(v.remove(0))
+            },
+            |id, e| async move {
+                let reason = transition::unstartable_reason(&e);
+                tracing::error!(job = %id, error = %e, "a job cannot be started; making it dead");
+                if self.call(bury(&self.pool, id, None, &reason, now)).await? {
+                    return Ok(StartOutcome::Dead);
+                }
+                let state: Option<String> = self
+                    .call(async {
+                        sqlx::query_scalar("SELECT state FROM homing_jobs WHERE id = $1")
+                            .bind(id)
+                            .fetch_optional(&self.pool)
+                            .await
+                    })
+                    .await?;
+                Ok(match state {
+                    Some(st) => StartOutcome::Skip(parse_state(&st).map_err(|e| self.map_err(e))?),
+                    None => StartOutcome::Missing,
+                })
+            },
+        )
+        .await
     }
 
     async fn complete(&self, done: &[Completion], now: Micros) -> Result<Vec<Committed>> {
         if done.is_empty() {
             return Ok(Vec::new());
         }
-        self.call(complete_tx(&self.pool, done, now)).await
+        isolating(
+            done.to_vec(),
+            |done| async move { self.call(complete_tx(&self.pool, &done, now)).await },
+            |c| async move {
+                let mut v = self
+                    .call(complete_tx(&self.pool, std::slice::from_ref(&c), now))
+                    .await?;
+                Ok(v.remove(0))
+            },
+            |c, e| async move {
+                let reason = transition::uncommittable_reason(&e);
+                tracing::error!(job = %c.id, error = %e, "an outcome cannot be stored; making the job dead");
+                Ok(
+                    if self
+                        .call(bury(&self.pool, c.id, Some(c.epoch), &reason, now))
+                        .await?
+                    {
+                        Committed::Applied {
+                            state: JobState::Dead,
+                            dispatch: Vec::new(),
+                        }
+                    } else {
+                        Committed::Stale
+                    },
+                )
+            },
+        )
+        .await
     }
 
     async fn mark_lost(&self, id: JobId, worker: &str, now: Micros) -> Result<Lost> {
         self.call(mark_lost_tx(&self.pool, id, worker, now)).await
     }
 
-    async fn claim_due(&self, now: Micros, limit: usize) -> Result<Vec<Dispatch>> {
+    async fn claim_due(&self, now: Micros, limit: usize) -> Result<Vec<ToPublish>> {
         self.call(async {
             // SKIP LOCKED: a row another scheduler is claiming is left to it. A row it has
             // already claimed and committed fails the re-checked `state = 'scheduled'`.
@@ -1162,13 +1228,13 @@ impl Store for PgStore {
     async fn mark_dead(&self, id: JobId, reason: &str, now: Micros) -> Result<bool> {
         self.call(async {
             let mut tx = self.pool.begin().await?;
-            let Some(mut job) = get_job(&mut tx, id, true).await? else {
+            let Some(job) = get_job(&mut tx, id, true).await? else {
                 return Ok(false);
             };
             if job.state.is_terminal() {
                 return Ok(false);
             }
-            dead_with_follow_up(&mut tx, &mut job, reason, now).await?;
+            transit(&mut tx, &job, &Change::dead(reason.to_string()), now).await?;
             tx.commit().await?;
             Ok(true)
         })
@@ -1255,14 +1321,11 @@ impl Store for PgStore {
             let Some(job) = get_job(&mut tx, id, true).await? else {
                 return Ok(Err(Error::NotFound(id)));
             };
-            if !matches!(
-                job.state,
-                JobState::Failed | JobState::Dead | JobState::Cancelled
-            ) {
+            if let Err(message) = transition::operator_retry(&job) {
                 return Ok(Err(Error::Conflict {
                     id,
                     state: job.state,
-                    message: "only failed, dead or cancelled jobs can be retried".into(),
+                    message: message.into(),
                 }));
             }
             sqlx::query(
@@ -1287,35 +1350,31 @@ impl Store for PgStore {
             let Some(job) = get_job(&mut tx, id, true).await? else {
                 return Ok(Err(Error::NotFound(id)));
             };
-            let sql = match job.state {
-                JobState::Queued | JobState::Scheduled => {
-                    "UPDATE homing_jobs SET state = 'cancelled', error = 'cancelled', \
-                     finished_at = $2, updated_at = $2 WHERE id = $1"
+            match transition::cancel(&job) {
+                transition::Cancel::Now => {
+                    transit(&mut tx, &job, &Change::cancelled(), now).await?;
                 }
-                JobState::Running => {
-                    "UPDATE homing_jobs SET cancel_requested = true, updated_at = $2 WHERE id = $1"
+                transition::Cancel::Request => {
+                    sqlx::query(
+                        "UPDATE homing_jobs SET cancel_requested = true, updated_at = $2 \
+                         WHERE id = $1",
+                    )
+                    .bind(id)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
                 }
-                st => {
+                transition::Cancel::Refuse(message) => {
                     return Ok(Err(Error::Conflict {
                         id,
-                        state: st,
-                        message: "a finished job cannot be cancelled".into(),
+                        state: job.state,
+                        message: message.into(),
                     }))
                 }
-            };
-            sqlx::query(sql)
-                .bind(id)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
+            }
             let after = get_job(&mut tx, id, false)
                 .await?
                 .ok_or_else(|| corrupt("cancel", "row vanished"))?;
-            if after.state == JobState::Cancelled && NewEvent::wanted(&job, JobState::Cancelled) {
-                if let Some(ev) = NewEvent::for_terminal(&after) {
-                    insert_event(&mut tx, &ev, now).await?;
-                }
-            }
             tx.commit().await?;
             Ok(Ok(after))
         })
@@ -1567,8 +1626,52 @@ impl Store for PgStore {
         limit: usize,
         now: Micros,
     ) -> Result<FanOut> {
-        self.call(fan_out_tx(&self.pool, subscribers, limit, now))
+        let e = match self
+            .call(fan_out_tx(&self.pool, subscribers, limit, None, now))
             .await
+        {
+            Err(e) if !e.is_transient() => e,
+            other => return other,
+        };
+        // One event's deliveries could not be stored: fan the batch out one event at a time
+        // and set aside the one that still fails, so the alerts behind it go out.
+        tracing::warn!(error = %e, "fanning out a batch of events failed; trying them one by one");
+        let pending: Vec<i64> = self
+            .call(async {
+                sqlx::query_scalar(
+                    "SELECT id FROM homing_events WHERE dispatched_at IS NULL ORDER BY id LIMIT $1",
+                )
+                .bind(limit.min(i64::MAX as usize) as i64)
+                .fetch_all(&self.pool)
+                .await
+            })
+            .await?;
+        let mut out = FanOut::default();
+        for id in pending {
+            match self
+                .call(fan_out_tx(&self.pool, subscribers, 1, Some(id), now))
+                .await
+            {
+                Ok(part) => {
+                    out.events += part.events;
+                    out.dispatch.extend(part.dispatch);
+                }
+                Err(e) if e.is_transient() => return Err(e),
+                Err(e) => {
+                    tracing::error!(event_id = id, error = %e, "an event's deliveries cannot be stored; it is set aside undelivered");
+                    self.call(async {
+                        sqlx::query("UPDATE homing_events SET dispatched_at = $2 WHERE id = $1")
+                            .bind(id)
+                            .bind(now)
+                            .execute(&self.pool)
+                            .await
+                    })
+                    .await?;
+                    out.events += 1;
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Ids come from a sequence, so unlike SQLite's single writer they are not in commit order: an
@@ -1585,7 +1688,7 @@ impl Store for PgStore {
                 .fetch_all(&self.pool)
                 .await?
                 .iter()
-                .map(row_to_event)
+                .map(|r| row_to_event(r).map(|(ev, _)| ev))
                 .collect()
         })
         .await

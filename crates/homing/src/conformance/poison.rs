@@ -1,0 +1,348 @@
+//! Rows that cannot be decoded or committed stay confined to their own job (DESIGN.md section
+//! 12, bad input): the store's second line of defence, for data already stored (by an older
+//! version, or by hand) that the checks at the door would refuse today. Each case writes a
+//! poisoned row with raw SQL through [`Tamper`] next to good jobs and checks that the good ones
+//! start, commit, list and alert normally while the bad one is made `dead` with its reason.
+
+use std::sync::Arc;
+
+use super::{new_job, unique_queue};
+use crate::events::{NewEvent, Subscriber, WORKER_LOST, WORKER_READY, WORKER_SHUTDOWN};
+use crate::job::{FollowUp, JobId, JobState};
+use crate::store::*;
+use crate::time::now;
+
+/// Raw access to a store's rows, bypassing the store: how a test plants what no current code
+/// path would write. Each backend's test file implements it with its own SQL.
+#[crate::async_trait]
+pub trait Tamper: Send + Sync {
+    /// Overwrites a text column (`args`, `result`, `on_success`, …) of job `id` with `text`.
+    async fn set_job_text(&self, id: JobId, column: &str, text: &str);
+    /// Overwrites the data of event `id` with `text`.
+    async fn set_event_data(&self, id: i64, text: &str);
+    /// A queue name that the database refuses to store a job under (PostgreSQL: one with a NUL
+    /// character; SQLite, which stores anything: one a trigger refuses).
+    async fn unstorable_queue(&self) -> String;
+    /// Makes the database refuse to insert a job with idempotency key `key` (a trigger).
+    async fn refuse_job_key(&self, key: &str);
+}
+
+/// A store and raw access to its rows.
+pub type Poisonable = (Arc<dyn Store>, Arc<dyn Tamper>);
+
+/// Generates one `#[tokio::test]` per poisoned-row case; `$make` is an expression whose value
+/// is a future of [`Poisonable`], evaluated afresh for each case.
+#[macro_export]
+macro_rules! store_poison_conformance {
+    ($make:expr) => {
+        $crate::__conformance_cases!(poison, $make;
+            unreadable_jobs_die_at_start_and_neighbours_run, unreadable_rows_still_read,
+            unreadable_event_does_not_block_the_others, undeliverable_event_does_not_block_the_others,
+            uncommittable_outcome_is_isolated,
+            uncommittable_dead_transition_at_start_is_isolated
+        );
+    };
+}
+
+/// JSON nested deeper than the decoder reads (it stops at 128 levels).
+fn too_deep() -> String {
+    format!("{}{}", "[".repeat(200), "]".repeat(200))
+}
+
+fn queue_filter(q: &str) -> JobFilter {
+    JobFilter {
+        queue: Some(q.to_string()),
+        ..Default::default()
+    }
+}
+
+pub async fn unreadable_jobs_die_at_start_and_neighbours_run((s, t): Poisonable) {
+    let q = unique_queue("poison-start");
+    let jobs: Vec<_> = (0..4).map(|_| new_job(&q, "t")).collect();
+    s.insert(jobs.clone()).await.unwrap();
+    let (good1, deep, good2, garbage) = (jobs[0].id, jobs[1].id, jobs[2].id, jobs[3].id);
+    t.set_job_text(deep, "args", &too_deep()).await;
+    t.set_job_text(garbage, "args", "{not json").await;
+
+    let out = s
+        .start(&[good1, deep, good2, garbage], "w", now())
+        .await
+        .expect("a batch with poisoned jobs still starts");
+    assert!(
+        matches!(&out[0], StartOutcome::Run(j) if j.id == good1),
+        "{out:?}"
+    );
+    assert_eq!(out[1], StartOutcome::Dead);
+    assert!(
+        matches!(&out[2], StartOutcome::Run(j) if j.id == good2),
+        "{out:?}"
+    );
+    assert_eq!(out[3], StartOutcome::Dead);
+
+    for id in [deep, garbage] {
+        let j = s.get(id).await.unwrap().expect("a dead job can be read");
+        assert_eq!(j.state, JobState::Dead);
+        let error = j.error.clone().unwrap_or_default();
+        assert!(
+            error.starts_with("stored args cannot be read: "),
+            "the reason names the column: {error}"
+        );
+        assert_eq!(j.args, serde_json::Value::Null);
+        assert_eq!(j.unreadable.len(), 1, "{:?}", j.unreadable);
+        let events = s.events(0, 10_000).await.unwrap();
+        assert!(
+            events
+                .iter()
+                .any(|e| e.job_id == Some(id) && e.kind == crate::events::JOB_DEAD),
+            "the dead job alerts like any other"
+        );
+    }
+    // A later start of the same poisoned job is a duplicate, not an error.
+    assert_eq!(
+        s.start(&[deep], "w2", now()).await.unwrap()[0],
+        StartOutcome::Skip(JobState::Dead)
+    );
+}
+
+pub async fn unreadable_rows_still_read((s, t): Poisonable) {
+    let q = unique_queue("poison-read");
+    let jobs: Vec<_> = (0..3).map(|_| new_job(&q, "t")).collect();
+    s.insert(jobs.clone()).await.unwrap();
+    let bad = jobs[1].id;
+    t.set_job_text(bad, "args", &too_deep()).await;
+    t.set_job_text(bad, "result", "\"unterminated").await;
+    t.set_job_text(bad, "on_failure", "[1, 2").await;
+
+    let j = s.get(bad).await.expect("get of a poisoned job").unwrap();
+    assert_eq!(j.args, serde_json::Value::Null);
+    assert_eq!(j.result, None);
+    assert_eq!(j.on_failure, None);
+    let columns: Vec<&str> = j
+        .unreadable
+        .iter()
+        .map(|n| n.split(' ').next().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        columns,
+        ["args", "result", "on_failure"],
+        "{:?}",
+        j.unreadable
+    );
+    // The JSON a client sees says what is missing, and serialises fine.
+    let shown = serde_json::to_value(&j).unwrap();
+    assert_eq!(shown["unreadable"].as_array().map(Vec::len), Some(3));
+
+    let page = s
+        .list(&queue_filter(&q), None, 10)
+        .await
+        .expect("a page with a poisoned job");
+    assert_eq!(page.jobs.len(), 3);
+    let listed = page.jobs.iter().find(|j| j.id == bad).unwrap();
+    assert_eq!(listed.unreadable.len(), 3);
+    for good in [jobs[0].id, jobs[2].id] {
+        let g = page.jobs.iter().find(|j| j.id == good).unwrap();
+        assert!(g.unreadable.is_empty());
+        assert_eq!(g.args, serde_json::json!({"n": 1}));
+    }
+}
+
+pub async fn unreadable_event_does_not_block_the_others((s, t): Poisonable) {
+    let worker = unique_queue("poison-ev");
+    let mut ids = Vec::new();
+    for kind in [WORKER_READY, WORKER_LOST, WORKER_SHUTDOWN] {
+        let ev = NewEvent::worker(kind, &worker, serde_json::json!({}));
+        ids.push(s.record_event(ev, now()).await.unwrap());
+    }
+    t.set_event_data(ids[1], &too_deep()).await;
+    let subs = vec![Subscriber {
+        name: "all".into(),
+        events: vec!["*".into()],
+    }];
+    // Fan out until nothing is pending (other cases' events may share the store).
+    for _ in 0..100 {
+        if s.fan_out(&subs, 10, now()).await.expect("fan_out").events == 0 {
+            break;
+        }
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let delivery = s.get_by_key(&format!("{id}:all")).await.unwrap();
+        assert_eq!(
+            delivery.is_some(),
+            i != 1,
+            "event {i}: only readable events are delivered"
+        );
+    }
+    let events = s
+        .events(ids[0] - 1, 10_000)
+        .await
+        .expect("events() reads a poisoned event");
+    for id in &ids {
+        let e = events.iter().find(|e| e.id == *id).unwrap();
+        assert!(e.dispatched_at.is_some(), "event {id} is no longer pending");
+    }
+    let bad = events.iter().find(|e| e.id == ids[1]).unwrap();
+    assert!(bad.data["unreadable"].is_string(), "{:?}", bad.data);
+}
+
+pub async fn undeliverable_event_does_not_block_the_others((s, t): Poisonable) {
+    let worker = unique_queue("poison-del");
+    let mut ids = Vec::new();
+    for kind in [WORKER_READY, WORKER_LOST, WORKER_SHUTDOWN] {
+        let ev = NewEvent::worker(kind, &worker, serde_json::json!({}));
+        ids.push(s.record_event(ev, now()).await.unwrap());
+    }
+    let subs = vec![Subscriber {
+        name: "all".into(),
+        events: vec!["*".into()],
+    }];
+    // The middle event's delivery cannot be stored: the batch fails, and must be split.
+    t.refuse_job_key(&format!("{}:all", ids[1])).await;
+    for _ in 0..100 {
+        if s.fan_out(&subs, 10, now()).await.expect("fan_out").events == 0 {
+            break;
+        }
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let delivery = s.get_by_key(&format!("{id}:all")).await.unwrap();
+        assert_eq!(
+            delivery.is_some(),
+            i != 1,
+            "event {i}: the others are delivered"
+        );
+    }
+    let events = s.events(ids[0] - 1, 10_000).await.unwrap();
+    for id in &ids {
+        let e = events.iter().find(|e| e.id == *id).unwrap();
+        assert!(e.dispatched_at.is_some(), "event {id} is no longer pending");
+    }
+}
+
+pub async fn uncommittable_outcome_is_isolated((s, t): Poisonable) {
+    let q = unique_queue("poison-commit");
+    let bad_queue = t.unstorable_queue().await;
+    let good1 = new_job(&q, "t");
+    let mut bad = new_job(&q, "t");
+    bad.options.on_success = Some(FollowUp {
+        task: "t.next".into(),
+        queue: Some(bad_queue),
+        args: serde_json::json!({}),
+    });
+    let mut good2 = new_job(&q, "t");
+    good2.options.on_success = Some(FollowUp {
+        task: "t.next".into(),
+        queue: Some(q.clone()),
+        args: serde_json::json!({}),
+    });
+    s.insert(vec![good1.clone(), bad.clone(), good2.clone()])
+        .await
+        .unwrap();
+    let started = s
+        .start(&[good1.id, bad.id, good2.id], "w", now())
+        .await
+        .unwrap();
+    let epoch = |i: usize| match &started[i] {
+        StartOutcome::Run(j) => j.epoch,
+        other => panic!("expected Run, got {other:?}"),
+    };
+    let done = [
+        Completion {
+            id: good1.id,
+            epoch: epoch(0),
+            outcome: Outcome::Succeeded(serde_json::json!(1)),
+        },
+        Completion {
+            id: bad.id,
+            epoch: epoch(1),
+            outcome: Outcome::Succeeded(serde_json::json!(2)),
+        },
+        Completion {
+            id: good2.id,
+            epoch: epoch(2),
+            outcome: Outcome::Succeeded(serde_json::json!(3)),
+        },
+    ];
+    let r = s.complete(&done, now()).await.expect("the batch commits");
+    assert!(
+        matches!(
+            &r[0],
+            Committed::Applied {
+                state: JobState::Succeeded,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    assert!(
+        matches!(
+            &r[1],
+            Committed::Applied {
+                state: JobState::Dead,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    assert!(
+        matches!(&r[2], Committed::Applied { state: JobState::Succeeded, dispatch } if dispatch.len() == 1),
+        "the good job's follow-up is committed and returned for publishing: {r:?}"
+    );
+    assert_eq!(
+        s.get(good1.id).await.unwrap().unwrap().state,
+        JobState::Succeeded
+    );
+    let g2 = s.get(good2.id).await.unwrap().unwrap();
+    assert_eq!(
+        (g2.state, g2.result),
+        (JobState::Succeeded, Some(serde_json::json!(3)))
+    );
+    let b = s.get(bad.id).await.unwrap().unwrap();
+    assert_eq!(b.state, JobState::Dead);
+    assert!(
+        b.error
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("its outcome cannot be stored: "),
+        "{:?}",
+        b.error
+    );
+    // Committing the same run again is stale, not a second failure.
+    assert_eq!(
+        s.complete(&done[1..2], now()).await.unwrap()[0],
+        Committed::Stale
+    );
+}
+
+pub async fn uncommittable_dead_transition_at_start_is_isolated((s, t): Poisonable) {
+    let q = unique_queue("poison-dead");
+    let bad_queue = t.unstorable_queue().await;
+    let good = new_job(&q, "t");
+    // Out of crash budget from the start, with a follow-up the database refuses: the start
+    // rule makes it dead, and writing that transition fails.
+    let mut bad = new_job(&q, "t");
+    bad.options.max_crashes = Some(0);
+    bad.options.on_failure = Some(FollowUp {
+        task: "t.alert".into(),
+        queue: Some(bad_queue),
+        args: serde_json::json!({}),
+    });
+    s.insert(vec![bad.clone(), good.clone()]).await.unwrap();
+    let out = s
+        .start(&[bad.id, good.id], "w", now())
+        .await
+        .expect("the batch starts");
+    assert_eq!(out[0], StartOutcome::Dead);
+    assert!(
+        matches!(&out[1], StartOutcome::Run(j) if j.id == good.id),
+        "{out:?}"
+    );
+    let b = s.get(bad.id).await.unwrap().unwrap();
+    assert_eq!(b.state, JobState::Dead);
+    assert!(
+        b.error
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("it cannot be started: "),
+        "{:?}",
+        b.error
+    );
+}
