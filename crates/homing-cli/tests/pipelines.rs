@@ -864,6 +864,41 @@ async fn each_upload_route_takes_uploads_up_to_its_own_limit() {
     assert_eq!(e["id"], exhibition.as_str());
 }
 
+/// An image that passes the upload check (a PNG signature) but cannot be decoded fails its
+/// emotion job on the first attempt with the reason, and the exhibition shows it failed: no
+/// retries spent on bytes that will never decode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_image_fails_its_emotion_job_at_once() {
+    let env = Env::sqlite();
+    let svc = Service::start(&env, "up", &["up"], &[]).await;
+    let [dusk, noon, _] = three_images();
+    let mut broken = b"\x89PNG\r\n\x1a\n".to_vec();
+    broken.extend_from_slice(b"not the rest of a PNG file");
+    let id = svc.exhibition(&[dusk, noon, ("broken.png", broken)]).await;
+    let e = eventually(
+        Duration::from_secs(120),
+        "the exhibition to fail",
+        || async {
+            let e = svc.get(&format!("/v1/exhibitions/{id}")).await;
+            (e["state"] == "failed").then_some(e)
+        },
+    )
+    .await;
+    let track = &e["tracks"][2];
+    assert_eq!(track["state"], "failed", "{e}");
+    let job: homing::JobId = track["emotion_job"].as_str().unwrap().parse().unwrap();
+    let job = env.client().await.get(job).await.unwrap();
+    assert_eq!(job.state, homing::JobState::Failed, "{job:?}");
+    assert_eq!(job.attempts, 1, "failed on its first attempt: {job:?}");
+    assert!(
+        job.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("cannot read the image"),
+        "{job:?}"
+    );
+}
+
 /// Images of different character get different emotions, and tracks whose tempo — measured
 /// from the audio — follows them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
