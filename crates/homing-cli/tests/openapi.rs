@@ -8,24 +8,66 @@ mod support;
 use std::collections::BTreeSet;
 use support::*;
 
-/// `(METHOD, /path/{id})` for every `.route(...)` in the router's source.
+/// `(METHOD, /path/{param})` for every `.route(...)` in the routers' sources: the binary's own
+/// and the pipelines' it merges in.
 fn router_routes() -> BTreeSet<(String, String)> {
-    let src = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/api/mod.rs"),
-    )
-    .expect("read src/api/mod.rs");
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut out = BTreeSet::new();
-    for part in src.split(".route(\"").skip(1) {
-        let (path, rest) = part.split_once('"').expect("a quoted path");
-        let rest = rest.lines().next().unwrap_or("");
-        let path = path.replace(":id", "{id}");
-        for method in ["get", "post", "put", "patch", "delete"] {
-            if rest.contains(&format!("{method}(")) {
-                out.insert((method.to_uppercase(), path.clone()));
+    for file in [
+        manifest.join("src/api/mod.rs"),
+        manifest.join("../homing-pipelines/src/api/mod.rs"),
+    ] {
+        let src = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+        for part in src.split(".route(").skip(1) {
+            let call = balanced_call(part);
+            let (path, rest) = call
+                .trim_start()
+                .strip_prefix('"')
+                .and_then(|p| p.split_once('"'))
+                .unwrap_or_else(|| panic!("a quoted path in .route({call}"));
+            let path = path
+                .split('/')
+                .map(|seg| match seg.strip_prefix(':') {
+                    Some(name) => format!("{{{name}}}"),
+                    None => seg.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join("/");
+            for method in ["get", "post", "put", "patch", "delete"] {
+                let called = rest.match_indices(&format!("{method}(")).any(|(i, _)| {
+                    // A method-router constructor or a chained `.get(`, not `x_get(` or `budget(`.
+                    !rest[..i]
+                        .chars()
+                        .next_back()
+                        .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
+                });
+                if called {
+                    out.insert((method.to_uppercase(), path.clone()));
+                }
             }
         }
     }
     out
+}
+
+/// The text of a call's arguments up to its closing parenthesis (the call's opening one is
+/// already consumed), over several lines if need be.
+fn balanced_call(s: &str) -> &str {
+    let mut depth = 1usize;
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &s[..i];
+                }
+            }
+            _ => {}
+        }
+    }
+    s
 }
 
 fn document_routes(doc: &serde_json::Value) -> BTreeSet<(String, String)> {
@@ -56,7 +98,12 @@ async fn api_conforms_to_its_openapi_document() {
         .expect("the OpenAPI document is JSON");
     assert_eq!(doc["openapi"], "3.0.3");
     let routes = router_routes();
-    assert!(routes.len() >= 14, "parsed the router: {routes:?}");
+    assert!(routes.len() >= 20, "parsed the routers: {routes:?}");
+    assert!(
+        routes.contains(&("POST".into(), "/v1/documents".into()))
+            && routes.contains(&("GET".into(), "/v1/exhibitions/{id}/tracks/{index}".into())),
+        "the pipelines' routes are parsed: {routes:?}"
+    );
     assert_eq!(
         document_routes(&doc),
         routes,

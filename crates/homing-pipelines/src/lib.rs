@@ -25,6 +25,7 @@ use std::sync::Arc;
 use tokio::sync::OnceCell;
 
 pub use settings::Settings;
+use tasks::FatalOnPanic;
 
 /// A queue the pipelines need workers for, with the limits the seeds chose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,10 +114,10 @@ impl Pipelines {
     /// The pipelines' tasks: `ocr.extract`, `ocr.notify`, `exhibition.emotion`, `exhibition.bgm`.
     pub fn registry(&self) -> homing::Registry {
         let mut r = homing::Registry::new();
-        r.register(tasks::ocr::Extract(self.clone()))
-            .register(tasks::ocr::Notify(self.clone()))
-            .register(tasks::exhibition::ReadEmotion(self.clone()))
-            .register(tasks::exhibition::ComposeTrack(self.clone()));
+        r.register(FatalOnPanic(tasks::ocr::Extract(self.clone())))
+            .register(FatalOnPanic(tasks::ocr::Notify(self.clone())))
+            .register(FatalOnPanic(tasks::exhibition::ReadEmotion(self.clone())))
+            .register(FatalOnPanic(tasks::exhibition::ComposeTrack(self.clone())));
         r
     }
 

@@ -3,7 +3,6 @@
 //! call the library's [`homing::Client`] or store, and map errors to `{"error": {code, message}}`
 //! without leaking internals — never a 500 for a client's mistake.
 
-mod error;
 mod events;
 mod jobs;
 mod metrics;
@@ -16,11 +15,14 @@ use axum::routing::{get, post};
 use axum::Router;
 use std::sync::Arc;
 
-pub use error::ApiError;
 use homing::{Backends, Client, Registry};
+use homing_pipelines::api::refuse_declared_over;
+/// One error type for the whole API, shared with the pipelines' routes.
+pub use homing_pipelines::api::ApiError;
 pub use metrics::install_recorder;
 
-/// Largest request body accepted (a job's args are limited to 1 MiB of JSON).
+/// Largest request body accepted by this module's routes (a job's args are limited to 1 MiB of
+/// JSON). The pipelines' upload routes carry their own, larger limits.
 pub const BODY_LIMIT: usize = 2 * 1024 * 1024;
 
 /// What every handler can reach.
@@ -52,7 +54,9 @@ impl AppState {
 }
 
 pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Router {
-    Router::new()
+    // The limit is layered on these routes (and the fallback) only, before the pipelines' routes
+    // join: each route's own limit is the one that holds, for declared and streamed bodies.
+    let own = Router::new()
         .route("/", get(status::page))
         .route("/dashboard/app.js", get(status::script))
         .route("/dashboard/style.css", get(status::style))
@@ -66,11 +70,14 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/v1/jobs/:id/events", get(events::stream))
         .route("/v1/queues", get(status::queues))
         .route("/v1/workers", get(status::workers))
-        .merge(pipelines.router(state.client.clone()))
         .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(middleware::from_fn_with_state(
+            BODY_LIMIT,
+            refuse_declared_over,
+        ))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT));
+    own.merge(pipelines.router(state.client.clone()))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
-        .layer(middleware::from_fn(declared_length_limit))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
 }
 
@@ -89,25 +96,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// Refuses a body whose declared length is over the limit before reading any of it; bodies
-/// without a declared length are still cut off at the limit by `DefaultBodyLimit`.
-async fn declared_length_limit(req: Request, next: Next) -> Response {
-    let declared = req
-        .headers()
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    match declared {
-        Some(n) if n > BODY_LIMIT as u64 => ApiError::new(
-            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("request body of {n} bytes is over the limit of {BODY_LIMIT} bytes"),
-        )
-        .into_response(),
-        _ => next.run(req).await,
-    }
 }
 
 /// Whether `given` equals any of `tokens`. Every token is compared, in constant time each, so

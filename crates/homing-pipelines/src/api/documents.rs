@@ -1,6 +1,7 @@
 //! `POST /v1/documents` issues a document (stores the PDF, enqueues its OCR);
 //! `GET /v1/documents/{id}` shows it with its OCR state and text; `GET …/file` returns the PDF.
 
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Multipart, Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -125,8 +126,9 @@ pub async fn create(
 
 pub async fn get(
     State(st): State<ApiState>,
-    Path(raw): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    let Path(raw) = path?;
     let id = parse_id(&raw, "document")?.to_string();
     let s = st.services().await?;
     let doc = s
@@ -177,8 +179,9 @@ pub async fn get(
 
 pub async fn file(
     State(st): State<ApiState>,
-    Path(raw): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    let Path(raw) = path?;
     let id = parse_id(&raw, "document")?.to_string();
     let s = st.services().await?;
     let doc = s

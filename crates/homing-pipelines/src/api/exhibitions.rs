@@ -1,6 +1,7 @@
 //! `POST /v1/exhibitions` takes exactly three images and starts their emotion → track chains;
 //! `GET /v1/exhibitions/{id}` shows progress; `GET …/tracks/{index}` downloads a track.
 
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Multipart, Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -123,8 +124,9 @@ fn given_up(s: Option<JobState>) -> bool {
 
 pub async fn get(
     State(st): State<ApiState>,
-    Path(raw): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    let Path(raw) = path?;
     let id = parse_id(&raw, "exhibition")?.to_string();
     let s = st.services().await?;
     let (e, tracks) = s
@@ -182,8 +184,9 @@ pub async fn get(
 
 pub async fn track(
     State(st): State<ApiState>,
-    Path((raw, index)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    let Path((raw, index)) = path?;
     let id = parse_id(&raw, "exhibition")?.to_string();
     let index: u32 = index
         .parse()

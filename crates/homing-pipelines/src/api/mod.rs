@@ -1,6 +1,8 @@
-//! The pipelines' HTTP routes. Uploads are multipart and bounded twice: the whole body by a
-//! body limit, each file while it streams in, so a client learns which limit it hit (413) and
-//! the server never buffers more than one file's limit.
+//! The pipelines' HTTP routes. Uploads are multipart and bounded twice: the whole body by the
+//! route's own body limit (by its declared length before any of it is read, or cut off as it
+//! streams in without one), each file while it streams in, so a client learns which limit it
+//! hit (413) and the server never buffers more than one file's limit. The limits are set on the
+//! routes themselves: the binary's smaller limit for JSON routes does not apply here.
 
 mod documents;
 mod error;
@@ -8,10 +10,11 @@ mod exhibitions;
 
 use axum::extract::multipart::Field;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::middleware;
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 
-pub use error::ApiError;
+pub use error::{refuse_declared_over, ApiError};
 
 use crate::Pipelines;
 
@@ -21,6 +24,10 @@ pub const PDF_LIMIT: usize = 20 * 1024 * 1024;
 pub const IMAGE_LIMIT: usize = 10 * 1024 * 1024;
 /// Room for multipart headers and small text parts beside the files.
 const OVERHEAD: usize = 64 * 1024;
+/// The largest request body `POST /v1/documents` reads: one PDF and its multipart framing.
+pub const DOCUMENT_BODY_LIMIT: usize = PDF_LIMIT + OVERHEAD;
+/// The largest request body `POST /v1/exhibitions` reads: three images and their framing.
+pub const EXHIBITION_BODY_LIMIT: usize = 3 * IMAGE_LIMIT + OVERHEAD;
 
 #[derive(Debug, Clone)]
 pub struct ApiState {
@@ -41,17 +48,30 @@ pub fn router<S: Clone + Send + Sync + 'static>(state: ApiState) -> Router<S> {
     Router::new()
         .route(
             "/v1/documents",
-            post(documents::create).layer(DefaultBodyLimit::max(PDF_LIMIT + OVERHEAD)),
+            upload(post(documents::create), DOCUMENT_BODY_LIMIT),
         )
         .route("/v1/documents/:id", get(documents::get))
         .route("/v1/documents/:id/file", get(documents::file))
         .route(
             "/v1/exhibitions",
-            post(exhibitions::create).layer(DefaultBodyLimit::max(3 * IMAGE_LIMIT + OVERHEAD)),
+            upload(post(exhibitions::create), EXHIBITION_BODY_LIMIT),
         )
         .route("/v1/exhibitions/:id", get(exhibitions::get))
         .route("/v1/exhibitions/:id/tracks/:index", get(exhibitions::track))
         .with_state(state)
+}
+
+/// Bounds an upload route's body at `limit`, whether its length is declared or not.
+fn upload<S: Clone + Send + Sync + 'static>(
+    route: MethodRouter<S>,
+    limit: usize,
+) -> MethodRouter<S> {
+    route
+        .layer::<_, std::convert::Infallible>(middleware::from_fn_with_state(
+            limit,
+            refuse_declared_over,
+        ))
+        .layer(DefaultBodyLimit::max(limit))
 }
 
 /// Reads one multipart field whole, refusing it once it passes `limit` bytes.
@@ -60,13 +80,23 @@ async fn read_field(field: &mut Field<'_>, limit: usize, what: &str) -> Result<V
     while let Some(chunk) = field.chunk().await? {
         if buf.len() + chunk.len() > limit {
             return Err(ApiError::too_large(format!(
-                "{what} is larger than the limit of {} MiB",
-                limit / (1024 * 1024)
+                "{what} is larger than the limit of {}",
+                shown_size(limit)
             )));
         }
         buf.extend_from_slice(&chunk);
     }
     Ok(buf)
+}
+
+/// A size as a person would say it: whole MiB when it is that, bytes otherwise.
+fn shown_size(bytes: usize) -> String {
+    const MIB: usize = 1024 * 1024;
+    if bytes >= MIB && bytes % MIB == 0 {
+        format!("{} MiB", bytes / MIB)
+    } else {
+        format!("{bytes} bytes")
+    }
 }
 
 /// A client-given file name, kept for display only: no directories, no control characters.

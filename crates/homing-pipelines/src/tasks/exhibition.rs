@@ -11,7 +11,7 @@
 use serde::Deserialize;
 use std::time::Duration;
 
-use super::services;
+use super::{joined, services};
 use crate::compose::{self, Style};
 use crate::emotion::{self, Emotion};
 use crate::objects::keys;
@@ -48,8 +48,7 @@ impl Task for ReadEmotion {
             .get(&track.image_key)
             .await?
             .ok_or_else(|| TaskError::fatal("the image is missing from the store"))?;
-        let e = tokio::task::spawn_blocking(move || emotion::read(&bytes))
-            .await?
+        let e = joined(tokio::task::spawn_blocking(move || emotion::read(&bytes)).await)?
             .map_err(|e| TaskError::fatal(format!("cannot read the image: {e}")))?;
         let reading = serde_json::to_value(&e).unwrap_or_default();
         s.state
@@ -137,10 +136,12 @@ impl Task for ComposeTrack {
                         seed(ctx.job_id()),
                         ctx.cancellation_token(),
                     );
-                    let samples = tokio::task::spawn_blocking(move || {
-                        compose::compose(&style, seconds, seed, &cancel)
-                    })
-                    .await?
+                    let samples = joined(
+                        tokio::task::spawn_blocking(move || {
+                            compose::compose(&style, seconds, seed, &cancel)
+                        })
+                        .await,
+                    )?
                     .ok_or_else(|| {
                         TaskError::retry("composition stopped: the job was cancelled")
                     })?;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::services;
 use crate::ocr::{self, ExtractError};
 use crate::state::Notification;
+use crate::tools::ToolError;
 use crate::Pipelines;
 use homing::{Context, JobState, RetryPolicy, Task, TaskError};
 
@@ -47,10 +48,7 @@ impl Task for Extract {
         tokio::fs::write(&path, &pdf).await?;
         let out = ocr::extract(&path, work.path(), &ctx.cancellation_token())
             .await
-            .map_err(|e| match e {
-                ExtractError::TooManyPages(_) => TaskError::fatal(e),
-                other => TaskError::retry(other),
-            })?;
+            .map_err(classify)?;
         let pages = out.methods.len() as u32;
         let methods: Vec<String> = out
             .methods
@@ -84,6 +82,31 @@ impl Task for Extract {
     }
     fn time_limit(&self) -> Duration {
         Duration::from_secs(30 * 60)
+    }
+}
+
+/// Whether running the extraction again can give another answer. The same bytes make the same
+/// tools fail the same way: a file poppler refuses (it exits with an error), a crash on the
+/// input, a page count it cannot give, too many pages — those fail the job at once with the
+/// reason, rather than after every retry. A tool that ran out of time, was stopped, is not
+/// installed yet or could not be started, and local I/O are about this machine, not the file:
+/// they are retried; so is a tool killed outright (SIGKILL: the kernel's out-of-memory killer or
+/// an operator), which says more about the machine's load than about the file.
+fn classify(e: ExtractError) -> TaskError {
+    match &e {
+        ExtractError::Tool(ToolError::Failed { status, .. }) if status.contains("SIGKILL") => {
+            TaskError::retry(e)
+        }
+        ExtractError::TooManyPages(_)
+        | ExtractError::NoPageCount
+        | ExtractError::Tool(ToolError::Failed { .. }) => TaskError::fatal(e),
+        ExtractError::Tool(
+            ToolError::TimedOut { .. }
+            | ToolError::Cancelled { .. }
+            | ToolError::Missing { .. }
+            | ToolError::Io { .. },
+        )
+        | ExtractError::Io(_) => TaskError::retry(e),
     }
 }
 
@@ -185,5 +208,49 @@ impl Task for Notify {
 
     fn max_retries(&self) -> u32 {
         5
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(status: &str) -> ExtractError {
+        ExtractError::Tool(ToolError::Failed {
+            program: "pdfinfo".into(),
+            status: status.into(),
+            stderr: "Syntax Error: Couldn't read xref table".into(),
+        })
+    }
+
+    #[test]
+    fn what_the_file_decides_is_fatal_what_the_machine_decides_is_retried() {
+        assert!(matches!(
+            classify(failed("exit status: 1")),
+            TaskError::Fatal(_)
+        ));
+        assert!(matches!(
+            classify(failed("signal: 11 (SIGSEGV) (core dumped)")),
+            TaskError::Fatal(_)
+        ));
+        assert!(matches!(
+            classify(ExtractError::NoPageCount),
+            TaskError::Fatal(_)
+        ));
+        assert!(matches!(
+            classify(ExtractError::TooManyPages(1000)),
+            TaskError::Fatal(_)
+        ));
+        assert!(matches!(
+            classify(failed("signal: 9 (SIGKILL)")),
+            TaskError::Retry(_)
+        ));
+        let timed_out = ExtractError::Tool(ToolError::TimedOut {
+            program: "tesseract".into(),
+            limit: Duration::from_secs(300),
+        });
+        assert!(matches!(classify(timed_out), TaskError::Retry(_)));
+        let io = ExtractError::Io(std::io::Error::other("disk full"));
+        assert!(matches!(classify(io), TaskError::Retry(_)));
     }
 }
