@@ -68,6 +68,7 @@ pub mod sqlite;
 pub mod store;
 pub mod task;
 pub mod time;
+pub mod validate;
 pub mod worker;
 
 #[cfg(feature = "conformance")]

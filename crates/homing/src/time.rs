@@ -71,19 +71,61 @@ pub fn parse_rfc3339(s: &str) -> Option<Micros> {
     Some(micros(st.duration_since(UNIX_EPOCH).ok()?))
 }
 
+/// The longest duration homing reads anywhere (100 years): beyond any useful setting, and far
+/// below where arithmetic on it (microseconds in an `i64`, `Instant + d`) could overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// Parses a human duration such as `500ms`, `2s`, `5m`, `1h 30m`. A bare number is seconds.
+/// Never panics: negative, non-finite and longer-than-[`MAX_DURATION`] values are errors.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
+    let d = if let Ok(secs) = s.parse::<f64>() {
+        if !secs.is_finite() || secs < 0.0 {
+            return Err(format!(
+                "invalid duration '{s}': must be a non-negative number"
+            ));
         }
+        // Checked before converting: Duration::from_secs_f64 panics past u64::MAX seconds.
+        if secs > MAX_DURATION.as_secs_f64() {
+            return Err(too_long(s));
+        }
+        Duration::from_secs_f64(secs)
+    } else {
+        humantime::parse_duration(s)
+            .map_err(|e| format!("invalid duration '{s}' ({e}); use forms like 500ms, 2s, 5m"))?
+    };
+    if d > MAX_DURATION {
+        return Err(too_long(s));
+    }
+    Ok(d)
+}
+
+fn too_long(s: &str) -> String {
+    format!("invalid duration '{s}': at most 100 years")
+}
+
+/// Parses a duration (as [`parse_duration`]) that must lie between `min` and `max`, inclusive:
+/// the one parser behind every duration a user types (CLI flags, environment variables).
+pub fn parse_duration_in(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < min || d > max {
         return Err(format!(
-            "invalid duration '{s}': must be a non-negative number"
+            "'{}' is out of range: must be between {} and {}",
+            s.trim(),
+            format_duration(min),
+            format_duration(max)
         ));
     }
-    humantime::parse_duration(s)
-        .map_err(|e| format!("invalid duration '{s}' ({e}); use forms like 500ms, 2s, 5m"))
+    Ok(d)
+}
+
+/// A duration as `parse_duration` reads it back (`0s` for zero).
+pub fn format_duration(d: Duration) -> String {
+    if d.is_zero() {
+        "0s".into()
+    } else {
+        humantime::format_duration(d).to_string()
+    }
 }
 
 /// Serde helpers for `Option<Micros>` as RFC 3339 strings.
@@ -136,6 +178,30 @@ mod tests {
         assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("-1").is_err());
+    }
+
+    #[test]
+    fn hostile_durations_are_errors_not_panics() {
+        for bad in [
+            "1e30",
+            "-1e30",
+            "inf",
+            "NaN",
+            "18446744073709551615s",
+            "99999999999999999999999999s",
+            "3154000000",
+            "-5s",
+            "",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_duration("100y").ok(), None, "just past 100 years of 365 days");
+        assert!(parse_duration("36500d").is_ok());
+        let (lo, hi) = (Duration::from_millis(50), Duration::from_secs(3600));
+        assert!(parse_duration_in("1s", lo, hi).is_ok());
+        assert!(parse_duration_in("0s", lo, hi).unwrap_err().contains("between 50ms and 1h"));
+        assert!(parse_duration_in("2h", lo, hi).is_err());
+        assert_eq!(format_duration(Duration::ZERO), "0s");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use super::conn::Conn;
 use super::scripts::Scripts;
 use super::{keys, results, wire};
 use crate::broker::Broker;
-use crate::client::{dispatch, MAX_ARGS_BYTES};
+use crate::client::dispatch;
 use crate::error::Result;
 use crate::job::{JobOptions, NewJob};
 use crate::store::{Dispatch, Inserted, Store};
@@ -294,20 +294,16 @@ impl Ingress {
             match wire::decode(payload) {
                 Ok(m) => {
                     let job = self.new_job(queue, &m, at);
-                    let size = serde_json::to_vec(&job.args).map_or(usize::MAX, |v| v.len());
-                    if size > MAX_ARGS_BYTES {
-                        dead.push((
+                    match refusal(&job) {
+                        Some(reason) => dead.push((
                             payload.clone(),
                             wire::Malformed {
-                                reason: format!(
-                                    "the arguments are {size} bytes; the limit is {MAX_ARGS_BYTES}"
-                                ),
+                                reason,
                                 id: Some(m.id),
                                 task: Some(m.task),
                             },
-                        ));
-                    } else {
-                        jobs.push(job);
+                        )),
+                        None => jobs.push(job),
                     }
                 }
                 Err(e) => dead.push((payload.clone(), e)),
@@ -416,22 +412,17 @@ impl Ingress {
     ) -> bool {
         let id = wire::garbage_id(payload);
         tracing::error!(event = "celery.dead_letter", queue, job = %id, celery_id = ?e.id, reason = %e.reason, "undecodable Celery message recorded as a dead job");
-        let mut kept = String::from_utf8_lossy(payload).into_owned();
-        if kept.len() > wire::MAX_KEPT_PAYLOAD {
-            let mut cut = wire::MAX_KEPT_PAYLOAD;
-            while !kept.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            kept.truncate(cut);
-        }
+        // Garbage may hold U+0000, which PostgreSQL cannot store: every text is scrubbed.
+        let scrub = |t: &str| crate::validate::text(t, wire::MAX_KEPT_PAYLOAD);
+        let kept = scrub(&String::from_utf8_lossy(payload));
         let job = NewJob {
             id,
             task: MALFORMED_TASK.into(),
             queue: queue.to_string(),
             args: serde_json::json!({
-                "reason": e.reason,
-                "celery_id": e.id,
-                "celery_task": e.task,
+                "reason": scrub(&e.reason),
+                "celery_id": e.id.as_deref().map(scrub),
+                "celery_task": e.task.as_deref().map(scrub),
                 "payload": kept,
             }),
             options: JobOptions {
@@ -445,9 +436,25 @@ impl Ingress {
         let Some(Ok(_)) = self.insert_retrying(vec![job], stop).await else {
             return false;
         };
-        let reason = format!("undecodable Celery message: {}", e.reason);
+        let reason = crate::validate::error_text(&format!(
+            "undecodable Celery message: {}",
+            e.reason
+        ));
         self.store.mark_dead(id, &reason, now()).await.is_ok()
     }
+}
+
+/// Why a Celery message's job breaks the rules every producer's job follows (see
+/// [`crate::validate`]), if it does: an internal task, arguments too deep or too large, a task
+/// id that cannot be an idempotency key. The ingress's own follow-up is homing's, not the
+/// producer's, and is not checked against the producer rules.
+fn refusal(job: &NewJob) -> Option<String> {
+    use crate::validate as v;
+    let key = job.options.idempotency_key.as_deref().unwrap_or_default();
+    v::producer_task(&job.task)
+        .and_then(|_| v::json("the arguments", &job.args, v::MAX_ARGS_BYTES))
+        .and_then(|_| v::idempotency_key(key).map_err(|_| "the task id must be printable".into()))
+        .err()
 }
 
 /// Responsible for the ingress's liveness: refreshes its heartbeat and puts back the claimed
