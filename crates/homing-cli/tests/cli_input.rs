@@ -54,16 +54,34 @@ fn hostile_numbers_are_usage_errors() {
     }
     for v in hostile.iter().chain(&["367d"]) {
         let timeout = set("--timeout", v);
-        refused(d, &["enqueue", "builtin.noop", "--wait", &timeout], &[], 2, "--timeout");
+        refused(
+            d,
+            &["enqueue", "builtin.noop", "--wait", &timeout],
+            &[],
+            2,
+            "--timeout",
+        );
     }
-    refused(d, &["enqueue", "builtin.noop", "--time-limit=0s"], &[], 2, "between 1ms");
+    refused(
+        d,
+        &["enqueue", "builtin.noop", "--time-limit=0s"],
+        &[],
+        2,
+        "between 1ms",
+    );
     for (flag, bad) in [
         ("--max-crashes", "0"),
         ("--max-crashes", "1001"),
         ("--max-retries", "99999999999"),
         ("--max-retries", "-1"),
     ] {
-        refused(d, &["enqueue", "builtin.noop", &set(flag, bad)], &[], 2, flag);
+        refused(
+            d,
+            &["enqueue", "builtin.noop", &set(flag, bad)],
+            &[],
+            2,
+            flag,
+        );
     }
     for cmd in [&["up"][..], &["worker", "--queue", "default"][..]] {
         for (flag, values) in [
@@ -103,6 +121,9 @@ fn hostile_numbers_are_usage_errors() {
 fn hostile_names_and_values_are_refused_with_a_reason() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
+    // A store to look into afterwards.
+    let out = homing(d, &["migrate"], &[]);
+    assert!(out.status.success(), "{out:?}");
     refused(
         d,
         &["enqueue", "no such task!!", "--allow-unknown-task"],
@@ -135,12 +156,23 @@ fn hostile_names_and_values_are_refused_with_a_reason() {
     );
     refused(
         d,
-        &["enqueue", "builtin.noop", "--callback-url", "file:///etc/passwd"],
+        &[
+            "enqueue",
+            "builtin.noop",
+            "--callback-url",
+            "file:///etc/passwd",
+        ],
         &[],
         1,
         "callback_url",
     );
-    refused(d, &["worker", "--queue", "a b"], &[], 2, "invalid queue name");
+    refused(
+        d,
+        &["worker", "--queue", "a b"],
+        &[],
+        2,
+        "invalid queue name",
+    );
     // None of them was stored: the store holds no job at all.
     let out = homing(d, &["jobs", "list", "--json"], &[]);
     assert!(out.status.success(), "{out:?}");

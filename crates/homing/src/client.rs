@@ -87,7 +87,12 @@ pub fn validate_request(req: &EnqueueRequest) -> Result<()> {
         checks.push(v::duration("countdown", d, Duration::ZERO, v::MAX_DELAY));
     }
     if let Some(d) = o.time_limit {
-        checks.push(v::duration("time_limit", d, v::MIN_TIME_LIMIT, v::MAX_DELAY));
+        checks.push(v::duration(
+            "time_limit",
+            d,
+            v::MIN_TIME_LIMIT,
+            v::MAX_DELAY,
+        ));
     }
     if let Some(p) = &o.retry_policy {
         checks.push(p.validate(v::MAX_DELAY));

@@ -195,11 +195,17 @@ mod tests {
         ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
-        assert_eq!(parse_duration("100y").ok(), None, "just past 100 years of 365 days");
+        assert_eq!(
+            parse_duration("100y").ok(),
+            None,
+            "just past 100 years of 365 days"
+        );
         assert!(parse_duration("36500d").is_ok());
         let (lo, hi) = (Duration::from_millis(50), Duration::from_secs(3600));
         assert!(parse_duration_in("1s", lo, hi).is_ok());
-        assert!(parse_duration_in("0s", lo, hi).unwrap_err().contains("between 50ms and 1h"));
+        assert!(parse_duration_in("0s", lo, hi)
+            .unwrap_err()
+            .contains("between 50ms and 1h"));
         assert!(parse_duration_in("2h", lo, hi).is_err());
         assert_eq!(format_duration(Duration::ZERO), "0s");
     }

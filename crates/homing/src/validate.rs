@@ -95,9 +95,7 @@ pub fn producer_queue(queue: &str) -> Result<(), String> {
 
 /// An idempotency key: 1-512 bytes, no control characters.
 pub fn idempotency_key(key: &str) -> Result<(), String> {
-    if key.is_empty()
-        || key.len() > MAX_IDEMPOTENCY_KEY_BYTES
-        || key.chars().any(char::is_control)
+    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES || key.chars().any(char::is_control)
     {
         return Err(format!(
             "idempotency_key must be 1-{MAX_IDEMPOTENCY_KEY_BYTES} bytes without control characters"
@@ -333,25 +331,35 @@ mod tests {
         ] {
             assert!(name("queue", bad).is_err(), "{bad:?}");
         }
-        assert!(producer_task("builtin.webhook").unwrap_err().contains("internal"));
+        assert!(producer_task("builtin.webhook")
+            .unwrap_err()
+            .contains("internal"));
         assert!(producer_task("celery.result").is_err());
         assert!(producer_task("builtin.http").is_ok());
-        assert!(producer_queue("homing.webhooks").unwrap_err().contains("reserved"));
+        assert!(producer_queue("homing.webhooks")
+            .unwrap_err()
+            .contains("reserved"));
         assert!(producer_queue("homing").is_ok());
     }
 
     #[test]
     fn json_rules() {
         assert!(json("args", &json!({"a": [1, "x"]}), 100).is_ok());
-        assert!(json("args", &json!({"a": "x\u{0}"}), 100).unwrap_err().contains("U+0000"));
+        assert!(json("args", &json!({"a": "x\u{0}"}), 100)
+            .unwrap_err()
+            .contains("U+0000"));
         assert!(json("args", &json!({"a\u{0}": 1}), 100).is_err());
-        assert!(json("args", &json!("0123456789"), 5).unwrap_err().contains("bytes"));
+        assert!(json("args", &json!("0123456789"), 5)
+            .unwrap_err()
+            .contains("bytes"));
         // Far deeper than any recursion would survive: refused, no stack overflow.
         let mut deep = json!(null);
         for _ in 0..200_000 {
             deep = serde_json::Value::Array(vec![deep]);
         }
-        assert!(json("args", &deep, usize::MAX).unwrap_err().contains("deeper"));
+        assert!(json("args", &deep, usize::MAX)
+            .unwrap_err()
+            .contains("deeper"));
         // Dropping a very deep value recurses in serde_json; leak it instead in this test.
         std::mem::forget(deep);
     }

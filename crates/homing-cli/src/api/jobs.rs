@@ -215,8 +215,16 @@ mod properties {
     fn name() -> impl Strategy<Value = Value> {
         prop_oneof![
             prop::sample::select(vec![
-                "builtin.noop", "tasks.add", "builtin.webhook", "celery.result", "homing.webhooks",
-                "default", "no such task!!", "bad queue \u{0} é", "", "a/b",
+                "builtin.noop",
+                "tasks.add",
+                "builtin.webhook",
+                "celery.result",
+                "homing.webhooks",
+                "default",
+                "no such task!!",
+                "bad queue \u{0} é",
+                "",
+                "a/b",
             ])
             .prop_map(Value::from),
             "[A-Za-z0-9_.:-]{0,140}".prop_map(Value::from),
@@ -231,8 +239,18 @@ mod properties {
             any::<f64>().prop_map(Value::from),
             any::<f64>().prop_map(|f| Value::from(f.to_string())),
             prop::sample::select(vec![
-                "1e30", "-1", "NaN", "inf", "5s", "500ms", "18446744073709551615s", "366d", "367d",
-                "0", "", "1h 30m",
+                "1e30",
+                "-1",
+                "NaN",
+                "inf",
+                "5s",
+                "500ms",
+                "18446744073709551615s",
+                "366d",
+                "367d",
+                "0",
+                "",
+                "1h 30m",
             ])
             .prop_map(Value::from),
             leaf(),
@@ -251,28 +269,48 @@ mod properties {
     fn body() -> impl Strategy<Value = Value> {
         (
             (name(), value(), proptest::option::of(name())),
-            (proptest::option::of(".{0,600}"), number(), number(), number(), number()),
-            (follow_up(), follow_up(), proptest::option::of(".{0,40}"), any::<bool>()),
+            (
+                proptest::option::of(".{0,600}"),
+                number(),
+                number(),
+                number(),
+                number(),
+            ),
+            (
+                follow_up(),
+                follow_up(),
+                proptest::option::of(".{0,40}"),
+                any::<bool>(),
+            ),
         )
-            .prop_map(|((task, args, queue), (key, countdown, limit, crashes, retries), (ok, ko, cb, allow))| {
-                let mut b = json!({"task": task, "args": args, "allow_unknown_task": allow});
-                let mut set = |k: &str, v: Value| {
-                    if !v.is_null() {
-                        b[k] = v;
-                    }
-                };
-                set("queue", queue.map_or(Value::Null, |q| q));
-                set("idempotency_key", key.map_or(Value::Null, Value::from));
-                set("countdown", countdown);
-                set("time_limit", limit);
-                set("max_crashes", crashes);
-                set("max_retries", retries.clone());
-                set("retry_policy", json!({"kind": "fixed", "delay": retries}));
-                set("on_success", ok);
-                set("on_failure", ko);
-                set("callback_url", cb.map_or(Value::Null, |c| format!("http://{c}").into()));
-                b
-            })
+            .prop_map(
+                |(
+                    (task, args, queue),
+                    (key, countdown, limit, crashes, retries),
+                    (ok, ko, cb, allow),
+                )| {
+                    let mut b = json!({"task": task, "args": args, "allow_unknown_task": allow});
+                    let mut set = |k: &str, v: Value| {
+                        if !v.is_null() {
+                            b[k] = v;
+                        }
+                    };
+                    set("queue", queue.map_or(Value::Null, |q| q));
+                    set("idempotency_key", key.map_or(Value::Null, Value::from));
+                    set("countdown", countdown);
+                    set("time_limit", limit);
+                    set("max_crashes", crashes);
+                    set("max_retries", retries.clone());
+                    set("retry_policy", json!({"kind": "fixed", "delay": retries}));
+                    set("on_success", ok);
+                    set("on_failure", ko);
+                    set(
+                        "callback_url",
+                        cb.map_or(Value::Null, |c| format!("http://{c}").into()),
+                    );
+                    b
+                },
+            )
     }
 
     fn read_back(what: &str, v: &impl serde::Serialize) {

@@ -107,8 +107,7 @@ pub async fn enqueue(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
         .map_err(anyhow::Error::msg)?;
     let url = broker_url(g, a.celery_broker.as_deref())?;
     let client = Arc::new(CeleryClient::open(&url, None)?);
-    let mut send =
-        CelerySend::new(a.task, queue).with_json_args(args)?;
+    let mut send = CelerySend::new(a.task, queue).with_json_args(args)?;
     send.countdown = a.countdown;
     send.priority = a.priority;
     let id = client

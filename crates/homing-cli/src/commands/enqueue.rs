@@ -30,8 +30,6 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
         return super::celery::enqueue(g, a).await;
     }
     let args = read_args(&a.args)?;
-    let backends = open(g, false).await?;
-    let registry = tasks::registry();
     let req = EnqueueRequest {
         task: a.task.clone(),
         args,
@@ -48,8 +46,10 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
             callback_url: a.callback_url,
         },
     };
-    // Before the known-task check, so a refused name gets its own reason.
+    // Before anything is opened or looked up, so a refused value gets its own reason.
     homing::client::validate_request(&req)?;
+    let backends = open(g, false).await?;
+    let registry = tasks::registry();
     if !a.allow_unknown_task && registry.get(&a.task).is_none() {
         let known = backends.store.known_tasks().await?;
         if !known.contains(&a.task) {

@@ -181,7 +181,10 @@ mod tests {
 
     #[test]
     fn unstorable_responses_are_kept_as_text() {
-        assert_eq!(response_body(br#"{"a": [1]}"#), serde_json::json!({"a": [1]}));
+        assert_eq!(
+            response_body(br#"{"a": [1]}"#),
+            serde_json::json!({"a": [1]})
+        );
         let deep = format!("{}{}", "[".repeat(127), "]".repeat(127));
         let v = response_body(deep.as_bytes());
         assert_eq!(v, serde_json::Value::String(deep));

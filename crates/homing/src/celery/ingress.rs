@@ -436,10 +436,8 @@ impl Ingress {
         let Some(Ok(_)) = self.insert_retrying(vec![job], stop).await else {
             return false;
         };
-        let reason = crate::validate::error_text(&format!(
-            "undecodable Celery message: {}",
-            e.reason
-        ));
+        let reason =
+            crate::validate::error_text(&format!("undecodable Celery message: {}", e.reason));
         self.store.mark_dead(id, &reason, now()).await.is_ok()
     }
 }

@@ -608,7 +608,11 @@ mod properties {
 
     fn check_round_trip(m: &Message) {
         assert!(!m.id.is_empty() && m.id.len() <= 200);
-        assert!(crate::validate::name("task", &m.task).is_ok(), "{:?}", m.task);
+        assert!(
+            crate::validate::name("task", &m.task).is_ok(),
+            "{:?}",
+            m.task
+        );
         let out = Outgoing {
             id: m.id.clone(),
             task: m.task.clone(),
@@ -622,8 +626,14 @@ mod properties {
         let again = decode(encode(&out, "prop").as_bytes()).expect("re-encoded message decodes");
         assert_eq!(again.id, m.id);
         assert_eq!(again.task, m.task);
-        assert!(same(&Value::from(again.args.clone()), &Value::from(m.args.clone())));
-        assert!(same(&Value::Object(again.kwargs), &Value::Object(m.kwargs.clone())));
+        assert!(same(
+            &Value::from(again.args.clone()),
+            &Value::from(m.args.clone())
+        ));
+        assert!(same(
+            &Value::Object(again.kwargs),
+            &Value::Object(m.kwargs.clone())
+        ));
         assert_eq!(again.eta, out.eta);
         assert_eq!(again.priority, m.priority);
     }

@@ -390,7 +390,10 @@ mod properties {
         let d = e.clone().into_delivery("q");
         // Counts come from Redis integers (at most 19 digits), so every tag of a real id parses.
         if is_entry_id(&e.id) {
-            assert_eq!(Tag::parse(&d.tag).map(|t| (t.id, t.count)), Some((e.id, e.count)));
+            assert_eq!(
+                Tag::parse(&d.tag).map(|t| (t.id, t.count)),
+                Some((e.id, e.count))
+            );
         }
     }
 
