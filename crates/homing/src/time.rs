@@ -59,9 +59,14 @@ pub fn micros(d: Duration) -> Micros {
     d.as_micros().min(i64::MAX as u128) as Micros
 }
 
-/// Formats a timestamp as RFC 3339 UTC with millisecond precision.
+/// The last instant RFC 3339 can write (9999-12-31T23:59:59.999999Z); the formatter panics
+/// past it, so later times (a handler's absurd snooze) print as this one.
+pub const LAST_PRINTABLE: Micros = 253_402_300_799_999_999;
+
+/// Formats a timestamp as RFC 3339 UTC with millisecond precision; times before 1970 or after
+/// year 9999 are shown at those bounds.
 pub fn rfc3339(t: Micros) -> String {
-    let st = UNIX_EPOCH + Duration::from_micros(t.max(0) as u64);
+    let st = UNIX_EPOCH + Duration::from_micros(t.clamp(0, LAST_PRINTABLE) as u64);
     humantime::format_rfc3339_millis(st).to_string()
 }
 
@@ -216,6 +221,8 @@ mod tests {
         let s = rfc3339(t);
         assert_eq!(s, "2023-11-14T22:13:20.123Z");
         assert_eq!(parse_rfc3339(&s), Some(t));
+        assert_eq!(rfc3339(i64::MAX), "9999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(-5), "1970-01-01T00:00:00.000Z");
     }
 
     #[test]

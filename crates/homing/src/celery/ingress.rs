@@ -444,11 +444,17 @@ impl Ingress {
 
 /// Why a Celery message's job breaks the rules every producer's job follows (see
 /// [`crate::validate`]), if it does: an internal task, arguments too deep or too large, a task
-/// id that cannot be an idempotency key. The ingress's own follow-up is homing's, not the
+/// id that cannot be an idempotency key, an eta further away than any countdown may be. The ingress's own follow-up is homing's, not the
 /// producer's, and is not checked against the producer rules.
 fn refusal(job: &NewJob) -> Option<String> {
     use crate::validate as v;
     let key = job.options.idempotency_key.as_deref().unwrap_or_default();
+    let latest = job
+        .created_at
+        .saturating_add(crate::time::micros(v::MAX_DELAY));
+    if job.run_at.is_some_and(|t| t > latest) {
+        return Some("the eta is more than 366 days away".into());
+    }
     v::producer_task(&job.task)
         .and_then(|_| v::json("the arguments", &job.args, v::MAX_ARGS_BYTES))
         .and_then(|_| v::idempotency_key(key).map_err(|_| "the task id must be printable".into()))
@@ -474,5 +480,70 @@ async fn heartbeat_loop(ingress: Arc<Ingress>, stop: CancellationToken) {
         if let Err(e) = ingress.sweep().await {
             tracing::warn!(error = %e, "cannot sweep lost Celery ingress consumers");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(task: &str, args: serde_json::Value, celery_id: &str) -> NewJob {
+        NewJob {
+            id: crate::job::new_job_id(),
+            task: task.into(),
+            queue: "celery".into(),
+            args,
+            options: JobOptions {
+                idempotency_key: Some(format!("celery:{celery_id}")),
+                on_success: Some(results::follow_up(
+                    "celery",
+                    &wire::decode(
+                        wire::encode(
+                            &wire::Outgoing {
+                                id: "x".into(),
+                                task: task.into(),
+                                queue: "celery".into(),
+                                args: vec![],
+                                kwargs: Default::default(),
+                                eta: None,
+                                expires: None,
+                                priority: 0,
+                            },
+                            "t",
+                        )
+                        .as_bytes(),
+                    )
+                    .unwrap(),
+                )),
+                ..JobOptions::default()
+            },
+            created_at: 0,
+            run_at: None,
+        }
+    }
+
+    /// A Celery producer is a producer: internal tasks, unstorable args and unprintable ids
+    /// become dead records with the reason, while the ingress's own `celery.result` follow-up
+    /// is not held against the message.
+    #[test]
+    fn producer_rules_apply_to_celery_messages() {
+        assert_eq!(
+            refusal(&job("tasks.add", serde_json::json!({"x": 1}), "id-1")),
+            None
+        );
+        let r = refusal(&job("builtin.webhook", serde_json::json!({}), "id-2")).unwrap();
+        assert!(r.contains("internal"), "{r}");
+        let r = refusal(&job("celery.result", serde_json::json!({}), "id-3")).unwrap();
+        assert!(r.contains("internal"), "{r}");
+        let deep = crate::validate::nested(100, serde_json::json!(1));
+        let r = refusal(&job("tasks.add", deep, "id-4")).unwrap();
+        assert!(r.contains("deeper"), "{r}");
+        let r = refusal(&job("tasks.add", serde_json::json!({"s": "\u{0}"}), "id-5")).unwrap();
+        assert!(r.contains("U+0000"), "{r}");
+        let r = refusal(&job("tasks.add", serde_json::json!({}), "a\u{7}b")).unwrap();
+        assert!(r.contains("task id"), "{r}");
+        let mut far = job("tasks.add", serde_json::json!({}), "id-6");
+        far.run_at = Some(crate::time::LAST_PRINTABLE + 1);
+        assert!(refusal(&far).unwrap().contains("eta"));
     }
 }

@@ -309,7 +309,8 @@ pub fn encode(m: &Outgoing, origin: &str) -> String {
 
 /// Formats a time as Python's `datetime.isoformat()` does for an aware UTC time.
 pub fn format_iso8601(t: Micros) -> String {
-    let st = std::time::UNIX_EPOCH + std::time::Duration::from_micros(t.max(0) as u64);
+    let t = t.clamp(0, crate::time::LAST_PRINTABLE);
+    let st = std::time::UNIX_EPOCH + std::time::Duration::from_micros(t as u64);
     let s = humantime::format_rfc3339_micros(st).to_string();
     format!("{}+00:00", s.trim_end_matches('Z'))
 }
@@ -563,6 +564,7 @@ mod properties {
                 "2026-11-29T11:59:59.778618+00:00",
                 "1970-01-01T00:00:00+01:00",
                 "9999-12-31T23:59:59Z",
+                "9999-12-31T23:59:59-05:00",
             ]),
             header(&["application/json", "application/x-python-serialize"]),
             json_leaf(),
@@ -619,7 +621,9 @@ mod properties {
             queue: "q".into(),
             args: m.args.clone(),
             kwargs: m.kwargs.clone(),
-            eta: m.eta.filter(|t| *t >= 0),
+            eta: m
+                .eta
+                .filter(|t| (0..=crate::time::LAST_PRINTABLE).contains(t)),
             expires: None,
             priority: m.priority,
         };
