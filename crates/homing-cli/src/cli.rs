@@ -5,8 +5,19 @@ use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-fn duration(s: &str) -> Result<Duration, String> {
-    homing::time::parse_duration(s)
+const MS: Duration = Duration::from_millis(1);
+const SECOND: Duration = Duration::from_secs(1);
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// The one way a flag reads a duration: `500ms`, `2s`, `5m` (a bare number is seconds), within
+/// the flag's range (its --help says which). Out of range or unparsable is a usage error
+/// (exit 2) with the reason; nothing later does arithmetic on an unchecked value.
+fn duration_in(
+    min: Duration,
+    max: Duration,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync + 'static {
+    move |s| homing::time::parse_duration_in(s, min, max)
 }
 
 /// How long history is kept; `None` is `forever`. A type of its own because clap reads an
@@ -18,20 +29,45 @@ fn retention(s: &str) -> Result<Retention, String> {
     if s == "forever" {
         return Ok(Retention(None));
     }
-    match homing::time::parse_duration(s)? {
-        d if d.is_zero() => Err(
-            "a retention of 0 would delete jobs as they finish; use 'forever' to keep everything"
+    match homing::time::parse_duration_in(s, Duration::ZERO, homing::time::MAX_DURATION)? {
+        d if d < SECOND => Err(
+            "a retention under 1s would delete jobs as they finish; use 'forever' to keep everything"
                 .into(),
         ),
         d => Ok(Retention(Some(d))),
     }
 }
 
-fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("'{s}' is not a positive whole number")),
+/// A whole number between `min` and `max` (its --help says which).
+fn count_in(
+    min: usize,
+    max: usize,
+) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
+    move |s| match s.trim().parse::<usize>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(format!("'{s}' must be a whole number from {min} to {max}")),
     }
+}
+
+/// A rate of jobs per second: a number above 0, at most 100000.
+fn rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 && r <= 100_000.0 => Ok(r),
+        _ => Err(format!("'{s}' must be a number above 0 and at most 100000")),
+    }
+}
+
+/// Hostile requests per second: 0 (none) to 1000.
+fn hostile_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && (0.0..=1000.0).contains(&r) => Ok(r),
+        _ => Err(format!("'{s}' must be a number from 0 to 1000")),
+    }
+}
+
+/// A queue name (see `homing::validate::name`).
+fn queue_name(s: &str) -> Result<String, String> {
+    homing::validate::name("queue", s).map(|_| s.to_string())
 }
 
 #[derive(Debug, Parser)]
@@ -111,21 +147,23 @@ pub struct OutputArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct WorkerTuning {
-    /// Handlers that run at once.
-    #[arg(long, default_value_t = 8, value_parser = positive)]
+    /// Handlers that run at once (1-10000).
+    #[arg(long, default_value_t = 8, value_parser = count_in(1, 10_000))]
     pub concurrency: usize,
-    /// Messages reserved at once (default: the concurrency).
-    #[arg(long, value_parser = positive)]
+    /// Messages reserved at once (default: the concurrency; 1-100000).
+    #[arg(long, value_parser = count_in(1, 100_000))]
     pub prefetch: Option<usize>,
-    /// How often the worker's heartbeat is refreshed; it expires after 3 intervals.
-    #[arg(long, default_value = "2s", value_parser = duration)]
+    /// How often the worker's heartbeat is refreshed; it expires after 3 intervals (10ms-1h).
+    #[arg(long, default_value = "2s", value_parser = duration_in(10 * MS, HOUR))]
     pub heartbeat_interval: Duration,
-    /// On SIGTERM/SIGINT, how long running jobs may take before they are released to other workers.
-    #[arg(long, default_value = "25s", value_parser = duration)]
+    /// On SIGTERM/SIGINT, how long running jobs may take before they are released to other
+    /// workers (0s-1h).
+    #[arg(long, default_value = "25s", value_parser = duration_in(Duration::ZERO, HOUR))]
     pub shutdown_grace: Duration,
     /// How long finished jobs, delivered events, departed workers and dead letters are kept
     /// before this process's maintenance deletes them (`forever` keeps everything). Unfinished
     /// jobs are never deleted. With several processes, the shortest retention among them applies.
+    /// From 1s to 100 years.
     #[arg(long, env = "HOMING_RETENTION", default_value = "7d", value_parser = retention)]
     pub retention: Retention,
 }
@@ -136,7 +174,7 @@ pub struct UpArgs {
     #[arg(long, env = "HOMING_LISTEN", default_value = "127.0.0.1:8787")]
     pub listen: SocketAddr,
     /// Queues the built-in worker runs (repeatable).
-    #[arg(long = "queue", default_values_t = vec!["default".to_string()])]
+    #[arg(long = "queue", default_values_t = vec!["default".to_string()], value_parser = queue_name)]
     pub queues: Vec<String>,
     #[command(flatten)]
     pub tuning: WorkerTuning,
@@ -147,11 +185,12 @@ pub struct ServerArgs {
     /// Address of the API and dashboard.
     #[arg(long, env = "HOMING_LISTEN", default_value = "127.0.0.1:8787")]
     pub listen: SocketAddr,
-    /// How often the rescuer looks for lost workers.
-    #[arg(long, default_value = "2s", value_parser = duration)]
+    /// How often the rescuer looks for lost workers (10ms-1h).
+    #[arg(long, default_value = "2s", value_parser = duration_in(10 * MS, HOUR))]
     pub rescue_interval: Duration,
     /// How long finished jobs, delivered events, departed workers and dead letters are kept
     /// before they are deleted (`forever` keeps everything). Unfinished jobs are never deleted.
+    /// From 1s to 100 years.
     #[arg(long, env = "HOMING_RETENTION", default_value = "7d", value_parser = retention)]
     pub retention: Retention,
 }
@@ -159,7 +198,7 @@ pub struct ServerArgs {
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
     /// A queue to run (repeatable).
-    #[arg(long = "queue", required_unless_present = "celery_queues")]
+    #[arg(long = "queue", required_unless_present = "celery_queues", value_parser = queue_name)]
     pub queues: Vec<String>,
     #[command(flatten)]
     pub tuning: WorkerTuning,
@@ -211,20 +250,21 @@ pub struct EnqueueArgs {
     /// A second enqueue with the same key returns the first job instead of a new one.
     #[arg(long)]
     pub idempotency_key: Option<String>,
-    /// Run no earlier than this from now (e.g. 30s, 5m).
-    #[arg(long, value_parser = duration)]
+    /// Run no earlier than this from now (e.g. 30s, 5m; 0s-366d).
+    #[arg(long, value_parser = duration_in(Duration::ZERO, homing::validate::MAX_DELAY))]
     pub countdown: Option<Duration>,
-    /// Retries after a handler error (default: the task's own, else 3).
-    #[arg(long)]
+    /// Retries after a handler error (default: the task's own, else 3; 0-10000).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=homing::validate::MAX_RETRIES as i64))]
     pub max_retries: Option<u32>,
-    /// A fixed delay between retries (default: exponential, 10s × 2ⁿ ± 10 %).
-    #[arg(long, value_parser = duration)]
+    /// A fixed delay between retries (default: exponential, 10s × 2ⁿ ± 10 %; 0s-366d).
+    #[arg(long, value_parser = duration_in(Duration::ZERO, homing::validate::MAX_DELAY))]
     pub retry_delay: Option<Duration>,
-    /// Cancel the handler if it runs longer than this (default: the task's own, else 1h).
-    #[arg(long, value_parser = duration)]
+    /// Cancel the handler if it runs longer than this (default: the task's own, else 1h;
+    /// 1ms-366d).
+    #[arg(long, value_parser = duration_in(MS, homing::validate::MAX_DELAY))]
     pub time_limit: Option<Duration>,
-    /// Deliveries lost with their worker before the job is dead (default 3).
-    #[arg(long)]
+    /// Deliveries lost with their worker before the job is dead (default 3; 1-1000).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=homing::validate::MAX_CRASHES as i64))]
     pub max_crashes: Option<u32>,
     /// Call this http(s) URL (a JSON POST of the event, with retries) when the job finishes.
     #[arg(long)]
@@ -235,8 +275,8 @@ pub struct EnqueueArgs {
     /// Wait for the job to finish and print its record as JSON; exit 1 unless it succeeded.
     #[arg(long)]
     pub wait: bool,
-    /// With --wait: give up waiting after this long.
-    #[arg(long, value_parser = duration)]
+    /// With --wait: give up waiting after this long (0s-366d; default: 366d).
+    #[arg(long, value_parser = duration_in(Duration::ZERO, homing::validate::MAX_DELAY))]
     pub timeout: Option<Duration>,
     /// Print the job as JSON instead of its id.
     #[arg(long)]
@@ -260,7 +300,8 @@ pub enum JobsCommand {
         queue: Option<String>,
         #[arg(long)]
         task: Option<String>,
-        #[arg(long, default_value_t = 50)]
+        /// Jobs per page (1-1000).
+        #[arg(long, default_value_t = 50, value_parser = count_in(1, 1000))]
         limit: usize,
         /// Continue after this cursor (printed as next_cursor by the previous page).
         #[arg(long)]
@@ -293,17 +334,18 @@ pub struct WorkersArgs {
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Jobs to enqueue.
-    #[arg(long, default_value_t = 20_000, value_parser = positive)]
+    /// Jobs to enqueue (1-10000000).
+    #[arg(long, default_value_t = 20_000, value_parser = count_in(1, 10_000_000))]
     pub jobs: usize,
-    /// Worker processes.
-    #[arg(long, default_value_t = 2, value_parser = positive)]
+    /// Worker processes (1-256).
+    #[arg(long, default_value_t = 2, value_parser = count_in(1, 256))]
     pub workers: usize,
-    /// Concurrency of each worker.
-    #[arg(long, default_value_t = 32, value_parser = positive)]
+    /// Concurrency of each worker (1-10000).
+    #[arg(long, default_value_t = 32, value_parser = count_in(1, 10_000))]
     pub concurrency: usize,
-    /// Jobs sent one by one to idle workers to measure enqueue→start latency without load.
-    #[arg(long, default_value_t = 200)]
+    /// Jobs sent one by one to idle workers to measure enqueue→start latency without load
+    /// (0-100000).
+    #[arg(long, default_value_t = 200, value_parser = count_in(0, 100_000))]
     pub idle_samples: usize,
     /// What each job does: `noop`, or a sleep such as `10ms`.
     #[arg(long, default_value = "noop")]
@@ -320,11 +362,12 @@ pub struct BenchArgs {
     #[arg(long, value_parser = ["embedded", "redis-sqlite", "redis-postgres"])]
     pub backends: Option<String>,
     /// After the throughput phases, kill -9 a busy worker this many times and report how long
-    /// until its jobs ran again (median and max).
-    #[arg(long, default_value_t = 0)]
+    /// until its jobs ran again (median and max; 0-1000).
+    #[arg(long, default_value_t = 0, value_parser = count_in(0, 1000))]
     pub kills: usize,
-    /// Workers' heartbeat interval (recovery after a kill takes about 3 intervals + one sweep).
-    #[arg(long, default_value = "2s", value_parser = duration)]
+    /// Workers' heartbeat interval (recovery after a kill takes about 3 intervals + one sweep;
+    /// 10ms-1h).
+    #[arg(long, default_value = "2s", value_parser = duration_in(10 * MS, HOUR))]
     pub heartbeat_interval: Duration,
 }
 
@@ -332,8 +375,10 @@ const CHAOS_ABOUT: &str = "Prove the guarantees: run a real deployment under loa
 
 Starts, on this machine, a `homing server` and --workers worker processes, then enqueues \
 --rate jobs per second. Each job is a `builtin.http` call (answered after --job-ms) to a \
-counter inside this process that records every call per Idempotency-Key. Meanwhile faults are \
-injected on a schedule drawn from --seed (the same seed replays the same schedule):
+counter inside this process that records every call per Idempotency-Key. Beside them, \
+--hostile-rate bodies per second that break the input rules (too deep, bad or internal names, \
+NUL, out-of-range numbers) are posted to the API. Meanwhile faults are injected on a schedule \
+drawn from --seed (the same seed replays the same schedule):
 
   kill9             SIGKILL of a worker running jobs (a supervisor restarts it)
   kill9_mid_commit  SIGKILL right after the counter answered one of the worker's jobs
@@ -351,7 +396,8 @@ only worker faults are injected: nothing else of yours is restarted or flushed).
 When the time is up the load stops, the system drains, and the checker reads the store, the \
 counter and the workers' logs: every accepted job must have succeeded (lost = 0), each job must \
 have exactly one applied commit at its final epoch whose result answers a call made by its final \
-run (completed twice = 0), and every repeated call must follow a fault. It reports zombie writes \
+run (completed twice = 0), every repeated call must follow a fault, and every hostile request \
+must have been refused with a 4xx and none stored. It reports zombie writes \
 rejected, duplicate calls by cause, and recovery time from each kill to the killed jobs running \
 again. Exit code 1 on any violation.
 
@@ -361,38 +407,44 @@ plus the drain (at most --drain-limit).";
 
 #[derive(Debug, Args)]
 pub struct ChaosArgs {
-    /// How long to run the load and inject faults.
-    #[arg(long, default_value = "60s", value_parser = duration)]
+    /// How long to run the load and inject faults (1s-30d).
+    #[arg(long, default_value = "60s", value_parser = duration_in(SECOND, 30 * DAY))]
     pub duration: Duration,
     /// Seed of the fault schedule (default: drawn from the clock and printed).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Worker processes.
-    #[arg(long, default_value_t = 4, value_parser = positive)]
+    /// Worker processes (1-64).
+    #[arg(long, default_value_t = 4, value_parser = count_in(1, 64))]
     pub workers: usize,
-    /// Concurrency of each worker.
-    #[arg(long, default_value_t = 16, value_parser = positive)]
+    /// Concurrency of each worker (1-10000).
+    #[arg(long, default_value_t = 16, value_parser = count_in(1, 10_000))]
     pub concurrency: usize,
-    /// Jobs enqueued per second.
-    #[arg(long, default_value_t = 200.0)]
+    /// Jobs enqueued per second (above 0, at most 100000).
+    #[arg(long, default_value_t = 200.0, value_parser = rate)]
     pub rate: f64,
-    /// How long the counter takes to answer each job's call, in milliseconds.
-    #[arg(long, default_value_t = 50)]
+    /// How long the counter takes to answer each job's call, in milliseconds (0-600000).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     pub job_ms: u64,
-    /// Workers' heartbeat interval (the TTL is three of them; pauses and cuts outlast it).
-    #[arg(long, default_value = "1s", value_parser = duration)]
+    /// Workers' heartbeat interval (the TTL is three of them; pauses and cuts outlast it;
+    /// 10ms-1h).
+    #[arg(long, default_value = "1s", value_parser = duration_in(10 * MS, HOUR))]
     pub heartbeat_interval: Duration,
-    /// Mean time between the end of one fault and the start of the next.
-    #[arg(long, default_value = "4s", value_parser = duration)]
+    /// Mean time between the end of one fault and the start of the next (10ms-1d).
+    #[arg(long, default_value = "4s", value_parser = duration_in(10 * MS, DAY))]
     pub fault_every: Duration,
     /// Only these fault kinds, comma-separated (default: every kind that applies).
     #[arg(long)]
     pub faults: Option<String>,
-    /// Crash budget of each job: a fault-heavy run must not mistake its jobs for poison.
-    #[arg(long, default_value_t = 10)]
+    /// Hostile `POST /v1/jobs` requests per second beside the load (too deep, bad names, NUL,
+    /// internal tasks and queues, out-of-range numbers): each must be refused with a 4xx and
+    /// none stored (0 turns them off; at most 1000).
+    #[arg(long, default_value_t = 4.0, value_parser = hostile_rate)]
+    pub hostile_rate: f64,
+    /// Crash budget of each job: a fault-heavy run must not mistake its jobs for poison (1-1000).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub max_crashes: u32,
-    /// After the load stops, how long the system may take to finish every job.
-    #[arg(long, default_value = "180s", value_parser = duration)]
+    /// After the load stops, how long the system may take to finish every job (1s-1d).
+    #[arg(long, default_value = "180s", value_parser = duration_in(SECOND, DAY))]
     pub drain_limit: Duration,
     /// Run the throwaway PostgreSQL with fsync=off (faster, not crash-safe).
     #[arg(long)]

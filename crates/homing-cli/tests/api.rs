@@ -377,3 +377,278 @@ async fn bad_requests_get_clear_4xx_errors() {
     let ok = post("{\"task\": \"builtin.noop\"}".into()).await.unwrap();
     assert_eq!(ok.status(), 202);
 }
+
+/// Bodies from the adversarial pass of issue #17, each refused with its status and code while
+/// the server keeps answering, none stored: values nested deeper than can be read back (also
+/// once a follow-up nests them further), NUL and bad names (also in follow-ups), homing's
+/// internal tasks and queues, and numbers that used to panic the handler or overflow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hostile_bodies_are_refused_and_nothing_is_stored() {
+    use serde_json::json;
+    let env = Env::sqlite();
+    let (_up, base) = start_up(&env).await;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let deep = |n: usize| homing::validate::nested(n, json!(1));
+    let noop = |extra: serde_json::Value| {
+        let mut b = json!({"task": "builtin.noop", "queue": "api"});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let table: Vec<(&str, serde_json::Value, u16, &str)> = vec![
+        (
+            "126 deep with a follow-up",
+            noop(json!({"args": deep(126), "on_success": {"task": "builtin.noop"}})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "65 deep",
+            noop(json!({"args": deep(65)})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "follow-up args 65 deep",
+            noop(json!({"on_success": {"task": "builtin.noop", "args": deep(65)}})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "130 deep (unreadable)",
+            noop(json!({"args": deep(130)})),
+            400,
+            "invalid_json",
+        ),
+        (
+            "NUL in args",
+            noop(json!({"args": {"a": "x\u{0}"}})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "NUL in a key",
+            noop(json!({"args": {"a\u{0}": 1}})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "bad task",
+            json!({"task": "no such task!!", "allow_unknown_task": true}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "NUL queue",
+            noop(json!({"queue": "bad queue \u{0} é"})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "long queue",
+            noop(json!({"queue": "q".repeat(129)})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "bad follow-up",
+            noop(json!({"on_success": {"task": "no such task!!", "queue": "bad queue \u{0} é"}})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "internal task",
+            json!({"task": "builtin.webhook", "args": {"subscription": "ops", "event": {"event": "job.dead"}}}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "internal result task",
+            json!({"task": "celery.result", "allow_unknown_task": true}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "internal queue",
+            noop(json!({"queue": "homing.webhooks"})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "internal follow-up",
+            noop(json!({"on_failure": {"task": "builtin.webhook"}})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "internal follow-up queue",
+            noop(json!({"on_success": {"task": "builtin.noop", "queue": "homing.x"}})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "countdown 1e30",
+            noop(json!({"countdown": "1e30"})),
+            422,
+            "invalid_json",
+        ),
+        (
+            "countdown 1e30 ms",
+            noop(json!({"countdown": 1e30})),
+            422,
+            "invalid_json",
+        ),
+        (
+            "countdown u64::MAX ms",
+            noop(json!({"countdown": u64::MAX})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "countdown 367d",
+            noop(json!({"countdown": "367d"})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "time_limit 1e30",
+            noop(json!({"time_limit": "1e30"})),
+            422,
+            "invalid_json",
+        ),
+        (
+            "time_limit huge",
+            noop(json!({"time_limit": "18446744073709551615s"})),
+            422,
+            "invalid_json",
+        ),
+        (
+            "time_limit 0",
+            noop(json!({"time_limit": 0})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "retry delay 1e30",
+            noop(json!({"retry_policy": {"kind": "fixed", "delay": "1e30"}})),
+            422,
+            "invalid_json",
+        ),
+        (
+            "retry delay huge",
+            noop(json!({"retry_policy": {"kind": "fixed", "delay": u64::MAX}})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "max_crashes 0",
+            noop(json!({"max_crashes": 0})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "max_retries huge",
+            noop(json!({"max_retries": u32::MAX})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "NUL key",
+            noop(json!({"idempotency_key": "k\u{0}"})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "long key",
+            noop(json!({"idempotency_key": "k".repeat(513)})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "callback scheme",
+            noop(json!({"callback_url": "file:///etc/passwd"})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "callback length",
+            noop(json!({"callback_url": format!("http://h/{}", "a".repeat(2100))})),
+            400,
+            "invalid_request",
+        ),
+    ];
+    for (what, body, status, code) in table {
+        let resp = http
+            .post(format!("{base}/v1/jobs"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{what}: no answer (did the handler panic?): {e}"));
+        assert_eq!(error_code(resp).await, (status, code.into()), "{what}");
+        let health = http.get(format!("{base}/healthz")).send().await.unwrap();
+        assert!(
+            health.status().is_success(),
+            "{what}: server unhealthy after it"
+        );
+    }
+    // Nothing was stored, the queue views never saw the bad names, and the door still opens.
+    let jobs: serde_json::Value = http
+        .get(format!("{base}/v1/jobs?limit=1000"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(jobs["jobs"], json!([]), "{jobs}");
+    let queues = http
+        .get(format!("{base}/v1/queues"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !queues.contains("bad queue") && !queues.contains("homing.x"),
+        "{queues}"
+    );
+    let ok = http
+        .post(format!("{base}/v1/jobs"))
+        .json(&noop(
+            json!({"args": deep(60), "on_success": {"task": "builtin.noop"}}),
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 202);
+    let id = ok.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let done: serde_json::Value = eventually(
+        Duration::from_secs(30),
+        "the deep job to finish",
+        || async {
+            let j: serde_json::Value = http
+                .get(format!("{base}/v1/jobs/{id}"))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            (j["state"] == "succeeded").then_some(j)
+        },
+    )
+    .await;
+    assert_eq!(
+        done["result"],
+        deep(60),
+        "the deepest accepted args come back as the result"
+    );
+}

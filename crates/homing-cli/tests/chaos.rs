@@ -38,6 +38,12 @@ fn chaos(args: &[&str]) -> serde_json::Value {
     assert_eq!(report["completed_twice"], 0);
     assert_eq!(report["unexplained_duplicates"], 0);
     assert!(report["jobs"].as_u64().unwrap_or(0) > 1000, "{report}");
+    // Hostile bodies ran beside the load and were all refused, none stored.
+    assert!(
+        report["hostile_sent"].as_u64().unwrap_or(0) > 100,
+        "{report}"
+    );
+    assert_eq!(report["hostile_violations"], 0, "{report}");
     for (kind, n) in report["faults"].as_object().expect("faults") {
         if kind != "unplanned_worker_exits" {
             assert!(

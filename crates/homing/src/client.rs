@@ -12,13 +12,7 @@ use crate::store::{Inserted, JobFilter, JobPage, Store, ToPublish};
 use crate::task::{Registry, Task};
 use crate::time::{micros, now};
 
-/// The largest `args` a job may carry, serialised. Big inputs belong in an object store, with
-/// their address in the args.
-pub const MAX_ARGS_BYTES: usize = 1024 * 1024;
-
-/// The longest countdown, time limit or retry delay a job may ask for; beyond it a due date
-/// would be meaningless (and arithmetic on it could overflow).
-pub const MAX_DELAY: Duration = Duration::from_secs(366 * 24 * 3600);
+pub use crate::validate::{MAX_ARGS_BYTES, MAX_DELAY};
 
 /// One job to enqueue.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,20 +49,64 @@ impl std::fmt::Debug for Client {
     }
 }
 
-/// Checks a task or queue name: non-empty, printable, no spaces, at most 200 bytes.
+/// Checks a task or queue name (see [`crate::validate::name`]).
 pub fn validate_name(what: &str, name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 200
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '/'));
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::Invalid(format!(
-            "invalid {what} name {name:?}: use 1-200 characters of letters, digits, '.', '_', '-', ':', '/'"
-        )))
+    crate::validate::name(what, name).map_err(Error::Invalid)
+}
+
+/// Checks everything a producer hands over, with the rules of [`crate::validate`]: names (and
+/// that neither the task nor the queue is homing's own), args, follow-ups, idempotency key,
+/// callback URL, and every duration and count. Every enqueue runs it; the HTTP API and the CLI
+/// call it first so their users see the same message.
+pub fn validate_request(req: &EnqueueRequest) -> Result<()> {
+    use crate::validate as v;
+    let o = &req.options;
+    let mut checks = vec![
+        v::producer_task(&req.task),
+        v::json("args", &req.args, v::MAX_ARGS_BYTES),
+    ];
+    if let Some(q) = &o.queue {
+        checks.push(v::producer_queue(q));
     }
+    for (what, f) in [("on_success", &o.on_success), ("on_failure", &o.on_failure)] {
+        if let Some(f) = f {
+            checks.push(v::producer_task(&f.task).map_err(|e| format!("{what}: {e}")));
+            if let Some(q) = &f.queue {
+                checks.push(v::producer_queue(q).map_err(|e| format!("{what}: {e}")));
+            }
+            checks.push(v::json(&format!("{what}.args"), &f.args, v::MAX_ARGS_BYTES));
+        }
+    }
+    if let Some(k) = &o.idempotency_key {
+        checks.push(v::idempotency_key(k));
+    }
+    if let Some(u) = &o.callback_url {
+        checks.push(crate::job::validate_callback_url(u));
+    }
+    if let Some(d) = o.countdown {
+        checks.push(v::duration("countdown", d, Duration::ZERO, v::MAX_DELAY));
+    }
+    if let Some(d) = o.time_limit {
+        checks.push(v::duration(
+            "time_limit",
+            d,
+            v::MIN_TIME_LIMIT,
+            v::MAX_DELAY,
+        ));
+    }
+    if let Some(p) = &o.retry_policy {
+        checks.push(p.validate(v::MAX_DELAY));
+    }
+    if let Some(n) = o.max_retries {
+        checks.push(v::count("max_retries", n, 0, v::MAX_RETRIES));
+    }
+    if let Some(n) = o.max_crashes {
+        checks.push(v::count("max_crashes", n, 1, v::MAX_CRASHES));
+    }
+    checks
+        .into_iter()
+        .collect::<std::result::Result<(), String>>()
+        .map_err(Error::Invalid)
 }
 
 impl Client {
@@ -95,15 +133,7 @@ impl Client {
     }
 
     fn prepare(&self, req: EnqueueRequest, at: i64) -> Result<NewJob> {
-        validate_name("task", &req.task)?;
-        let size = serde_json::to_vec(&req.args)
-            .map(|v| v.len())
-            .unwrap_or(usize::MAX);
-        if size > MAX_ARGS_BYTES {
-            return Err(Error::Invalid(format!(
-                "args are {size} bytes; the limit is {MAX_ARGS_BYTES} (store large inputs elsewhere and pass their address)"
-            )));
-        }
+        validate_request(&req)?;
         let queue = match &req.options.queue {
             Some(q) => q.clone(),
             None => self
@@ -112,27 +142,9 @@ impl Client {
                 .map(|h| h.defaults().queue)
                 .unwrap_or_else(|| "default".into()),
         };
+        // A task's own default queue comes from code, but still must be a name homing can store.
         validate_name("queue", &queue)?;
-        if let Some(u) = &req.options.callback_url {
-            crate::job::validate_callback_url(u).map_err(Error::Invalid)?;
-        }
-        for (what, d) in [
-            ("countdown", req.options.countdown),
-            ("time_limit", req.options.time_limit),
-        ] {
-            if d.is_some_and(|d| d > MAX_DELAY) {
-                return Err(Error::Invalid(format!("{what} may be at most 366 days")));
-            }
-        }
-        if let Some(p) = &req.options.retry_policy {
-            p.validate(MAX_DELAY).map_err(Error::Invalid)?;
-        }
-        if let Some(k) = &req.options.idempotency_key {
-            if k.is_empty() || k.len() > 512 {
-                return Err(Error::Invalid("idempotency_key must be 1-512 bytes".into()));
-            }
-        }
-        let run_at = req.options.countdown.map(|d| at + micros(d));
+        let run_at = req.options.countdown.map(|d| at.saturating_add(micros(d)));
         Ok(NewJob {
             id: new_job_id(),
             task: req.task,

@@ -71,6 +71,7 @@ pub mod store;
 pub mod task;
 pub mod time;
 pub mod transition;
+pub mod validate;
 pub mod worker;
 
 #[cfg(feature = "conformance")]

@@ -342,15 +342,38 @@ impl Context {
     }
 
     /// Records progress (`fraction` in 0..=1, a short message) on the job record. Returns
-    /// `false` when this run is no longer current (a newer epoch took over).
+    /// `false` when this run is no longer current (a newer epoch took over). The message is cut
+    /// to [`crate::validate::MAX_PROGRESS_MESSAGE_BYTES`]; a fraction that is not a number
+    /// counts as 0.
     pub async fn progress(&self, fraction: f64, message: impl Into<String>) -> bool {
-        let p = serde_json::json!({
-            "fraction": fraction.clamp(0.0, 1.0),
-            "message": message.into(),
-        });
+        let p = progress_value(fraction, &message.into());
         self.store
             .set_progress(self.job.id, self.job.epoch, p)
             .await
             .unwrap_or(false)
+    }
+}
+
+/// The progress document as stored: always within [`crate::validate`]'s rules.
+fn progress_value(fraction: f64, message: &str) -> serde_json::Value {
+    let fraction = if fraction.is_nan() {
+        0.0
+    } else {
+        fraction.clamp(0.0, 1.0)
+    };
+    serde_json::json!({
+        "fraction": fraction,
+        "message": crate::validate::text(message, crate::validate::MAX_PROGRESS_MESSAGE_BYTES),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn progress_is_always_storable() {
+        let p = super::progress_value(f64::NAN, &"\u{0}x".repeat(10_000));
+        assert_eq!(p["fraction"], 0.0);
+        assert!(crate::validate::json("progress", &p, 2048).is_ok(), "{p}");
+        assert_eq!(super::progress_value(7.0, "ok")["fraction"], 1.0);
     }
 }

@@ -38,6 +38,29 @@ pub struct CreateJob {
     pub allow_unknown_task: bool,
 }
 
+impl CreateJob {
+    /// The library's request, and whether an unknown task is allowed.
+    pub fn into_request(self) -> (EnqueueRequest, bool) {
+        let req = EnqueueRequest {
+            task: self.task,
+            args: self.args,
+            options: JobOptions {
+                queue: self.queue,
+                idempotency_key: self.idempotency_key,
+                countdown: self.countdown,
+                max_retries: self.max_retries,
+                retry_policy: self.retry_policy,
+                max_crashes: self.max_crashes,
+                time_limit: self.time_limit,
+                on_success: self.on_success,
+                on_failure: self.on_failure,
+                callback_url: self.callback_url,
+            },
+        };
+        (req, self.allow_unknown_task)
+    }
+}
+
 pub fn parse_id(s: &str) -> Result<JobId, ApiError> {
     s.parse()
         .map_err(|_| ApiError::bad_request(format!("'{s}' is not a job id (a UUID)")))
@@ -71,26 +94,13 @@ pub async fn create(
     body: Result<Json<CreateJob>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
-    homing::client::validate_name("task", &body.task)?;
-    if !body.allow_unknown_task {
-        check_known_task(&state, &body.task).await?;
+    let (req, allow_unknown_task) = body.into_request();
+    // Every rule first (names, internal tasks and queues, depth, sizes, ranges), so a refused
+    // name is reported as such rather than as an unknown task.
+    homing::client::validate_request(&req)?;
+    if !allow_unknown_task {
+        check_known_task(&state, &req.task).await?;
     }
-    let req = EnqueueRequest {
-        task: body.task,
-        args: body.args,
-        options: JobOptions {
-            queue: body.queue,
-            idempotency_key: body.idempotency_key,
-            countdown: body.countdown,
-            max_retries: body.max_retries,
-            retry_policy: body.retry_policy,
-            max_crashes: body.max_crashes,
-            time_limit: body.time_limit,
-            on_success: body.on_success,
-            on_failure: body.on_failure,
-            callback_url: body.callback_url,
-        },
-    };
     let inserted = state.client.enqueue(req).await?;
     let job = state.client.get(inserted.id).await?;
     let status = if inserted.existed {
@@ -165,4 +175,188 @@ pub async fn cancel(
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     Ok(Json(state.client.cancel(id).await?).into_response())
+}
+
+/// Property tests of the API's door: any body either is refused (while reading it, or by the
+/// rules) or, once accepted, is made only of values that serialise and read back, including the
+/// values homing derives from them.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    fn leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            ".{0,20}".prop_map(Value::from),
+            Just(json!("a\u{0}b")),
+        ]
+    }
+
+    /// Small trees, or a chain nested up to past serde_json's reading limit.
+    fn value() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            leaf().prop_recursive(4, 24, 5, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..5).prop_map(Value::from),
+                    prop::collection::btree_map(".{0,8}", inner, 0..5)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            }),
+            (0usize..140, leaf()).prop_map(|(n, v)| homing::validate::nested(n, v)),
+        ]
+    }
+
+    fn name() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            prop::sample::select(vec![
+                "builtin.noop",
+                "tasks.add",
+                "builtin.webhook",
+                "celery.result",
+                "homing.webhooks",
+                "default",
+                "no such task!!",
+                "bad queue \u{0} é",
+                "",
+                "a/b",
+            ])
+            .prop_map(Value::from),
+            "[A-Za-z0-9_.:-]{0,140}".prop_map(Value::from),
+            leaf(),
+        ]
+    }
+
+    fn number() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            any::<u64>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            any::<f64>().prop_map(|f| Value::from(f.to_string())),
+            prop::sample::select(vec![
+                "1e30",
+                "-1",
+                "NaN",
+                "inf",
+                "5s",
+                "500ms",
+                "18446744073709551615s",
+                "366d",
+                "367d",
+                "0",
+                "",
+                "1h 30m",
+            ])
+            .prop_map(Value::from),
+            leaf(),
+        ]
+    }
+
+    fn follow_up() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            (name(), proptest::option::of(name()), value())
+                .prop_map(|(t, q, a)| json!({"task": t, "queue": q, "args": a})),
+            leaf(),
+        ]
+    }
+
+    fn body() -> impl Strategy<Value = Value> {
+        (
+            (name(), value(), proptest::option::of(name())),
+            (
+                proptest::option::of(".{0,600}"),
+                number(),
+                number(),
+                number(),
+                number(),
+            ),
+            (
+                follow_up(),
+                follow_up(),
+                proptest::option::of(".{0,40}"),
+                any::<bool>(),
+            ),
+        )
+            .prop_map(
+                |(
+                    (task, args, queue),
+                    (key, countdown, limit, crashes, retries),
+                    (ok, ko, cb, allow),
+                )| {
+                    let mut b = json!({"task": task, "args": args, "allow_unknown_task": allow});
+                    let mut set = |k: &str, v: Value| {
+                        if !v.is_null() {
+                            b[k] = v;
+                        }
+                    };
+                    set("queue", queue.map_or(Value::Null, |q| q));
+                    set("idempotency_key", key.map_or(Value::Null, Value::from));
+                    set("countdown", countdown);
+                    set("time_limit", limit);
+                    set("max_crashes", crashes);
+                    set("max_retries", retries.clone());
+                    set("retry_policy", json!({"kind": "fixed", "delay": retries}));
+                    set("on_success", ok);
+                    set("on_failure", ko);
+                    set(
+                        "callback_url",
+                        cb.map_or(Value::Null, |c| format!("http://{c}").into()),
+                    );
+                    b
+                },
+            )
+    }
+
+    fn read_back(what: &str, v: &impl serde::Serialize) {
+        let text = serde_json::to_string(v).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let _: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("accepted {what} cannot be read back: {e}"));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn bodies_are_refused_or_read_back(b in body(), garble in proptest::option::of((any::<usize>(), any::<u8>()))) {
+            let mut bytes = serde_json::to_vec(&b).unwrap();
+            if let Some((at, byte)) = garble {
+                let at = at % bytes.len();
+                bytes[at] = byte;
+            }
+            let Ok(body) = serde_json::from_slice::<CreateJob>(&bytes) else {
+                return Ok(()); // a 4xx from the JSON extractor
+            };
+            let (req, _) = body.into_request();
+            if homing::client::validate_request(&req).is_err() {
+                return Ok(()); // a 400 with the rule's message
+            }
+            read_back("args", &req.args);
+            read_back("options", &req.options);
+            // What the store derives: a follow-up's args hold the parent's result (here, a
+            // result as deep as a handler may return), an event holds the job.
+            let deepest = homing::validate::nested(homing::validate::MAX_DEPTH, json!(1));
+            for f in [&req.options.on_success, &req.options.on_failure].into_iter().flatten() {
+                let mut parent: homing::Job = serde_json::from_value(json!({
+                    "id": homing::job::new_job_id(), "task": req.task, "queue": "q",
+                    "state": "succeeded", "args": req.args, "result": deepest, "error": null,
+                    "attempts": 0, "crashes": 0, "epoch": 1, "max_retries": null,
+                    "max_crashes": 3, "idempotency_key": null, "progress": null, "worker": null,
+                    "created_at": "2024-01-01T00:00:00Z", "scheduled_at": null,
+                    "started_at": null, "finished_at": null
+                })).unwrap();
+                let child = f.job_for(&parent, homing::JobState::Succeeded, 0);
+                read_back("follow-up args", &child.args);
+                parent.args = child.args;
+                parent.state = homing::JobState::Failed;
+                let ev = homing::events::NewEvent::for_terminal(&parent).unwrap();
+                read_back("event data", &json!({"event": ev.data}));
+            }
+        }
+    }
 }

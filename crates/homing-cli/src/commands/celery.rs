@@ -61,7 +61,9 @@ impl Bridge {
             });
         }
         for q in &a.celery_queues {
-            homing::client::validate_name("Celery queue", q)?;
+            // Its messages become jobs on the homing queue of the same name: a producer's queue.
+            homing::validate::producer_queue(q)
+                .map_err(|e| anyhow::anyhow!("--celery-queue: {e}"))?;
         }
         let url = broker_url(g, a.celery_broker.as_deref())?;
         let conn = Conn::open(&url).context("Celery broker")?;
@@ -97,11 +99,15 @@ impl Bridge {
 }
 
 pub async fn enqueue(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
+    homing::validate::name("Celery task", &a.task).map_err(anyhow::Error::msg)?;
+    let queue = a.queue.unwrap_or_else(|| "celery".into());
+    homing::validate::name("Celery queue", &queue).map_err(anyhow::Error::msg)?;
     let args = super::input::read_args(&a.args)?;
+    homing::validate::json("--args", &args, homing::validate::MAX_ARGS_BYTES)
+        .map_err(anyhow::Error::msg)?;
     let url = broker_url(g, a.celery_broker.as_deref())?;
     let client = Arc::new(CeleryClient::open(&url, None)?);
-    let mut send =
-        CelerySend::new(a.task, a.queue.unwrap_or_else(|| "celery".into())).with_json_args(args)?;
+    let mut send = CelerySend::new(a.task, queue).with_json_args(args)?;
     send.countdown = a.countdown;
     send.priority = a.priority;
     let id = client

@@ -14,9 +14,26 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
         return super::celery::enqueue(g, a).await;
     }
     let args = read_args(&a.args)?;
+    let req = EnqueueRequest {
+        task: a.task.clone(),
+        args,
+        options: JobOptions {
+            queue: a.queue,
+            idempotency_key: a.idempotency_key,
+            countdown: a.countdown,
+            max_retries: a.max_retries,
+            retry_policy: a.retry_delay.map(RetryPolicy::fixed),
+            max_crashes: a.max_crashes,
+            time_limit: a.time_limit,
+            on_success: None,
+            on_failure: None,
+            callback_url: a.callback_url,
+        },
+    };
+    // Before anything is opened or looked up, so a refused value gets its own reason.
+    homing::client::validate_request(&req)?;
     let backends = open(g, false).await?;
     let registry = tasks::registry(&crate::pipelines::for_routing());
-    homing::client::validate_name("task", &a.task)?;
     if !a.allow_unknown_task && registry.get(&a.task).is_none() {
         let known = backends.store.known_tasks().await?;
         if !known.contains(&a.task) {
@@ -33,22 +50,6 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
     }
     let client =
         Client::new(backends.broker.clone(), backends.store.clone()).with_registry(registry);
-    let req = EnqueueRequest {
-        task: a.task,
-        args,
-        options: JobOptions {
-            queue: a.queue,
-            idempotency_key: a.idempotency_key,
-            countdown: a.countdown,
-            max_retries: a.max_retries,
-            retry_policy: a.retry_delay.map(RetryPolicy::fixed),
-            max_crashes: a.max_crashes,
-            time_limit: a.time_limit,
-            on_success: None,
-            on_failure: None,
-            callback_url: a.callback_url,
-        },
-    };
     let inserted = client.enqueue(req).await?;
     if inserted.existed {
         eprintln!("note: idempotency key matched existing job {}", inserted.id);

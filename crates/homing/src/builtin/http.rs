@@ -12,6 +12,10 @@ use crate::task::{Context, Task, TaskError};
 
 /// The most response body kept on the job record.
 const MAX_BODY: usize = 1024 * 1024;
+/// The longest `timeout` a call may ask for (the job's time limit still applies).
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// The longest `Retry-After` honoured; a server asking for more is retried after this.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Clone, Default)]
 pub struct Http;
@@ -75,11 +79,18 @@ impl Task for Http {
         });
         let method = reqwest::Method::from_bytes(method_name.to_ascii_uppercase().as_bytes())
             .map_err(|_| TaskError::fatal(format!("invalid method '{method_name}'")))?;
+        let timeout = args.timeout.unwrap_or(Duration::from_secs(30));
+        if timeout.is_zero() || timeout > MAX_TIMEOUT {
+            return Err(TaskError::fatal(format!(
+                "timeout must be between 1ms and {}",
+                humantime::format_duration(MAX_TIMEOUT)
+            )));
+        }
         let shown = redacted(&url);
         let mut req = client()
             .request(method, url)
             .header("Idempotency-Key", ctx.idempotency_key())
-            .timeout(args.timeout.unwrap_or(Duration::from_secs(30)));
+            .timeout(timeout);
         for (k, v) in &args.headers {
             req = req.header(k, v);
         }
@@ -98,7 +109,7 @@ impl Task for Http {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+            .map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER));
         let mut body = resp
             .bytes()
             .await
@@ -111,9 +122,7 @@ impl Task for Http {
             .to_vec();
         let truncated = body.len() > MAX_BODY;
         body.truncate(MAX_BODY);
-        let body_value = serde_json::from_slice::<serde_json::Value>(&body).unwrap_or_else(|_| {
-            serde_json::Value::String(String::from_utf8_lossy(&body).into_owned())
-        });
+        let body_value = response_body(&body);
         let code = status.as_u16();
         if status.is_success() {
             return Ok(
@@ -135,6 +144,18 @@ impl Task for Http {
     }
 }
 
+/// The response body as the result holds it: its JSON when that can be stored as it is
+/// (see [`crate::validate`]: not too deep, no U+0000), else its text.
+fn response_body(body: &[u8]) -> serde_json::Value {
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(v) if crate::validate::json("body", &v, usize::MAX).is_ok() => v,
+        _ => serde_json::Value::String(crate::validate::text(
+            &String::from_utf8_lossy(body),
+            usize::MAX,
+        )),
+    }
+}
+
 /// reqwest errors print the full URL, which may carry secrets; keep only the cause.
 fn without_url(e: &reqwest::Error) -> String {
     let mut s = String::new();
@@ -152,4 +173,25 @@ fn without_url(e: &reqwest::Error) -> String {
         src = inner.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unstorable_responses_are_kept_as_text() {
+        assert_eq!(
+            response_body(br#"{"a": [1]}"#),
+            serde_json::json!({"a": [1]})
+        );
+        let deep = format!("{}{}", "[".repeat(127), "]".repeat(127));
+        let v = response_body(deep.as_bytes());
+        assert_eq!(v, serde_json::Value::String(deep));
+        assert!(crate::validate::result(&serde_json::json!({ "body": v })).is_ok());
+        let v = response_body(b"a\0b");
+        assert_eq!(v, serde_json::json!("a\u{FFFD}b"));
+        let v = response_body(br#"{"x": "\u0000"}"#);
+        assert!(v.is_string() && crate::validate::result(&v).is_ok());
+    }
 }

@@ -19,7 +19,7 @@ use super::conn::Conn;
 use super::scripts::Scripts;
 use super::{keys, results, wire};
 use crate::broker::Broker;
-use crate::client::{publish, MAX_ARGS_BYTES};
+use crate::client::publish;
 use crate::error::Result;
 use crate::job::{JobOptions, NewJob};
 use crate::store::{Inserted, Store, ToPublish};
@@ -294,20 +294,16 @@ impl Ingress {
             match wire::decode(payload) {
                 Ok(m) => {
                     let job = self.new_job(queue, &m, at);
-                    let size = serde_json::to_vec(&job.args).map_or(usize::MAX, |v| v.len());
-                    if size > MAX_ARGS_BYTES {
-                        dead.push((
+                    match refusal(&job) {
+                        Some(reason) => dead.push((
                             payload.clone(),
                             wire::Malformed {
-                                reason: format!(
-                                    "the arguments are {size} bytes; the limit is {MAX_ARGS_BYTES}"
-                                ),
+                                reason,
                                 id: Some(m.id),
                                 task: Some(m.task),
                             },
-                        ));
-                    } else {
-                        jobs.push(job);
+                        )),
+                        None => jobs.push(job),
                     }
                 }
                 Err(e) => dead.push((payload.clone(), e)),
@@ -416,22 +412,17 @@ impl Ingress {
     ) -> bool {
         let id = wire::garbage_id(payload);
         tracing::error!(event = "celery.dead_letter", queue, job = %id, celery_id = ?e.id, reason = %e.reason, "undecodable Celery message recorded as a dead job");
-        let mut kept = String::from_utf8_lossy(payload).into_owned();
-        if kept.len() > wire::MAX_KEPT_PAYLOAD {
-            let mut cut = wire::MAX_KEPT_PAYLOAD;
-            while !kept.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            kept.truncate(cut);
-        }
+        // Garbage may hold U+0000, which PostgreSQL cannot store: every text is scrubbed.
+        let scrub = |t: &str| crate::validate::text(t, wire::MAX_KEPT_PAYLOAD);
+        let kept = scrub(&String::from_utf8_lossy(payload));
         let job = NewJob {
             id,
             task: MALFORMED_TASK.into(),
             queue: queue.to_string(),
             args: serde_json::json!({
-                "reason": e.reason,
-                "celery_id": e.id,
-                "celery_task": e.task,
+                "reason": scrub(&e.reason),
+                "celery_id": e.id.as_deref().map(scrub),
+                "celery_task": e.task.as_deref().map(scrub),
                 "payload": kept,
             }),
             options: JobOptions {
@@ -445,9 +436,29 @@ impl Ingress {
         let Some(Ok(_)) = self.insert_retrying(vec![job], stop).await else {
             return false;
         };
-        let reason = format!("undecodable Celery message: {}", e.reason);
+        let reason =
+            crate::validate::error_text(&format!("undecodable Celery message: {}", e.reason));
         self.store.mark_dead(id, &reason, now()).await.is_ok()
     }
+}
+
+/// Why a Celery message's job breaks the rules every producer's job follows (see
+/// [`crate::validate`]), if it does: an internal task, arguments too deep or too large, a task
+/// id that cannot be an idempotency key, an eta further away than any countdown may be. The ingress's own follow-up is homing's, not the
+/// producer's, and is not checked against the producer rules.
+fn refusal(job: &NewJob) -> Option<String> {
+    use crate::validate as v;
+    let key = job.options.idempotency_key.as_deref().unwrap_or_default();
+    let latest = job
+        .created_at
+        .saturating_add(crate::time::micros(v::MAX_DELAY));
+    if job.run_at.is_some_and(|t| t > latest) {
+        return Some("the eta is more than 366 days away".into());
+    }
+    v::producer_task(&job.task)
+        .and_then(|_| v::json("the arguments", &job.args, v::MAX_ARGS_BYTES))
+        .and_then(|_| v::idempotency_key(key).map_err(|_| "the task id must be printable".into()))
+        .err()
 }
 
 /// Responsible for the ingress's liveness: refreshes its heartbeat and puts back the claimed
@@ -469,5 +480,70 @@ async fn heartbeat_loop(ingress: Arc<Ingress>, stop: CancellationToken) {
         if let Err(e) = ingress.sweep().await {
             tracing::warn!(error = %e, "cannot sweep lost Celery ingress consumers");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(task: &str, args: serde_json::Value, celery_id: &str) -> NewJob {
+        NewJob {
+            id: crate::job::new_job_id(),
+            task: task.into(),
+            queue: "celery".into(),
+            args,
+            options: JobOptions {
+                idempotency_key: Some(format!("celery:{celery_id}")),
+                on_success: Some(results::follow_up(
+                    "celery",
+                    &wire::decode(
+                        wire::encode(
+                            &wire::Outgoing {
+                                id: "x".into(),
+                                task: task.into(),
+                                queue: "celery".into(),
+                                args: vec![],
+                                kwargs: Default::default(),
+                                eta: None,
+                                expires: None,
+                                priority: 0,
+                            },
+                            "t",
+                        )
+                        .as_bytes(),
+                    )
+                    .unwrap(),
+                )),
+                ..JobOptions::default()
+            },
+            created_at: 0,
+            run_at: None,
+        }
+    }
+
+    /// A Celery producer is a producer: internal tasks, unstorable args and unprintable ids
+    /// become dead records with the reason, while the ingress's own `celery.result` follow-up
+    /// is not held against the message.
+    #[test]
+    fn producer_rules_apply_to_celery_messages() {
+        assert_eq!(
+            refusal(&job("tasks.add", serde_json::json!({"x": 1}), "id-1")),
+            None
+        );
+        let r = refusal(&job("builtin.webhook", serde_json::json!({}), "id-2")).unwrap();
+        assert!(r.contains("internal"), "{r}");
+        let r = refusal(&job("celery.result", serde_json::json!({}), "id-3")).unwrap();
+        assert!(r.contains("internal"), "{r}");
+        let deep = crate::validate::nested(100, serde_json::json!(1));
+        let r = refusal(&job("tasks.add", deep, "id-4")).unwrap();
+        assert!(r.contains("deeper"), "{r}");
+        let r = refusal(&job("tasks.add", serde_json::json!({"s": "\u{0}"}), "id-5")).unwrap();
+        assert!(r.contains("U+0000"), "{r}");
+        let r = refusal(&job("tasks.add", serde_json::json!({}), "a\u{7}b")).unwrap();
+        assert!(r.contains("task id"), "{r}");
+        let mut far = job("tasks.add", serde_json::json!({}), "id-6");
+        far.run_at = Some(crate::time::LAST_PRINTABLE + 1);
+        assert!(refusal(&far).unwrap().contains("eta"));
     }
 }

@@ -309,7 +309,8 @@ pub fn encode(m: &Outgoing, origin: &str) -> String {
 
 /// Formats a time as Python's `datetime.isoformat()` does for an aware UTC time.
 pub fn format_iso8601(t: Micros) -> String {
-    let st = std::time::UNIX_EPOCH + std::time::Duration::from_micros(t.max(0) as u64);
+    let t = t.clamp(0, crate::time::LAST_PRINTABLE);
+    let st = std::time::UNIX_EPOCH + std::time::Duration::from_micros(t as u64);
     let s = humantime::format_rfc3339_micros(st).to_string();
     format!("{}+00:00", s.trim_end_matches('Z'))
 }
@@ -500,5 +501,161 @@ mod tests {
             }
         }
         assert!(decoded < 20_000);
+    }
+}
+
+/// Property tests: whatever bytes or envelope shapes arrive, the decoder answers (a message or
+/// a reason) without panicking, and what it accepts survives an encode → decode round trip.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn json_leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            any::<String>().prop_map(Value::from),
+        ]
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        json_leaf().prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::from),
+                prop::collection::btree_map(any::<String>(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A header value: usually plausible, often not.
+    fn header(plausible: &'static [&'static str]) -> impl Strategy<Value = Value> {
+        prop_oneof![
+            prop::sample::select(plausible).prop_map(Value::from),
+            json_leaf(),
+            ".{0,300}".prop_map(Value::from),
+        ]
+    }
+
+    fn envelope() -> impl Strategy<Value = Vec<u8>> {
+        let body = prop_oneof![
+            (json_value(), json_value(), json_value())
+                .prop_map(|(a, k, e)| json!([a, k, e]).to_string().into_bytes()),
+            (prop::collection::vec(json_value(), 0..4), any::<bool>()).prop_map(|(a, deep)| {
+                let args = if deep {
+                    crate::validate::nested(130, json!(1))
+                } else {
+                    Value::from(a)
+                };
+                format!("[{args}, {{}}, null]").into_bytes()
+            }),
+            prop::collection::vec(any::<u8>(), 0..64),
+        ];
+        (
+            body,
+            any::<bool>(),
+            header(&["1037f2aa-ab5e-4598-8fa9-8b11acd878e7", "order-42", ""]),
+            header(&["tasks.add", "builtin.webhook", "a b", "x/y"]),
+            header(&[
+                "2026-11-29T11:59:59.778618+00:00",
+                "1970-01-01T00:00:00+01:00",
+                "9999-12-31T23:59:59Z",
+                "9999-12-31T23:59:59-05:00",
+            ]),
+            header(&["application/json", "application/x-python-serialize"]),
+            json_leaf(),
+            json_leaf(),
+        )
+            .prop_map(|(body, b64, id, task, eta, ctype, retries, priority)| {
+                let body_text = if b64 {
+                    base64::engine::general_purpose::STANDARD.encode(&body)
+                } else {
+                    String::from_utf8_lossy(&body).into_owned()
+                };
+                json!({
+                    "body": body_text,
+                    "content-type": ctype,
+                    "content-encoding": "utf-8",
+                    "headers": {"id": id, "task": task, "eta": eta, "expires": eta.clone(),
+                                "retries": retries, "root_id": id.clone(), "parent_id": null},
+                    "properties": {"body_encoding": if b64 { json!("base64") } else { json!(null) },
+                                   "priority": priority},
+                })
+                .to_string()
+                .into_bytes()
+            })
+    }
+
+    /// Equal JSON, floats within one part in 10¹⁵: serde_json (without its slower
+    /// `float_roundtrip` parser) may read a printed float back one unit in the last place off.
+    fn same(a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Number(x), Value::Number(y)) if x.is_f64() || y.is_f64() => {
+                let (x, y) = (x.as_f64().unwrap_or(0.0), y.as_f64().unwrap_or(0.0));
+                x == y || (x - y).abs() <= 1e-15 * x.abs().max(y.abs())
+            }
+            (Value::Array(x), Value::Array(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b))
+            }
+            (Value::Object(x), Value::Object(y)) => {
+                x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w)))
+            }
+            _ => a == b,
+        }
+    }
+
+    fn check_round_trip(m: &Message) {
+        assert!(!m.id.is_empty() && m.id.len() <= 200);
+        assert!(
+            crate::validate::name("task", &m.task).is_ok(),
+            "{:?}",
+            m.task
+        );
+        let out = Outgoing {
+            id: m.id.clone(),
+            task: m.task.clone(),
+            queue: "q".into(),
+            args: m.args.clone(),
+            kwargs: m.kwargs.clone(),
+            eta: m
+                .eta
+                .filter(|t| (0..=crate::time::LAST_PRINTABLE).contains(t)),
+            expires: None,
+            priority: m.priority,
+        };
+        let again = decode(encode(&out, "prop").as_bytes()).expect("re-encoded message decodes");
+        assert_eq!(again.id, m.id);
+        assert_eq!(again.task, m.task);
+        assert!(same(
+            &Value::from(again.args.clone()),
+            &Value::from(m.args.clone())
+        ));
+        assert!(same(
+            &Value::Object(again.kwargs),
+            &Value::Object(m.kwargs.clone())
+        ));
+        assert_eq!(again.eta, out.eta);
+        assert_eq!(again.priority, m.priority);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(b in prop::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode(&b);
+        }
+
+        #[test]
+        fn envelopes_decode_or_say_why(env in envelope()) {
+            match decode(&env) {
+                Ok(m) => check_round_trip(&m),
+                Err(e) => prop_assert!(!e.reason.is_empty()),
+            }
+        }
     }
 }

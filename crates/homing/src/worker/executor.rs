@@ -229,7 +229,9 @@ pub(crate) fn outcome_for_error(
     at: i64,
 ) -> Outcome {
     match err {
-        TaskError::Snooze(d) => Outcome::Snooze { at: at + micros(d) },
+        TaskError::Snooze(d) => Outcome::Snooze {
+            at: at.saturating_add(micros(d)),
+        },
         TaskError::Fatal(m) => Outcome::Failed { error: m },
         TaskError::Retry(_) | TaskError::RetryIn(_, _) => {
             let max = job.max_retries.unwrap_or(defaults.max_retries);
@@ -244,7 +246,7 @@ pub(crate) fn outcome_for_error(
                 let delay = delay.unwrap_or_else(|| policy.delay(job.attempts));
                 Outcome::Retry {
                     error: msg,
-                    at: at + micros(delay),
+                    at: at.saturating_add(micros(delay)),
                 }
             } else {
                 Outcome::Failed { error: msg }
@@ -313,7 +315,13 @@ async fn run(s: Arc<Session>, r: Reserved, job: Job, slot: OwnedSemaphorePermit)
     let outcome = match (ended, running.reason()) {
         // Presumed dead: the job belongs to the rescuer now. Commit nothing, ack nothing.
         (_, Some(StopReason::Lost)) => return,
-        (Ended::Returned(Ok(Ok(value))), _) => Outcome::Succeeded(value),
+        (Ended::Returned(Ok(Ok(value))), _) => match crate::validate::result(&value) {
+            Ok(()) => Outcome::Succeeded(value),
+            // Stored, it could not be read back (or not committed at all): fail the job instead.
+            Err(e) => Outcome::Failed {
+                error: format!("the handler's result was refused: {e}"),
+            },
+        },
         (Ended::TimedOut, _) => outcome_for_error(
             &job,
             &defaults,
@@ -345,12 +353,31 @@ async fn commit(s: &Arc<Session>, r: Reserved, job: &Job, outcome: Outcome) {
         completion: Some(Completion {
             id: job.id,
             epoch: job.epoch,
-            outcome,
+            outcome: bounded(outcome),
         }),
         task: job.task.clone(),
         reservation: Some(r.reservation),
     };
     let _ = s.commits.send(item).await;
+}
+
+/// Error texts come from handlers (and from what remote servers answered): cut and scrubbed
+/// so they can always be stored.
+fn bounded(outcome: Outcome) -> Outcome {
+    use crate::validate::error_text;
+    match outcome {
+        Outcome::Retry { error, at } => Outcome::Retry {
+            error: error_text(&error),
+            at,
+        },
+        Outcome::Failed { error } => Outcome::Failed {
+            error: error_text(&error),
+        },
+        Outcome::Dead { reason } => Outcome::Dead {
+            reason: error_text(&reason),
+        },
+        other => other,
+    }
 }
 
 #[cfg(test)]

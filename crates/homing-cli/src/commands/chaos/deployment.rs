@@ -55,6 +55,8 @@ pub struct Deployment {
     pub pg: Option<Postgres>,
     pub proxies: Vec<Proxy>,
     pub server: Option<Proc>,
+    /// The server's API, `http://127.0.0.1:PORT`.
+    pub api_url: String,
     pub slots: Vec<Slot>,
     /// Every worker log ever written (restarted slots write new files).
     pub worker_logs: Vec<PathBuf>,
@@ -105,6 +107,7 @@ impl Deployment {
             pg: None,
             proxies: Vec::new(),
             server: None,
+            api_url: String::new(),
             slots: Vec::new(),
             worker_logs: Vec::new(),
             plan: plan.clone(),
@@ -145,6 +148,7 @@ impl Deployment {
             let l = std::net::TcpListener::bind("127.0.0.1:0")?;
             l.local_addr()?.port()
         });
+        d.api_url = format!("http://{listen}");
         let hb = format!("{}ms", plan.heartbeat.as_millis());
         let mut server = d.command(&d.broker_url.clone());
         server.args(["server", "--listen", &listen, "--rescue-interval", &hb]);

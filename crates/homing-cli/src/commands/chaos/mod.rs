@@ -7,12 +7,14 @@
 //!
 //! One file per part: [`deployment`] (the processes), [`services`] (Redis, PostgreSQL),
 //! [`child`] (processes that die with the tool), [`proxy`] (the cuttable network), [`counter`]
-//! (the witness), [`load`], [`faults`], [`invariants`], [`report`].
+//! (the witness), [`load`], [`hostile`] (refused input beside the load), [`faults`],
+//! [`invariants`], [`report`].
 
 mod child;
 mod counter;
 mod deployment;
 mod faults;
+mod hostile;
 mod invariants;
 mod load;
 mod proxy;
@@ -48,9 +50,10 @@ fn store_choice(url: &str) -> StoreChoice {
     }
 }
 
-async fn all_jobs(client: &Client, queue: &str) -> anyhow::Result<Vec<Job>> {
+/// Every job of `queue`, or of every queue.
+async fn all_jobs(client: &Client, queue: Option<&str>) -> anyhow::Result<Vec<Job>> {
     let filter = JobFilter {
-        queue: Some(queue.to_string()),
+        queue: queue.map(str::to_string),
         ..Default::default()
     };
     let mut out = Vec::new();
@@ -174,6 +177,14 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         stop_load.clone(),
     ));
 
+    let hostile_out = Arc::new(Mutex::new(hostile::Outcome::default()));
+    let hostile_task = tokio::spawn(hostile::run(
+        d.api_url.clone(),
+        a.hostile_rate,
+        hostile_out.clone(),
+        stop_load.clone(),
+    ));
+
     let t0 = Instant::now();
     let mut injected = Vec::new();
     let mut restarts = 0;
@@ -202,6 +213,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     }
     stop_load.cancel();
     let _ = load_task.await;
+    let _ = hostile_task.await;
     let load_s = t0.elapsed().as_secs_f64();
     let (ids, enqueue_errors) = {
         let g = accepted.lock().unwrap_or_else(|p| p.into_inner());
@@ -220,7 +232,8 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         eprintln!("chaos: {e}");
     }
     d.stop_homing();
-    let jobs = all_jobs(&client, &queue).await?;
+    let jobs = all_jobs(&client, Some(&queue)).await?;
+    let hostile_stored = hostile::stored(&all_jobs(&client, None).await?, &queue);
     let mut logs = d.worker_logs.clone();
     logs.push(d.dir.join("server.log"));
     let facts = invariants::read_logs(&logs);
@@ -252,8 +265,8 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     settings.insert(
         "job".into(),
         format!(
-            "builtin.http to the counter, answered after {} ms; max_crashes {}",
-            a.job_ms, a.max_crashes
+            "builtin.http to the counter, answered after {} ms; max_crashes {}; {} hostile requests/s",
+            a.job_ms, a.max_crashes, a.hostile_rate
         ),
     );
     let succeeded = jobs
@@ -261,6 +274,12 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         .filter(|j| j.state == homing::JobState::Succeeded)
         .count();
     let mut violations = f.violations.clone();
+    let hostile = std::mem::take(&mut *hostile_out.lock().unwrap_or_else(|p| p.into_inner()));
+    violations.extend(hostile.violations.iter().take(20).cloned());
+    violations.extend(hostile_stored.iter().take(20).cloned());
+    if a.hostile_rate > 0.0 && hostile.sent == 0 {
+        violations.push("no hostile request was sent: the hostile load never ran".into());
+    }
     if let Err(e) = drained {
         violations.insert(0, e.to_string());
     }
@@ -285,6 +304,9 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         jobs: f.jobs,
         accepted: ids.len(),
         enqueue_errors,
+        hostile_sent: hostile.sent,
+        hostile_refused: hostile.answers.clone(),
+        hostile_violations: hostile.violations.len() + hostile_stored.len(),
         succeeded_per_s: (succeeded as f64 / load_s).round(),
         faults: fault_counts,
         lost: f.lost,

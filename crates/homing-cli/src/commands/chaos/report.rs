@@ -47,6 +47,12 @@ pub struct Report {
     pub jobs: usize,
     pub accepted: usize,
     pub enqueue_errors: u64,
+    /// Hostile `POST /v1/jobs` bodies sent beside the load (`--hostile-rate`).
+    pub hostile_sent: u64,
+    /// Their answers, by case and status (`"internal_task 400": 12`): each must be a 4xx.
+    pub hostile_refused: BTreeMap<String, u64>,
+    /// Hostile bodies not refused with a 4xx, or found stored (must be 0).
+    pub hostile_violations: usize,
     pub succeeded_per_s: f64,
     pub faults: BTreeMap<String, usize>,
     pub lost: usize,
@@ -99,6 +105,10 @@ impl Report {
                 vec![
                     "enqueue errors (not accepted)".into(),
                     self.enqueue_errors.to_string(),
+                ],
+                vec![
+                    "hostile requests (not refused or stored: must be 0)".into(),
+                    format!("{} ({})", self.hostile_sent, self.hostile_violations),
                 ],
                 vec![
                     "succeeded per second".into(),

@@ -101,7 +101,7 @@ fn describe(fields: &[(Vec<u8>, Vec<u8>)]) -> String {
             String::from_utf8_lossy(v)
         ));
         if s.len() > 200 {
-            s.truncate(200);
+            cut(&mut s, 200);
             s.push('…');
             break;
         }
@@ -112,8 +112,20 @@ fn describe(fields: &[(Vec<u8>, Vec<u8>)]) -> String {
 
 fn shape(what: &str, v: &Value) -> String {
     let mut s = format!("unexpected reply shape for {what}: {v:?}");
-    s.truncate(300);
+    cut(&mut s, 300);
     s
+}
+
+/// Shortens `s` to at most `max` bytes on a character boundary (`String::truncate` panics
+/// inside a character, and these texts hold whatever bytes someone wrote to Redis).
+fn cut(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut at = max;
+        while !s.is_char_boundary(at) {
+            at -= 1;
+        }
+        s.truncate(at);
+    }
 }
 
 pub fn bytes(v: &Value) -> Option<Vec<u8>> {
@@ -335,5 +347,97 @@ mod tests {
         assert!(!is_entry_id("a-b"));
         assert!(!is_entry_id("-1"));
         assert!(!is_entry_id("1-"));
+    }
+}
+
+/// Property tests: whatever Redis (or someone writing to it) returns, decoding answers entries
+/// or a reason without panicking, and every entry becomes a delivery whose tag parses back.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Nil),
+            Just(Value::Okay),
+            any::<i64>().prop_map(Value::Int),
+            prop::collection::vec(any::<u8>(), 0..48).prop_map(Value::BulkString),
+            // Plausible ids and job fields, so the deeper paths are reached.
+            prop::sample::select(vec!["1-0", "1700000000000-3", "job", "x-1"])
+                .prop_map(|s| Value::BulkString(s.as_bytes().to_vec())),
+            Just(Value::BulkString(
+                b"0190f5a2-8c7e-7b1a-9d3e-2f4a6b8c0d1e".to_vec()
+            )),
+            ".{0,80}".prop_map(Value::SimpleString),
+            any::<f64>().prop_map(Value::Double),
+            any::<bool>().prop_map(Value::Boolean),
+        ]
+    }
+
+    fn reply() -> impl Strategy<Value = Value> {
+        leaf().prop_recursive(5, 64, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Set),
+                prop::collection::vec((inner.clone(), inner), 0..4).prop_map(Value::Map),
+            ]
+        })
+    }
+
+    fn check(e: Entry) {
+        let _ = dead_letter(e.clone());
+        let d = e.clone().into_delivery("q");
+        // Counts come from Redis integers (at most 19 digits), so every tag of a real id parses.
+        if is_entry_id(&e.id) {
+            assert_eq!(
+                Tag::parse(&d.tag).map(|t| (t.id, t.count)),
+                Some((e.id, e.count))
+            );
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_reply_decodes_or_says_why(v in reply()) {
+            if let Ok(streams) = read_reply(v.clone()) {
+                for (_, es) in streams {
+                    es.into_iter().for_each(check);
+                }
+            }
+            if let Ok(es) = entries(v.clone()) {
+                es.into_iter().for_each(check);
+            }
+            if let Ok(es) = counted_entries(v) {
+                es.into_iter().for_each(check);
+            }
+        }
+
+        #[test]
+        fn any_fields_name_a_job_or_say_why(
+            fields in prop::collection::vec(
+                (prop_oneof![Just(b"job".to_vec()), prop::collection::vec(any::<u8>(), 0..8)],
+                 prop_oneof![
+                     Just(b"0190f5a2-8c7e-7b1a-9d3e-2f4a6b8c0d1e".to_vec()),
+                     prop::collection::vec(any::<u8>(), 0..300),
+                     ".{0,300}".prop_map(String::into_bytes),
+                 ]),
+                0..5,
+            )
+        ) {
+            match job_of(&fields) {
+                Ok(_) => prop_assert_eq!(fields.iter().filter(|(k, _)| k == b"job").count(), 1),
+                Err(e) => prop_assert!(e.starts_with("undecodable message")),
+            }
+        }
+
+        #[test]
+        fn tags_parse_or_not_without_panicking(s in ".{0,60}") {
+            if let Some(t) = Tag::parse(&s) {
+                prop_assert_eq!(t.to_string().len() <= s.len() + 20, true);
+            }
+        }
     }
 }
