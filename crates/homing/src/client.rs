@@ -115,6 +115,8 @@ impl Client {
         validate_name("queue", &queue)?;
         if let Some(u) = &req.options.callback_url {
             crate::job::validate_callback_url(u).map_err(Error::Invalid)?;
+            #[cfg(feature = "http")]
+            crate::egress::check_callback_url(u).map_err(Error::Invalid)?;
         }
         for (what, d) in [
             ("countdown", req.options.countdown),

@@ -18,7 +18,7 @@ const BACKEND: &str = "sqlite";
 /// How long a write waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS jobs (
@@ -104,6 +104,17 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_pending ON events(id) WHERE dispatched_at IS NULL;
 "#;
 
+/// Version 3: one row per queue name the store has accepted (see `store::queues`): a new name is
+/// refused once the limit is reached. Existing queues are registered, so they keep working. The
+/// same schema change as the PostgreSQL store's migration `0003_queues.sql`.
+const QUEUES_DDL: &str = r#"
+CREATE TABLE IF NOT EXISTS queues (
+    name TEXT PRIMARY KEY,
+    created_at INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO queues (name, created_at) SELECT queue, MIN(created_at) FROM jobs GROUP BY queue;
+"#;
+
 /// An open database file.
 pub struct Db {
     path: PathBuf,
@@ -157,6 +168,11 @@ fn open_conn(path: &Path) -> rusqlite::Result<Connection> {
 }
 
 fn map_err(e: rusqlite::Error) -> Error {
+    if let rusqlite::Error::ToSqlConversionFailure(inner) = &e {
+        if let Some(t) = inner.downcast_ref::<crate::store::queues::TooManyQueues>() {
+            return Error::Invalid(t.to_string());
+        }
+    }
     match &e {
         rusqlite::Error::SqliteFailure(f, _)
             if matches!(
@@ -188,6 +204,7 @@ impl Db {
         let writer = open_conn(&path).map_err(|e| {
             Error::unavailable(BACKEND, format!("cannot open {}: {e}", path.display()))
         })?;
+        check_integrity(&writer, &path)?;
         migrate(&writer).map_err(map_err)?;
         Ok(Arc::new(Db {
             path,
@@ -247,6 +264,43 @@ impl Db {
     }
 }
 
+/// How many of `PRAGMA quick_check`'s findings an error names: the first few say what is wrong,
+/// the rest of a badly damaged file would only bury them.
+const INTEGRITY_PROBLEMS_SHOWN: u32 = 5;
+
+/// Refuses a damaged file at open. Without this, a file whose pages were overwritten opens
+/// fine, the API answers and `/healthz` says 200, while every worker and enqueue that touches a
+/// bad page fails — an outage that looks healthy. `quick_check` reads every page once (seconds
+/// for a large file, once per process start) and skips only the costly index-content checks.
+fn check_integrity(conn: &Connection, path: &Path) -> Result<()> {
+    let damaged = |detail: String| {
+        Error::backend(
+            BACKEND,
+            format!(
+                "{} is damaged (PRAGMA quick_check): {detail}; restore it from a backup or move it aside",
+                path.display()
+            ),
+        )
+    };
+    let sql = format!("PRAGMA quick_check({INTEGRITY_PROBLEMS_SHOWN})");
+    let found: rusqlite::Result<Vec<String>> = conn
+        .prepare(&sql)
+        .and_then(|mut stmt| stmt.query_map([], |r| r.get::<_, String>(0))?.collect());
+    match found {
+        Ok(rows) if rows.len() == 1 && rows[0] == "ok" => Ok(()),
+        Ok(rows) => Err(damaged(rows.join("; "))),
+        Err(rusqlite::Error::SqliteFailure(f, msg))
+            if matches!(
+                f.code,
+                rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase
+            ) =>
+        {
+            Err(damaged(msg.unwrap_or_else(|| f.to_string())))
+        }
+        Err(e) => Err(map_err(e)),
+    }
+}
+
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if version >= SCHEMA_VERSION {
@@ -261,6 +315,9 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     }
     if version < 2 {
         res = res.and_then(|_| conn.execute_batch(SCHEMA_V2));
+    }
+    if version < 3 {
+        res = res.and_then(|_| conn.execute_batch(QUEUES_DDL));
     }
     let res = res.and_then(|_| conn.pragma_update(None, "user_version", SCHEMA_VERSION));
     match res {

@@ -5,6 +5,7 @@
 //! backend; each case becomes its own `#[tokio::test]`.
 
 pub mod broker;
+pub mod queues;
 pub mod store;
 
 use crate::job::{new_job_id, JobOptions, NewJob};

@@ -7,6 +7,7 @@
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod queues;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
