@@ -150,7 +150,7 @@ async fn slow_and_idle_clients_are_cut_off_and_healthz_still_answers() {
                 2 => stalled(
                     &addr,
                     "unterminated chunked body",
-                    "POST /v1/jobs HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"ta\r\n",
+                    "POST /v1/jobs HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"ta\r\n",
                     limit,
                 )
                 .await,
@@ -336,10 +336,16 @@ async fn queue_names_are_bounded_and_the_list_is_paged() {
     for q in &accepted {
         assert!(post(q.clone()).await.status().is_success(), "existing {q}");
     }
-    // The CLI says the same, with a non-zero exit.
-    let (code, _, err) = env.run(&["enqueue", "builtin.noop", "--queue", "brand-new"]);
-    assert_ne!(code, 0);
+    // The CLI, writing to the store itself with the same limit, says the same and exits non-zero.
+    let out = env
+        .command(&["enqueue", "builtin.noop", "--queue", "brand-new"])
+        .env("HOMING_MAX_QUEUES", "4")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
     assert!(err.contains("too many queues"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     // Pages by name.
     let page = |q: &str| {
         let http = http.clone();

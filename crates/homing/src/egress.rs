@@ -122,7 +122,12 @@ const PRIVATE: &[&str] = &[
 /// The allow and deny lists; see the module documentation for how they combine.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Policy {
+    /// Networks allowed by address: the only way past [`RESERVED`].
     allow: Vec<Net>,
+    /// The `loopback` and `private` keywords: open those classes, never a reserved address
+    /// inside them (`fd00:ec2::254` is in `fc00::/7`).
+    allow_loopback: bool,
+    allow_private: bool,
     deny: Vec<Net>,
 }
 
@@ -143,44 +148,53 @@ impl Policy {
     /// Reads comma-separated lists: allow entries are `loopback`, `private` or a CIDR/address;
     /// deny entries are a CIDR/address (or `loopback`/`private`).
     pub fn parse(allow: &str, deny: &str) -> Result<Policy, String> {
-        fn list(s: &str, what: &str) -> Result<Vec<Net>, String> {
-            let mut out = Vec::new();
-            for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-                match entry {
-                    "loopback" => out.extend(nets(LOOPBACK)),
-                    "private" => out.extend(nets(PRIVATE)),
-                    _ => out.push(entry.parse().map_err(|e| format!("{what}: {e}"))?),
-                }
-            }
-            Ok(out)
+        fn entries(s: &str) -> impl Iterator<Item = &str> {
+            s.split(',').map(str::trim).filter(|e| !e.is_empty())
         }
-        Ok(Policy {
-            allow: list(allow, "allow list")?,
-            deny: list(deny, "deny list")?,
-        })
+        let mut p = Policy::default();
+        for entry in entries(allow) {
+            match entry {
+                "loopback" => p.allow_loopback = true,
+                "private" => p.allow_private = true,
+                _ => p
+                    .allow
+                    .push(entry.parse().map_err(|e| format!("allow list: {e}"))?),
+            }
+        }
+        for entry in entries(deny) {
+            match entry {
+                "loopback" => p.deny.extend(nets(LOOPBACK)),
+                "private" => p.deny.extend(nets(PRIVATE)),
+                _ => p
+                    .deny
+                    .push(entry.parse().map_err(|e| format!("deny list: {e}"))?),
+            }
+        }
+        Ok(p)
     }
 
     /// Whether `ip` may be called; `Err` says why not.
     pub fn check_ip(&self, ip: IpAddr) -> Result<(), Denied> {
         let ip = canonical(ip);
+        let refuse = |why: &str| Err(Denied(format!("outgoing HTTP to {ip} is refused: {why}")));
         if self.deny.iter().any(|n| n.contains(ip)) {
-            return Err(Denied(format!(
-                "outgoing HTTP to {ip} is refused: it is on the deny list (HOMING_HTTP_DENY)"
-            )));
+            return refuse("it is on the deny list (HOMING_HTTP_DENY)");
         }
         if self.allow.iter().any(|n| n.contains(ip)) {
             return Ok(());
         }
-        let class = if nets(RESERVED).iter().any(|n| n.contains(ip)) {
-            "a link-local, metadata or non-host address"
-        } else if nets(LOOPBACK).iter().any(|n| n.contains(ip)) {
-            "a loopback address (allow with HOMING_HTTP_ALLOW=loopback)"
-        } else if nets(PRIVATE).iter().any(|n| n.contains(ip)) {
-            "a private address (allow with HOMING_HTTP_ALLOW=private or its network)"
-        } else {
-            return Ok(());
-        };
-        Err(Denied(format!("outgoing HTTP to {ip} is refused: {class}")))
+        if nets(RESERVED).iter().any(|n| n.contains(ip)) {
+            return refuse("a link-local, cloud metadata or non-host address");
+        }
+        if nets(LOOPBACK).iter().any(|n| n.contains(ip)) && !self.allow_loopback {
+            return refuse("a loopback address (allow with HOMING_HTTP_ALLOW=loopback)");
+        }
+        if nets(PRIVATE).iter().any(|n| n.contains(ip)) && !self.allow_private {
+            return refuse(
+                "a private address (allow with HOMING_HTTP_ALLOW=private or its network)",
+            );
+        }
+        Ok(())
     }
 
     /// The checks that need no DNS: the scheme, an address written in the URL, and `localhost`
@@ -365,5 +379,32 @@ mod tests {
         assert!(p.check_url(&url("https://example.com/hook")).is_ok());
         let p = Policy::parse("loopback", "").unwrap();
         assert!(p.check_url(&url("http://localhost:8787/healthz")).is_ok());
+    }
+
+    /// A name is judged by what it resolves to: `localhost` reaches the resolver here (no URL
+    /// check first) and is refused there, before any connection.
+    #[tokio::test]
+    async fn names_are_checked_on_their_resolved_addresses() {
+        let strict = client(Arc::new(Policy::default()), reqwest::Client::builder());
+        let err = strict
+            .get("http://localhost:9/")
+            .send()
+            .await
+            .expect_err("refused");
+        let d = denial(&err).expect("refused by the policy, not a connection error");
+        assert!(d.0.contains("loopback"), "{d}");
+        let open = client(
+            Arc::new(Policy::parse("loopback", "").unwrap()),
+            reqwest::Client::builder(),
+        );
+        let err = open
+            .get("http://localhost:9/")
+            .send()
+            .await
+            .expect_err("nothing listens on port 9");
+        assert!(
+            denial(&err).is_none(),
+            "allowed, so only the connection fails"
+        );
     }
 }
