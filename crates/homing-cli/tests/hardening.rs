@@ -429,7 +429,17 @@ async fn http_job(base: &str, url: &str) -> serde_json::Value {
 async fn outgoing_http_obeys_the_egress_policy() {
     let env = Env::sqlite();
     // Only 127.0.0.1 is allowed: the rest of loopback stands in for an internal network.
-    let (_up, base) = up_with(&env, &[], &[("HOMING_HTTP_ALLOW", "127.0.0.1/32")]).await;
+    let hooks = r#"[{"name": "meta", "url": "http://169.254.169.254/hook", "format": "json",
+                     "events": ["worker.ready"]}]"#;
+    let (_up, base) = up_with(
+        &env,
+        &[],
+        &[
+            ("HOMING_HTTP_ALLOW", "127.0.0.1/32"),
+            ("HOMING_WEBHOOKS", hooks),
+        ],
+    )
+    .await;
     let counter = Counter::start().await;
 
     // Allowed: the counter on 127.0.0.1.
@@ -465,6 +475,26 @@ async fn outgoing_http_obeys_the_egress_policy() {
         "{redirected}"
     );
     assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+    // Webhook deliveries obey the same policy: refused, failed without retries.
+    let http = reqwest::Client::new();
+    let delivery = eventually(Duration::from_secs(60), "the refused delivery", || async {
+        let page: serde_json::Value = http
+            .get(format!("{base}/v1/jobs?task=builtin.webhook&state=failed"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        page["jobs"].as_array()?.first().cloned()
+    })
+    .await;
+    assert!(
+        delivery["error"].as_str().unwrap().contains("refused"),
+        "{delivery}"
+    );
+    assert_eq!(delivery["attempts"], 1, "{delivery}");
 
     // Callback URLs are checked at enqueue.
     let r = reqwest::Client::new()
