@@ -100,6 +100,10 @@ pub struct Global {
     /// Log format: human or json. The level comes from HOMING_LOG (e.g. `info`, `homing=debug`).
     #[arg(long, global = true, env = "HOMING_LOG_FORMAT", default_value = "human", value_parser = ["human", "json"])]
     pub log_format: String,
+    /// How many distinct queue names the store accepts: enqueueing to a new queue beyond it is
+    /// refused (`too many queues`); existing queues keep working.
+    #[arg(long, global = true, env = "HOMING_MAX_QUEUES", default_value_t = homing::store::queues::DEFAULT_MAX_QUEUES)]
+    pub max_queues: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -178,6 +182,39 @@ pub struct UpArgs {
     pub queues: Vec<String>,
     #[command(flatten)]
     pub tuning: WorkerTuning,
+    #[command(flatten)]
+    pub http: HttpArgs,
+}
+
+/// The HTTP server's limits against slow, idle and too many clients (README: "Limits").
+#[derive(Debug, Clone, Args)]
+pub struct HttpArgs {
+    /// A client must send a request's headers within this time of connecting or of its previous
+    /// answer; it is also how long an idle keep-alive connection stays open.
+    #[arg(long, env = "HOMING_HEADER_TIMEOUT", default_value = "10s", value_parser = duration_in(10 * MS, DAY))]
+    pub header_timeout: Duration,
+    /// A request's body must arrive, and its answer be ready, within this time of its headers
+    /// (408 otherwise). Streamed answers such as the job event stream are not cut.
+    #[arg(long, env = "HOMING_REQUEST_TIMEOUT", default_value = "60s", value_parser = duration_in(10 * MS, DAY))]
+    pub request_timeout: Duration,
+    /// Connections served at once; more wait in the kernel's accept queue until one closes.
+    #[arg(long, env = "HOMING_MAX_CONNECTIONS", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_connections: u32,
+    /// `/healthz` answers 503 once a background loop (rescuer, scheduler, reconciler, pruner,
+    /// dispatcher) has failed without a success for longer than this.
+    #[arg(long, env = "HOMING_UNHEALTHY_AFTER", default_value = "30s", value_parser = duration_in(SECOND, DAY))]
+    pub unhealthy_after: Duration,
+}
+
+impl HttpArgs {
+    pub fn limits(&self) -> crate::http_server::Limits {
+        crate::http_server::Limits {
+            header_timeout: self.header_timeout,
+            request_timeout: self.request_timeout,
+            max_connections: self.max_connections as usize,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -193,6 +230,8 @@ pub struct ServerArgs {
     /// From 1s to 100 years.
     #[arg(long, env = "HOMING_RETENTION", default_value = "7d", value_parser = retention)]
     pub retention: Retention,
+    #[command(flatten)]
+    pub http: HttpArgs,
 }
 
 #[derive(Debug, Args)]

@@ -45,10 +45,24 @@ impl Config {
             })?;
         }
         let mut tokens = file.api_tokens;
-        if let Ok(t) = std::env::var("HOMING_API_TOKEN") {
+        // An empty token is almost always a mistake (an unset shell variable, a template left
+        // blank); taking it as "no authentication" would open the API silently, so refuse.
+        if tokens.iter().any(|t| t.trim().is_empty()) {
+            anyhow::bail!(
+                "HOMING_CONFIG lists an empty API token: remove it, or give a real token (an empty token would turn authentication off)"
+            );
+        }
+        if let Some(t) = std::env::var_os("HOMING_API_TOKEN") {
+            let t = t
+                .into_string()
+                .map_err(|_| anyhow::anyhow!("HOMING_API_TOKEN is not valid UTF-8"))?;
+            if t.trim().is_empty() {
+                anyhow::bail!(
+                    "HOMING_API_TOKEN is set but empty: unset it to run without authentication, or give a real token"
+                );
+            }
             tokens.push(t);
         }
-        tokens.retain(|t| !t.is_empty());
         let mut webhooks = file.webhooks;
         if let Ok(text) = std::env::var("HOMING_WEBHOOKS") {
             if !text.trim().is_empty() {
@@ -68,4 +82,28 @@ impl Config {
     pub fn subscribers(&self) -> Vec<homing::events::Subscriber> {
         self.webhooks.iter().map(|s| s.subscriber()).collect()
     }
+}
+
+/// Where this process's own HTTP calls may go (`builtin.http`, webhooks, callbacks): see
+/// `homing::egress`. `HOMING_HTTP_ALLOW` and `HOMING_HTTP_DENY` are comma-separated lists
+/// (`loopback`, `private`, addresses, CIDR networks). When `HOMING_HTTP_ALLOW` is unset, loopback
+/// is allowed with the embedded SQLite store — one machine, where the service homing drives
+/// (an inference server, the README's tour) listens on 127.0.0.1 next to it — and refused with
+/// PostgreSQL, the shared deployment where a producer must not reach a host's local services.
+pub fn egress_policy(store_url: &str) -> anyhow::Result<homing::egress::Policy> {
+    let allow = match std::env::var("HOMING_HTTP_ALLOW") {
+        Ok(v) => v,
+        Err(std::env::VarError::NotPresent) if store_url.starts_with("sqlite:") => {
+            "loopback".to_string()
+        }
+        Err(std::env::VarError::NotPresent) => String::new(),
+        Err(e) => anyhow::bail!("HOMING_HTTP_ALLOW: {e}"),
+    };
+    let deny = match std::env::var("HOMING_HTTP_DENY") {
+        Ok(v) => v,
+        Err(std::env::VarError::NotPresent) => String::new(),
+        Err(e) => anyhow::bail!("HOMING_HTTP_DENY: {e}"),
+    };
+    homing::egress::Policy::parse(&allow, &deny)
+        .map_err(|e| anyhow::anyhow!("HOMING_HTTP_ALLOW / HOMING_HTTP_DENY: {e}"))
 }

@@ -4,6 +4,7 @@ mod api;
 mod cli;
 mod commands;
 mod config;
+mod http_server;
 mod output;
 mod pipelines;
 mod signals;

@@ -2,6 +2,7 @@
 //! assembly of store and broker facts, so the CLI and the API never disagree.
 
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 use homing::broker::QueueDepth;
 use homing::store::{FinishedCounts, QueueStats, WorkerRecord, WorkerStatus};
@@ -20,50 +21,76 @@ pub struct QueueView {
     pub throughput_per_s: f64,
 }
 
-pub async fn queues(b: &Backends) -> Result<Vec<QueueView>> {
+impl QueueView {
+    fn empty(queue: &str) -> Self {
+        QueueView {
+            jobs: QueueStats {
+                queue: queue.to_string(),
+                ..Default::default()
+            },
+            broker: QueueDepth {
+                queue: queue.to_string(),
+                ..Default::default()
+            },
+            last_hour: FinishedCounts {
+                queue: queue.to_string(),
+                ..Default::default()
+            },
+            throughput_per_s: 0.0,
+        }
+    }
+}
+
+/// One page of queues, by name.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueuePage {
+    pub queues: Vec<QueueView>,
+    /// The name to pass as `after` for the next page; `None` on the last one.
+    pub next: Option<String>,
+}
+
+/// The queues named after `after` (all when `None`), at most `limit` of them. Each source is
+/// read once and merged by name, so the cost grows with the number of queues, not its square.
+pub async fn queues(b: &Backends, after: Option<&str>, limit: usize) -> Result<QueuePage> {
     let stats = b.store.queue_stats().await?;
     let depths = b.broker.depths().await?;
     let t = now();
     let hour = b.store.finished_since(t - 3600 * 1_000_000).await?;
     let minute = b.store.finished_since(t - 60 * 1_000_000).await?;
-    let mut names: Vec<String> = stats.iter().map(|s| s.queue.clone()).collect();
-    names.extend(depths.iter().map(|d| d.queue.clone()));
-    names.sort();
-    names.dedup();
-    Ok(names
-        .into_iter()
-        .map(|q| QueueView {
-            jobs: stats
-                .iter()
-                .find(|s| s.queue == q)
-                .cloned()
-                .unwrap_or(QueueStats {
-                    queue: q.clone(),
-                    ..Default::default()
-                }),
-            broker: depths
-                .iter()
-                .find(|d| d.queue == q)
-                .cloned()
-                .unwrap_or(QueueDepth {
-                    queue: q.clone(),
-                    ..Default::default()
-                }),
-            last_hour: hour
-                .iter()
-                .find(|h| h.queue == q)
-                .cloned()
-                .unwrap_or(FinishedCounts {
-                    queue: q.clone(),
-                    ..Default::default()
-                }),
-            throughput_per_s: minute
-                .iter()
-                .find(|m| m.queue == q)
-                .map(|m| (m.succeeded + m.failed + m.dead + m.cancelled) as f64 / 60.0)
-                .unwrap_or(0.0),
-        })
-        .collect())
+    let mut by_name: BTreeMap<String, QueueView> = BTreeMap::new();
+    fn view<'a>(m: &'a mut BTreeMap<String, QueueView>, q: &str) -> &'a mut QueueView {
+        m.entry(q.to_string())
+            .or_insert_with(|| QueueView::empty(q))
+    }
+    for s in stats {
+        let v = view(&mut by_name, &s.queue);
+        v.jobs = s;
+    }
+    for d in depths {
+        let v = view(&mut by_name, &d.queue);
+        v.broker = d;
+    }
+    for h in hour {
+        let v = view(&mut by_name, &h.queue);
+        v.last_hour = h;
+    }
+    for m in minute {
+        view(&mut by_name, &m.queue).throughput_per_s =
+            (m.succeeded + m.failed + m.dead + m.cancelled) as f64 / 60.0;
+    }
+    let mut rest = match after {
+        Some(a) => by_name.split_off(a),
+        None => by_name,
+    }
+    .into_iter()
+    .filter(|(name, _)| Some(name.as_str()) != after)
+    .map(|(_, v)| v);
+    let queues: Vec<QueueView> = rest.by_ref().take(limit).collect();
+    let next = match rest.next() {
+        Some(_) => queues.last().map(|q| q.jobs.queue.clone()),
+        None => None,
+    };
+    Ok(QueuePage { queues, next })
 }
 
 #[derive(Debug, Clone, Serialize)]

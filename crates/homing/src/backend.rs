@@ -99,9 +99,33 @@ pub fn is_redis_url(url: &str) -> bool {
         .any(|s| url.starts_with(s))
 }
 
+/// Settings of the opened backends that their URLs do not carry.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Distinct queue names the store accepts from enqueue (`store::queues`).
+    pub max_queues: u64,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            max_queues: crate::store::queues::DEFAULT_MAX_QUEUES,
+        }
+    }
+}
+
 impl Backends {
     /// Opens the broker and store named by two URLs.
     pub async fn open(broker_url: &str, store_url: &str) -> Result<Backends> {
+        Self::open_with(broker_url, store_url, &OpenOptions::default()).await
+    }
+
+    /// [`Backends::open`] with settings.
+    pub async fn open_with(
+        broker_url: &str,
+        store_url: &str,
+        options: &OpenOptions,
+    ) -> Result<Backends> {
         #[cfg(feature = "sqlite")]
         let mut sqlite: Option<(std::path::PathBuf, Arc<crate::sqlite::Db>)> = None;
         #[cfg(feature = "sqlite")]
@@ -127,14 +151,20 @@ impl Backends {
                         "invalid store URL '{store_url}': expected sqlite://PATH"
                     ))
                 })?;
-                Arc::new(crate::store::sqlite::SqliteStore::new(db))
+                Arc::new(
+                    crate::store::sqlite::SqliteStore::new(db).with_max_queues(options.max_queues),
+                )
             }
             #[cfg(not(feature = "sqlite"))]
             return Err(Error::Invalid("this build has no SQLite support".into()));
         } else if is_postgres_url(store_url) {
             #[cfg(feature = "postgres")]
             {
-                Arc::new(crate::store::postgres::PgStore::connect(store_url).await?)
+                Arc::new(
+                    crate::store::postgres::PgStore::connect(store_url)
+                        .await?
+                        .with_max_queues(options.max_queues),
+                )
             }
             #[cfg(not(feature = "postgres"))]
             return Err(Error::Invalid(

@@ -144,6 +144,10 @@ impl Client {
         };
         // A task's own default queue comes from code, but still must be a name homing can store.
         validate_name("queue", &queue)?;
+        #[cfg(feature = "http")]
+        if let Some(u) = &req.options.callback_url {
+            crate::egress::check_callback_url(u).map_err(Error::Invalid)?;
+        }
         let run_at = req.options.countdown.map(|d| at.saturating_add(micros(d)));
         Ok(NewJob {
             id: new_job_id(),

@@ -57,8 +57,11 @@ pub mod builtin;
 #[cfg(feature = "celery")]
 pub mod celery;
 pub mod client;
+#[cfg(feature = "http")]
+pub mod egress;
 pub mod error;
 pub mod events;
+pub mod health;
 pub mod job;
 pub mod maintenance;
 pub mod metrics;

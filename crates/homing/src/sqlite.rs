@@ -32,6 +32,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0002_events",
         sql: include_str!("sqlite/migrations/0002_events.sql"),
     },
+    Migration {
+        version: 3,
+        name: "0003_queues",
+        sql: include_str!("sqlite/migrations/0003_queues.sql"),
+    },
 ];
 
 /// An open database file.
@@ -89,6 +94,11 @@ fn open_conn(path: &Path) -> rusqlite::Result<Connection> {
 }
 
 fn map_err(e: rusqlite::Error) -> Error {
+    if let rusqlite::Error::ToSqlConversionFailure(inner) = &e {
+        if let Some(t) = inner.downcast_ref::<crate::store::queues::TooManyQueues>() {
+            return Error::Invalid(t.to_string());
+        }
+    }
     match &e {
         rusqlite::Error::SqliteFailure(f, _)
             if matches!(
@@ -121,6 +131,7 @@ impl Db {
         let writer = open_conn(&path).map_err(|e| {
             Error::unavailable_from(BACKEND, e).context(format!("cannot open {}", path.display()))
         })?;
+        check_integrity(&writer, &path)?;
         let migrated = migrate(&writer).map_err(map_err)?;
         Ok(Arc::new(Db {
             migrated,
@@ -178,6 +189,43 @@ impl Db {
         })
         .await
         .map_err(|e| Error::backend_from(BACKEND, e).context("database task failed"))?
+    }
+}
+
+/// How many of `PRAGMA quick_check`'s findings an error names: the first few say what is wrong,
+/// the rest of a badly damaged file would only bury them.
+const INTEGRITY_PROBLEMS_SHOWN: u32 = 5;
+
+/// Refuses a damaged file at open. Without this, a file whose pages were overwritten opens
+/// fine, the API answers and `/healthz` says 200, while every worker and enqueue that touches a
+/// bad page fails — an outage that looks healthy. `quick_check` reads every page once (seconds
+/// for a large file, once per process start) and skips only the costly index-content checks.
+fn check_integrity(conn: &Connection, path: &Path) -> Result<()> {
+    let damaged = |detail: String| {
+        Error::backend(
+            BACKEND,
+            format!(
+                "{} is damaged (PRAGMA quick_check): {detail}; restore it from a backup or move it aside",
+                path.display()
+            ),
+        )
+    };
+    let sql = format!("PRAGMA quick_check({INTEGRITY_PROBLEMS_SHOWN})");
+    let found: rusqlite::Result<Vec<String>> = conn
+        .prepare(&sql)
+        .and_then(|mut stmt| stmt.query_map([], |r| r.get::<_, String>(0))?.collect());
+    match found {
+        Ok(rows) if rows.len() == 1 && rows[0] == "ok" => Ok(()),
+        Ok(rows) => Err(damaged(rows.join("; "))),
+        Err(rusqlite::Error::SqliteFailure(f, msg))
+            if matches!(
+                f.code,
+                rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase
+            ) =>
+        {
+            Err(damaged(msg.unwrap_or_else(|| f.to_string())))
+        }
+        Err(e) => Err(map_err(e)),
     }
 }
 

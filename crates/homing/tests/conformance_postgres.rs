@@ -462,7 +462,26 @@ async fn a_version_1_database_upgrades_with_its_jobs() {
     .execute(s.pool())
     .await
     .unwrap();
-    assert_eq!(s.migrate().await.unwrap(), vec!["0002_events"]);
+    assert_eq!(
+        s.migrate().await.unwrap(),
+        vec!["0002_events", "0003_queues"]
+    );
+    // 0003 registers the queues already in use: they keep working even with no room for more.
+    let full = PgStore::open(&url, PgOptions::default())
+        .await
+        .unwrap()
+        .with_max_queues(0);
+    full.insert(vec![new_job(&old.queue, "t")])
+        .await
+        .expect("an existing queue keeps working");
+    let err = full
+        .insert(vec![new_job(
+            &homing::conformance::unique_queue("v1new"),
+            "t",
+        )])
+        .await
+        .expect_err("a new queue is over the limit");
+    assert!(err.to_string().contains("too many queues"), "{err}");
     let j = s.get(old.id).await.unwrap().expect("old job kept");
     assert_eq!((j.state, j.callback_url), (JobState::Succeeded, None));
     let fin = s.finished_since(old.created_at).await.unwrap();
@@ -595,4 +614,12 @@ async fn backends_open_selects_postgres_and_a_worker_runs_jobs() {
             .any(|w| w.status == homing::store::WorkerStatus::Stopped),
         "{ws:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn distinct_queue_bound() {
+    let (a, b) = two_pools().await;
+    let a = Arc::unwrap_or_clone(a).with_max_queues(5);
+    let b = Arc::unwrap_or_clone(b).with_max_queues(5);
+    homing::conformance::queues::distinct_queue_bound(Arc::new(a), Arc::new(b), 5).await;
 }

@@ -102,3 +102,13 @@ mod poison_suite {
 mod broker_suite {
     homing::broker_conformance!(super::broker());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn distinct_queue_bound() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("homing.db");
+    // Two processes are two `Db`s on one file.
+    let a = SqliteStore::new(Db::open(&path).expect("open")).with_max_queues(5);
+    let b = SqliteStore::new(Db::open(&path).expect("open")).with_max_queues(5);
+    homing::conformance::queues::distinct_queue_bound(Arc::new(a), Arc::new(b), 5).await;
+}

@@ -40,7 +40,8 @@ pub fn install_recorder() -> Option<PrometheusHandle> {
 }
 
 pub async fn render(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let queues = views::queues(&state.backends).await?;
+    // Only the per-state counts: one grouped read, no per-queue work beyond one line each.
+    let queues = state.backends.store.queue_stats().await?;
     let since = homing::time::now() - 3600 * 1_000_000;
     let live = views::workers(&state.backends, since)
         .await?
@@ -49,8 +50,7 @@ pub async fn render(State(state): State<AppState>) -> Result<Response, ApiError>
         .count();
     let mut text = String::new();
     if let Some(h) = &state.metrics {
-        for q in &queues {
-            let j = &q.jobs;
+        for j in &queues {
             let counts = [
                 (JobState::Scheduled, j.scheduled),
                 (JobState::Queued, j.queued),

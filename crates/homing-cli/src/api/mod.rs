@@ -25,6 +25,10 @@ pub use metrics::install_recorder;
 /// JSON). The pipelines' upload routes carry their own, larger limits.
 pub const BODY_LIMIT: usize = 2 * 1024 * 1024;
 
+/// The default of `--unhealthy-after`: long enough that a store failover or a broker restart
+/// does not page anyone, short enough that a dead dependency shows within a minute.
+pub const DEFAULT_UNHEALTHY_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
@@ -37,6 +41,8 @@ pub struct AppState {
     pub tokens: Arc<Vec<Arc<str>>>,
     /// Renders this process's metrics; `None` when no recorder is installed.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// `/healthz` reports a background loop that has failed for longer than this.
+    pub unhealthy_after: std::time::Duration,
 }
 
 impl AppState {
@@ -49,6 +55,7 @@ impl AppState {
             builtin,
             tokens: Arc::new(tokens),
             metrics: None,
+            unhealthy_after: DEFAULT_UNHEALTHY_AFTER,
         }
     }
 }

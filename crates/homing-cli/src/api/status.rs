@@ -1,31 +1,83 @@
 //! Health, queues, workers, the OpenAPI document, and the dashboard's static files (embedded in
 //! the binary: no front-end build step, nothing to install next to it).
 
-use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use axum::Json;
+use serde::Deserialize;
 
 use super::{ApiError, AppState};
 use crate::views;
 
+/// 200 when the store answers a read and no background loop of this process has been failing for
+/// longer than the threshold (`--unhealthy-after`); 503 otherwise, naming what fails. The body
+/// lists every loop either way, without error texts (the route is open; the log has them).
 pub async fn healthz(State(state): State<AppState>) -> Response {
     // A cheap read that touches the store: a server whose store is gone is not healthy.
-    match state.backends.store.get(homing::job::new_job_id()).await {
-        Ok(_) => Json(serde_json::json!({"status": "ok"})).into_response(),
+    let store = match state.backends.store.get(homing::job::new_job_id()).await {
+        Ok(_) => None,
         Err(e) => {
-            tracing::warn!(error = %e, "health check failed");
-            let msg = format!("the {} store is unavailable", state.backends.store.kind());
-            let body = serde_json::json!({"status": "unavailable", "error": {"code": "unavailable", "message": msg}});
-            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+            tracing::warn!(error = %e, "health check: the store cannot be read");
+            Some(format!(
+                "the {} store cannot be read",
+                state.backends.store.kind()
+            ))
         }
+    };
+    let loops = homing::health::global().report(state.unhealthy_after);
+    let failing: Vec<&str> = loops.iter().filter(|l| l.failing).map(|l| l.name).collect();
+    let store_ok = store.is_none();
+    let mut problems: Vec<String> = store.into_iter().collect();
+    if !failing.is_empty() {
+        problems.push(format!(
+            "failing for over {}: {}",
+            humantime::format_duration(state.unhealthy_after),
+            failing.join(", ")
+        ));
     }
+    if problems.is_empty() {
+        return Json(serde_json::json!({"status": "ok", "loops": loops})).into_response();
+    }
+    let body = serde_json::json!({
+        "status": "unavailable",
+        "error": {"code": "unavailable", "message": problems.join("; ")},
+        "store_ok": store_ok,
+        "failing": failing,
+        "loops": loops,
+    });
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
 
-pub async fn queues(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let qs = views::queues(&state.backends).await?;
-    Ok(Json(serde_json::json!({ "queues": qs })).into_response())
+/// Queues per page of `GET /v1/queues` unless `limit` says otherwise: the default bound on queue
+/// names, so a default deployment gets every queue in one page.
+const QUEUES_PAGE: usize = 1000;
+/// The largest page `limit` may ask for.
+const QUEUES_PAGE_MAX: usize = 10_000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueuesQuery {
+    pub limit: Option<usize>,
+    pub after: Option<String>,
+}
+
+pub async fn queues(
+    State(state): State<AppState>,
+    q: Result<Query<QueuesQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = q?;
+    let limit = q.limit.unwrap_or(QUEUES_PAGE);
+    if limit == 0 || limit > QUEUES_PAGE_MAX {
+        return Err(ApiError::bad_request(format!(
+            "limit must be between 1 and {QUEUES_PAGE_MAX}"
+        )));
+    }
+    let after = q.after.as_deref().filter(|s| !s.is_empty());
+    let page = views::queues(&state.backends, after, limit).await?;
+    Ok(Json(page).into_response())
 }
 
 pub async fn workers(State(state): State<AppState>) -> Result<Response, ApiError> {

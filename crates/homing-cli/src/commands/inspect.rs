@@ -81,7 +81,8 @@ pub async fn jobs(g: &Global, cmd: JobsCommand) -> anyhow::Result<ExitCode> {
 
 pub async fn queues(g: &Global, out: OutputArgs) -> anyhow::Result<ExitCode> {
     let b = open(g, false).await?;
-    let qs = views::queues(&b).await?;
+    // The store bounds the number of queue names (--max-queues), so one page holds them all.
+    let qs = views::queues(&b, None, usize::MAX).await?.queues;
     if out.json {
         output::json(&serde_json::json!({ "queues": qs }));
         return Ok(ExitCode::SUCCESS);

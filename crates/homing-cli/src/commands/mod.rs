@@ -31,17 +31,24 @@ pub async fn open(g: &Global, create: bool) -> anyhow::Result<Backends> {
             }
         }
     }
-    Backends::open(&g.broker, &g.store).await.with_context(|| {
-        format!(
-            "cannot open broker {} / store {}",
-            redact_url(&g.broker),
-            redact_url(&g.store)
-        )
-    })
+    let options = homing::backend::OpenOptions {
+        max_queues: g.max_queues,
+    };
+    Backends::open_with(&g.broker, &g.store, &options)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot open broker {} / store {}",
+                redact_url(&g.broker),
+                redact_url(&g.store)
+            )
+        })
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let g = cli.global;
+    // Before anything can make a request: the HTTP clients bind the policy when first used.
+    homing::egress::install(crate::config::egress_policy(&g.store)?);
     match cli.command {
         Command::Up(a) => serve::up(&g, a).await,
         Command::Server(a) => serve::server(&g, a).await,

@@ -116,8 +116,10 @@ async fn serve_api(
     pipelines: &Pipelines,
     config: &Config,
     listen: std::net::SocketAddr,
+    http: &crate::cli::HttpArgs,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
+    let limits = http.limits();
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -128,6 +130,7 @@ async fn serve_api(
         config.api_tokens.clone(),
     );
     state.metrics = api::install_recorder();
+    state.unhealthy_after = http.unhealthy_after;
     let auth = if state.tokens.is_empty() {
         ""
     } else {
@@ -135,10 +138,8 @@ async fn serve_api(
     };
     println!("homing is up: http://{addr}/  (API under http://{addr}/v1){auth}");
     tracing::info!(%addr, "HTTP API and dashboard listening");
-    axum::serve(listener, api::router(state, pipelines))
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
-        .context("HTTP server failed")
+    crate::http_server::serve(listener, api::router(state, pipelines), limits, stop).await;
+    Ok(())
 }
 
 pub async fn up(g: &Global, a: UpArgs) -> anyhow::Result<ExitCode> {
@@ -160,7 +161,15 @@ pub async fn up(g: &Global, a: UpArgs) -> anyhow::Result<ExitCode> {
     let pipeline_workers =
         crate::pipelines::spawn_workers(&backends, &registry, &a.tuning, &a.queues, &worker_stop);
     let notifier = Notifier::start(&backends, &config, heartbeat);
-    let api = serve_api(backends, &pipelines, &config, a.listen, stop.clone()).await;
+    let api = serve_api(
+        backends,
+        &pipelines,
+        &config,
+        a.listen,
+        &a.http,
+        stop.clone(),
+    )
+    .await;
     // The API is down (signal or error): let the workers finish gracefully.
     worker_stop.cancel();
     let worker_result = worker_task.await.context("worker task failed")?;
@@ -194,7 +203,15 @@ pub async fn server(g: &Global, a: ServerArgs) -> anyhow::Result<ExitCode> {
         &config,
         a.rescue_interval.min(Duration::from_secs(2)),
     );
-    let api = serve_api(backends, &pipelines, &config, a.listen, stop.clone()).await;
+    let api = serve_api(
+        backends,
+        &pipelines,
+        &config,
+        a.listen,
+        &a.http,
+        stop.clone(),
+    )
+    .await;
     stop.cancel();
     notifier.stop().await;
     maintenance.stop().await;

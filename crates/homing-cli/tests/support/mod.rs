@@ -72,6 +72,10 @@ impl Env {
             .env("HOMING_STORE", &self.store)
             .env("HOMING_TEST_TASKS", "1")
             .env_remove("HOMING_API_TOKEN")
+            // The test witnesses (Counter, stand-ins) listen on loopback, which deployments on
+            // PostgreSQL refuse by default; tests of the policy override this.
+            .env("HOMING_HTTP_ALLOW", "loopback")
+            .env_remove("HOMING_HTTP_DENY")
             .current_dir(self.dir.path())
             .stdin(Stdio::null());
         c

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use crate::egress;
 use crate::task::{Context, Task, TaskError};
 
 /// The most response body kept on the job record.
@@ -35,13 +36,14 @@ pub struct HttpArgs {
     pub timeout: Option<Duration>,
 }
 
+/// One client per process, bound to the process's egress policy (`crate::egress`).
 fn client() -> &'static reqwest::Client {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
     CLIENT.get_or_init(|| {
-        reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .expect("an HTTP client with default settings")
+        egress::client(
+            egress::policy(),
+            reqwest::Client::builder().connect_timeout(egress::CONNECT_TIMEOUT),
+        )
     })
 }
 
@@ -70,6 +72,10 @@ impl Task for Http {
                 url.scheme()
             )));
         }
+        // Refused destinations are the producer's mistake: retrying cannot help.
+        egress::policy()
+            .check_url(&url)
+            .map_err(|d| TaskError::fatal(d.to_string()))?;
         let method_name = args.method.clone().unwrap_or_else(|| {
             if args.body.is_some() {
                 "POST".into()
@@ -100,7 +106,10 @@ impl Task for Http {
             None => req,
         };
         let resp = tokio::select! {
-            r = req.send() => r.map_err(|e| TaskError::retry(format!("request to {shown} failed: {}", without_url(&e))))?,
+            r = req.send() => r.map_err(|e| match egress::denial(&e) {
+                Some(d) => TaskError::fatal(format!("request to {shown} refused: {d}")),
+                None => TaskError::retry(format!("request to {shown} failed: {}", without_url(&e))),
+            })?,
             _ = ctx.cancelled() => return Err(TaskError::retry("cancelled")),
         };
         let status = resp.status();

@@ -42,11 +42,12 @@ pub struct WebhookArgs {
 fn client() -> &'static reqwest::Client {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
     CLIENT.get_or_init(|| {
-        reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(15))
-            .build()
-            .expect("an HTTP client with default settings")
+        crate::egress::client(
+            crate::egress::policy(),
+            reqwest::Client::builder()
+                .connect_timeout(crate::egress::CONNECT_TIMEOUT)
+                .timeout(Duration::from_secs(15)),
+        )
     })
 }
 
@@ -116,12 +117,22 @@ impl Task for Webhook {
             }
         };
         let shown = redact_secret_url(&url);
+        // A refused destination stays refused: fail the delivery now rather than retry it.
+        let refused = |d: &crate::egress::Denied| {
+            crate::metrics::webhook(&target, "failed");
+            TaskError::fatal(format!("delivery to {shown} refused: {d}"))
+        };
+        let parsed = reqwest::Url::parse(&url)
+            .map_err(|e| TaskError::fatal(format!("delivery to {shown}: invalid url: {e}")))?;
+        crate::egress::policy()
+            .check_url(&parsed)
+            .map_err(|d| refused(&d))?;
         let body = match format {
             Format::Discord => serde_json::json!({ "content": discord_message(&args.event) }),
             Format::Json => args.event.clone(),
         };
         let req = client()
-            .post(&url)
+            .post(parsed)
             .header("Idempotency-Key", ctx.idempotency_key())
             .header(
                 "X-Homing-Event",
@@ -135,6 +146,9 @@ impl Task for Webhook {
         let resp = match resp {
             Ok(r) => r,
             Err(e) => {
+                if let Some(d) = crate::egress::denial(&e) {
+                    return Err(refused(d));
+                }
                 crate::metrics::webhook(&target, "retry");
                 let why = if e.is_timeout() {
                     "timed out"

@@ -7,6 +7,7 @@
 
 pub mod broker;
 pub mod poison;
+pub mod queues;
 pub mod store;
 
 pub use poison::{Poisonable, Tamper};

@@ -112,6 +112,39 @@ impl Maintenance {
     }
 }
 
+/// A loop's pace and health record: each pass's outcome goes to [`crate::health::global`], and
+/// the wait before the next pass grows while passes keep failing (see [`crate::health::backoff`]).
+pub(crate) struct Pace {
+    name: &'static str,
+    interval: Duration,
+    failures: u64,
+}
+
+impl Pace {
+    pub(crate) fn new(name: &'static str, interval: Duration) -> Self {
+        Self {
+            name,
+            interval,
+            failures: 0,
+        }
+    }
+
+    /// Records a pass; returns how long to wait before the next one.
+    pub(crate) fn after<T>(&mut self, outcome: &crate::error::Result<T>) -> Duration {
+        match outcome {
+            Ok(_) => {
+                self.failures = 0;
+                crate::health::global().success(self.name);
+            }
+            Err(_) => {
+                self.failures = self.failures.saturating_add(1);
+                crate::health::global().failure(self.name);
+            }
+        }
+        crate::health::backoff(self.interval, self.failures)
+    }
+}
+
 /// Sleeps `d` or until `stop`; returns `false` when stopped.
 pub(crate) async fn tick(d: Duration, stop: &CancellationToken) -> bool {
     tokio::select! {

@@ -31,11 +31,14 @@ pub fn spawn(
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
+        let mut pace = super::Pace::new("notifier", interval);
         loop {
-            if let Err(e) = pass(&*broker, &*store, &subscribers).await {
-                tracing::warn!(error = %e, "event notifier pass failed; will try again");
+            let outcome = pass(&*broker, &*store, &subscribers).await;
+            let wait = pace.after(&outcome);
+            if let Err(e) = outcome {
+                tracing::warn!(error = %e, retry_in = ?wait, "event notifier pass failed; will try again");
             }
-            if !super::tick(interval, &stop).await {
+            if !super::tick(wait, &stop).await {
                 return;
             }
         }

@@ -22,22 +22,22 @@ pub(crate) async fn run(
     interval: Duration,
     stop: CancellationToken,
 ) {
-    while super::tick(interval, &stop).await {
+    let mut pace = super::Pace::new("pruner", interval);
+    let mut wait = interval;
+    while super::tick(wait, &stop).await {
         let before = now() - micros(retention);
-        let dead_letters = match broker.purge_dead_letters(before).await {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not delete old dead letters; will try again");
-                0
-            }
-        };
-        match purge_before(&*store, before, &stop).await {
-            Ok(p) if p != Purged::default() || dead_letters > 0 => {
+        let dead_letters = broker.purge_dead_letters(before).await;
+        if let Err(e) = &dead_letters {
+            tracing::warn!(error = %e, "could not delete old dead letters; will try again");
+        }
+        let purged = purge_before(&*store, before, &stop).await;
+        match &purged {
+            Ok(p) if *p != Purged::default() || dead_letters.as_ref().is_ok_and(|n| *n > 0) => {
                 tracing::info!(
                     jobs = p.jobs,
                     events = p.events,
                     workers = p.workers,
-                    dead_letters,
+                    dead_letters = dead_letters.as_ref().copied().unwrap_or(0),
                     retention = %humantime::format_duration(retention),
                     "deleted history older than the retention period"
                 );
@@ -45,6 +45,7 @@ pub(crate) async fn run(
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "retention pass failed; will try again"),
         }
+        wait = pace.after(&purged.and(dead_letters));
     }
 }
 

@@ -25,13 +25,16 @@ pub(crate) async fn run(
     stop: CancellationToken,
 ) {
     let mut first = true;
+    let mut pace = super::Pace::new("reconciler", config.reconcile_interval);
     loop {
-        if let Err(e) = pass(&*broker, &*store, &config, first).await {
-            tracing::warn!(error = %e, "reconciler pass failed; will try again");
+        let outcome = pass(&*broker, &*store, &config, first).await;
+        let wait = pace.after(&outcome);
+        if let Err(e) = outcome {
+            tracing::warn!(error = %e, retry_in = ?wait, "reconciler pass failed; will try again");
         } else {
             first = false;
         }
-        if !super::tick(config.reconcile_interval, &stop).await {
+        if !super::tick(wait, &stop).await {
             return;
         }
     }

@@ -20,9 +20,13 @@ pub(crate) async fn run(
     interval: Duration,
     stop: CancellationToken,
 ) {
-    while super::tick(interval, &stop).await {
-        if let Err(e) = sweep(&*broker, &*store).await {
-            tracing::warn!(error = %e, "rescuer sweep failed; will try again");
+    let mut pace = super::Pace::new("rescuer", interval);
+    let mut wait = interval;
+    while super::tick(wait, &stop).await {
+        let outcome = sweep(&*broker, &*store).await;
+        wait = pace.after(&outcome);
+        if let Err(e) = outcome {
+            tracing::warn!(error = %e, retry_in = ?wait, "rescuer sweep failed; will try again");
         }
     }
 }

@@ -20,9 +20,13 @@ pub(crate) async fn run(
     interval: Duration,
     stop: CancellationToken,
 ) {
-    while super::tick(interval, &stop).await {
-        if let Err(e) = dispatch_due(&*broker, &*store).await {
-            tracing::warn!(error = %e, "scheduler pass failed; will try again");
+    let mut pace = super::Pace::new("scheduler", interval);
+    let mut wait = interval;
+    while super::tick(wait, &stop).await {
+        let outcome = dispatch_due(&*broker, &*store).await;
+        wait = pace.after(&outcome);
+        if let Err(e) = outcome {
+            tracing::warn!(error = %e, retry_in = ?wait, "scheduler pass failed; will try again");
         }
     }
 }

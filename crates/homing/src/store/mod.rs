@@ -11,6 +11,7 @@
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod queues;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod worker_status;

@@ -17,11 +17,22 @@ use crate::transition::{self, Change};
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     db: Arc<Db>,
+    /// Distinct queue names enqueue accepts (`store::queues`).
+    max_queues: u64,
 }
 
 impl SqliteStore {
     pub fn new(db: Arc<Db>) -> Self {
-        Self { db }
+        Self {
+            db,
+            max_queues: super::queues::DEFAULT_MAX_QUEUES,
+        }
+    }
+
+    /// Sets how many distinct queue names enqueue accepts (`store::queues`).
+    pub fn with_max_queues(mut self, max: u64) -> Self {
+        self.max_queues = max;
+        self
     }
 
     pub fn db(&self) -> &Arc<Db> {
@@ -515,8 +526,12 @@ impl Store for SqliteStore {
     }
 
     async fn insert(&self, jobs: Vec<NewJob>) -> Result<Vec<Inserted>> {
+        let max_queues = self.max_queues;
         self.db
-            .write(move |tx| jobs.iter().map(|j| insert_one(tx, j)).collect())
+            .write(move |tx| {
+                super::queues::admit_sqlite(tx, &jobs, max_queues, crate::time::now())?;
+                jobs.iter().map(|j| insert_one(tx, j)).collect()
+            })
             .await
     }
 

@@ -172,6 +172,9 @@ impl Deployment {
             .env("HOMING_LOG", "info,homing::worker::committer=debug")
             .env("HOMING_DATA_DIR", self.dir.join("pipelines"))
             .env_remove("HOMING_API_TOKEN")
+            // The witness counter listens on loopback, which a PostgreSQL deployment refuses by
+            // default (homing::egress).
+            .env("HOMING_HTTP_ALLOW", "loopback")
             .current_dir(&self.dir);
         c
     }

@@ -24,6 +24,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0002_events",
         sql: include_str!("migrations/0002_events.sql"),
     },
+    Migration {
+        version: 3,
+        name: "0003_queues",
+        sql: include_str!("migrations/0003_queues.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are

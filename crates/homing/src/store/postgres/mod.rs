@@ -64,6 +64,8 @@ pub struct PgStore {
     options: PgOptions,
     /// The URL without its password, for messages.
     target: String,
+    /// Distinct queue names enqueue accepts (`store::queues`).
+    max_queues: u64,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -112,7 +114,14 @@ impl PgStore {
             pool,
             options,
             target,
+            max_queues: crate::store::queues::DEFAULT_MAX_QUEUES,
         })
+    }
+
+    /// Sets how many distinct queue names enqueue accepts (`store::queues`).
+    pub fn with_max_queues(mut self, max: u64) -> Self {
+        self.max_queues = max;
+        self
     }
 
     /// Applies missing migrations (see [`MIGRATIONS`]); returns the names of those applied.
@@ -188,6 +197,11 @@ fn transient_sqlstate(code: &str) -> bool {
 }
 
 pub(crate) fn map_err(e: sqlx::Error) -> Error {
+    if let sqlx::Error::Decode(inner) = &e {
+        if let Some(t) = inner.downcast_ref::<crate::store::queues::TooManyQueues>() {
+            return Error::Invalid(t.to_string());
+        }
+    }
     match &e {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
@@ -1008,6 +1022,8 @@ impl Store for PgStore {
     async fn insert(&self, jobs: Vec<NewJob>) -> Result<Vec<Inserted>> {
         self.call(async {
             let mut tx = self.pool.begin().await?;
+            crate::store::queues::admit_pg(&mut tx, &jobs, self.max_queues, crate::time::now())
+                .await?;
             let out = insert_jobs(&mut tx, &jobs).await?;
             tx.commit().await?;
             Ok(out)

@@ -1,0 +1,559 @@
+//! Issue 17, the server half: what a hostile or careless client, producer or disk can do to a
+//! running `homing` process, each against the real binary. Slow and idle sockets are cut off
+//! while `/healthz` keeps answering; queue names are bounded; outgoing HTTP cannot reach the
+//! metadata service or be redirected past the policy; an empty API token and a damaged database
+//! file are refused at start.
+
+mod support;
+
+use std::time::{Duration, Instant};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Starts `homing up` with extra arguments and environment on a free port; waits for `/healthz`.
+async fn up_with(env: &Env, extra: &[&str], vars: &[(&str, &str)]) -> (Proc, String) {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut args = vec![
+        "up",
+        "--listen",
+        listen.as_str(),
+        "--heartbeat-interval",
+        "200ms",
+    ];
+    args.extend_from_slice(extra);
+    let proc = env.spawn_with_env("up", &args, vars);
+    let base = format!("http://{listen}");
+    let http = reqwest::Client::new();
+    eventually(Duration::from_secs(30), "homing up to answer", || async {
+        http.get(format!("{base}/healthz"))
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status().is_success())
+    })
+    .await;
+    (proc, base)
+}
+
+/// How one slow socket ended: whether the server closed it within the limit.
+#[derive(Debug)]
+struct Ended {
+    kind: &'static str,
+    closed: bool,
+    answer: String,
+}
+
+/// Reads until the server closes the socket (EOF or reset) or `limit` passes.
+async fn read_until_closed(s: &mut TcpStream, limit: Duration) -> (bool, String) {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return (false, String::from_utf8_lossy(&got).into_owned()),
+            Ok(Ok(0)) | Ok(Err(_)) => return (true, String::from_utf8_lossy(&got).into_owned()),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// A socket that sends `head` and then nothing more.
+async fn stalled(addr: &str, kind: &'static str, head: &'static str, limit: Duration) -> Ended {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(head.as_bytes()).await.expect("send");
+    let (closed, answer) = read_until_closed(&mut s, limit).await;
+    Ended {
+        kind,
+        closed,
+        answer,
+    }
+}
+
+/// A request whose body arrives one byte every 300 ms, until the server stops listening.
+async fn trickle(addr: &str, limit: Duration) -> Ended {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(
+        b"POST /v1/jobs HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n",
+    )
+    .await
+    .expect("send head");
+    let start = Instant::now();
+    let (rd, mut wr) = s.into_split();
+    let writer = tokio::spawn(async move {
+        while start.elapsed() < limit {
+            if wr.write_all(b" ").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    let mut s = rd;
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => break false,
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    };
+    writer.abort();
+    Ended {
+        kind: "trickled body",
+        closed,
+        answer: String::from_utf8_lossy(&got).into_owned(),
+    }
+}
+
+/// A keep-alive connection that asks once, then stays idle.
+async fn idle_keep_alive(addr: &str, limit: Duration) -> Ended {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .expect("send");
+    let (closed, answer) = read_until_closed(&mut s, limit).await;
+    Ended {
+        kind: "idle keep-alive",
+        closed,
+        answer,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_and_idle_clients_are_cut_off_and_healthz_still_answers() {
+    let env = Env::sqlite();
+    let (_up, base) = up_with(
+        &env,
+        &[
+            "--header-timeout",
+            "1s",
+            "--request-timeout",
+            "2s",
+            "--max-connections",
+            "40",
+        ],
+        &[],
+    )
+    .await;
+    let addr = base.trim_start_matches("http://").to_string();
+    // Far longer than any timeout above: a socket still open then was never cut off.
+    let limit = Duration::from_secs(40);
+    let mut slow = Vec::new();
+    for i in 0..80 {
+        let addr = addr.clone();
+        slow.push(tokio::spawn(async move {
+            match i % 4 {
+                0 => stalled(&addr, "partial header", "GET /healthz HTTP/1.1\r\nHost: t\r\nX-Slow: ", limit).await,
+                1 => trickle(&addr, limit).await,
+                2 => stalled(
+                    &addr,
+                    "unterminated chunked body",
+                    "POST /v1/jobs HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"ta\r\n",
+                    limit,
+                )
+                .await,
+                _ => idle_keep_alive(&addr, limit).await,
+            }
+        }));
+    }
+    // More slow sockets than the cap are open: the server still answers, on a new connection.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "/healthz to answer beside 80 slow sockets",
+        || async {
+            http.get(format!("{base}/healthz"))
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status().is_success())
+        },
+    )
+    .await;
+    for t in slow {
+        let e = t.await.expect("socket task");
+        assert!(e.closed, "the server left a slow socket open: {e:?}");
+        match e.kind {
+            "trickled body" | "unterminated chunked body" => {
+                assert!(e.answer.starts_with("HTTP/1.1 408"), "{e:?}");
+                assert!(e.answer.contains("request_timeout"), "{e:?}");
+            }
+            "idle keep-alive" => assert!(e.answer.starts_with("HTTP/1.1 200"), "{e:?}"),
+            _ => {}
+        }
+    }
+    // And it keeps serving normally afterwards.
+    let r = http.get(format!("{base}/v1/queues")).send().await.unwrap();
+    assert!(r.status().is_success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_server_limits_are_refused() {
+    let env = Env::sqlite();
+    for (args, why) in [
+        (["up", "--max-connections", "0"], "0 is not in 1..=100000"),
+        (
+            ["up", "--header-timeout", "0s"],
+            "'0s' is out of range: must be between 10ms",
+        ),
+        (
+            ["server", "--request-timeout", "1ms"],
+            "'1ms' is out of range: must be between 10ms",
+        ),
+    ] {
+        let (code, _, err) = env.run(&args);
+        assert_ne!(code, 0, "{args:?} must be refused");
+        assert!(err.contains(why), "{args:?}: {err}");
+    }
+}
+
+/// Runs `homing up` expecting it to exit by itself; returns (code, stderr).
+fn up_must_exit(env: &Env, vars: &[(&str, &str)]) -> (i32, String) {
+    let mut c = env.command(&["up", "--listen", "127.0.0.1:0"]);
+    c.envs(vars.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("spawn homing up");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read as _;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            return (st.code().unwrap_or(-1), err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("homing up kept running ({vars:?}): it must refuse to start");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_api_token_refuses_to_start() {
+    let env = Env::sqlite();
+    let (code, err) = up_must_exit(&env, &[("HOMING_API_TOKEN", "")]);
+    assert_ne!(code, 0);
+    assert!(err.contains("HOMING_API_TOKEN is set but empty"), "{err}");
+    let config = env.path().join("config.json");
+    std::fs::write(&config, r#"{"api_tokens": ["good-token", "  "]}"#).unwrap();
+    let (code, err) = up_must_exit(&env, &[("HOMING_CONFIG", config.to_str().unwrap())]);
+    assert_ne!(code, 0);
+    assert!(err.contains("empty API token"), "{err}");
+    // No secret in the message.
+    assert!(!err.contains("good-token"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_database_file_refuses_to_start() {
+    let env = Env::sqlite();
+    {
+        let client = env.client().await;
+        let padding = "x".repeat(2000);
+        for i in 0..1500 {
+            client
+                .enqueue(homing::EnqueueRequest::new(
+                    "builtin.noop",
+                    serde_json::json!({ "i": i, "pad": padding }),
+                ))
+                .await
+                .expect("enqueue");
+        }
+    }
+    // Everything into the main file, so the damage lands on live pages.
+    let conn = rusqlite::Connection::open(env.db_path()).unwrap();
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    drop(conn);
+    let len = std::fs::metadata(env.db_path()).unwrap().len();
+    assert!(len > 1_000_000, "the database holds the jobs: {len} bytes");
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(env.db_path())
+            .unwrap();
+        let page = 4096;
+        let start = (len / 2) / page * page;
+        f.seek(SeekFrom::Start(start)).unwrap();
+        let garbage: Vec<u8> = (0..16 * page).map(|i| (i * 7919 % 251) as u8).collect();
+        f.write_all(&garbage).unwrap();
+        f.sync_all().unwrap();
+    }
+    let (code, err) = up_must_exit(&env, &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("is damaged"), "{err}");
+    assert!(err.contains(&env.db_path().display().to_string()), "{err}");
+    assert!(err.contains("quick_check"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queue_names_are_bounded_and_the_list_is_paged() {
+    let env = Env::sqlite();
+    let (_up, base) = up_with(&env, &[], &[("HOMING_MAX_QUEUES", "4")]).await;
+    let http = reqwest::Client::new();
+    let post = |queue: String| {
+        let http = http.clone();
+        let base = base.clone();
+        async move {
+            http.post(format!("{base}/v1/jobs"))
+                .json(&serde_json::json!({"task": "builtin.noop", "queue": queue}))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    // `default` (the up's worker queue) may or may not be registered yet: fill up to the limit.
+    let mut accepted = Vec::new();
+    let mut refused = None;
+    for i in 0..6 {
+        let q = format!("q{i}");
+        let r = post(q.clone()).await;
+        if r.status().is_success() {
+            accepted.push(q);
+        } else {
+            assert_eq!(r.status(), 400);
+            let body: serde_json::Value = r.json().await.unwrap();
+            let msg = body["error"]["message"].as_str().unwrap().to_string();
+            assert!(msg.contains("too many queues"), "{body}");
+            refused = Some(q);
+        }
+    }
+    assert!(refused.is_some(), "a new queue over the limit is refused");
+    assert!((3..=4).contains(&accepted.len()), "{accepted:?}");
+    for q in &accepted {
+        assert!(post(q.clone()).await.status().is_success(), "existing {q}");
+    }
+    // The CLI, writing to the store itself with the same limit, says the same and exits non-zero.
+    let out = env
+        .command(&["enqueue", "builtin.noop", "--queue", "brand-new"])
+        .env("HOMING_MAX_QUEUES", "4")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("too many queues"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    // Pages by name.
+    let page = |q: &str| {
+        let http = http.clone();
+        let url = format!("{base}/v1/queues?{q}");
+        async move {
+            let r = http.get(url).send().await.unwrap();
+            let status = r.status();
+            (status, r.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let (_, all) = page("").await;
+    let names: Vec<String> = all["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["queue"].as_str().unwrap().to_string())
+        .collect();
+    assert!(all["next"].is_null());
+    let (_, first) = page("limit=2").await;
+    assert_eq!(first["queues"].as_array().unwrap().len(), 2);
+    let next = first["next"].as_str().expect("a next page").to_string();
+    let (_, second) = page(&format!("limit=100&after={next}")).await;
+    assert!(second["next"].is_null());
+    let mut paged: Vec<String> = first["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(second["queues"].as_array().unwrap())
+        .map(|q| q["queue"].as_str().unwrap().to_string())
+        .collect();
+    paged.dedup();
+    assert_eq!(paged, names);
+    let (status, body) = page("limit=0").await;
+    assert_eq!(status, 400, "{body}");
+}
+
+/// A local server that answers every request with a redirect to `to`.
+async fn redirector(to: String) -> std::net::SocketAddr {
+    let app = axum::Router::new().fallback(move || {
+        let to = to.clone();
+        async move { axum::response::Redirect::temporary(&to) }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
+}
+
+async fn wait_finished(base: &str, id: &str) -> serde_json::Value {
+    let http = reqwest::Client::new();
+    eventually(Duration::from_secs(60), "the job to finish", || async {
+        let j: serde_json::Value = http
+            .get(format!("{base}/v1/jobs/{id}"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        matches!(j["state"].as_str(), Some("succeeded" | "failed" | "dead")).then_some(j)
+    })
+    .await
+}
+
+async fn http_job(base: &str, url: &str) -> serde_json::Value {
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/jobs"))
+        .json(&serde_json::json!({"task": "builtin.http", "args": {"url": url}, "max_retries": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{:?}", r.text().await);
+    let job: serde_json::Value = r.json().await.unwrap();
+    wait_finished(base, job["id"].as_str().unwrap()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn outgoing_http_obeys_the_egress_policy() {
+    let env = Env::sqlite();
+    // Only 127.0.0.1 is allowed: the rest of loopback stands in for an internal network.
+    let hooks = r#"[{"name": "meta", "url": "http://169.254.169.254/hook", "format": "json",
+                     "events": ["worker.ready"]}]"#;
+    let (_up, base) = up_with(
+        &env,
+        &[],
+        &[
+            ("HOMING_HTTP_ALLOW", "127.0.0.1/32"),
+            ("HOMING_WEBHOOKS", hooks),
+        ],
+    )
+    .await;
+    let counter = Counter::start().await;
+
+    // Allowed: the counter on 127.0.0.1.
+    let ok = http_job(&base, &counter.url("k=ok")).await;
+    assert_eq!(ok["state"], "succeeded", "{ok}");
+
+    // The metadata service: refused before any connection, failed at once without retries.
+    let meta = http_job(&base, "http://169.254.169.254/latest/meta-data/").await;
+    assert_eq!(meta["state"], "failed", "{meta}");
+    assert!(
+        meta["error"].as_str().unwrap().contains("refused"),
+        "{meta}"
+    );
+    assert_eq!(meta["attempts"], 1, "a refusal is not retried: {meta}");
+
+    // A redirect from the allowed host to a refused address is not followed.
+    let internal = tokio::net::TcpListener::bind("127.0.0.2:0")
+        .await
+        .expect("bind 127.0.0.2 (loopback)");
+    let internal_addr = internal.local_addr().unwrap();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let h = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((_s, _)) = internal.accept().await {
+            h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let hop = redirector(format!("http://{internal_addr}/secret")).await;
+    let redirected = http_job(&base, &format!("http://{hop}/start")).await;
+    assert_eq!(redirected["state"], "failed", "{redirected}");
+    assert!(
+        redirected["error"].as_str().unwrap().contains("refused"),
+        "{redirected}"
+    );
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+    // Webhook deliveries obey the same policy: refused, failed without retries.
+    let http = reqwest::Client::new();
+    let delivery = eventually(Duration::from_secs(60), "the refused delivery", || async {
+        let page: serde_json::Value = http
+            .get(format!("{base}/v1/jobs?task=builtin.webhook&state=failed"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        page["jobs"].as_array()?.first().cloned()
+    })
+    .await;
+    assert!(
+        delivery["error"].as_str().unwrap().contains("refused"),
+        "{delivery}"
+    );
+    assert_eq!(delivery["attempts"], 1, "{delivery}");
+
+    // Callback URLs are checked at enqueue.
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/jobs"))
+        .json(&serde_json::json!({"task": "builtin.noop",
+                                  "callback_url": "http://169.254.169.254/latest/meta-data/"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("callback_url refused"),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn loopback_is_allowed_only_when_configured() {
+    let env = Env::sqlite();
+    let counter = Counter::start().await;
+    // An empty allow list: loopback refused, by address and by name.
+    let (mut up, base) = up_with(&env, &[], &[("HOMING_HTTP_ALLOW", "")]).await;
+    let refused = http_job(&base, &counter.url("k=no")).await;
+    assert_eq!(refused["state"], "failed", "{refused}");
+    assert!(
+        refused["error"].as_str().unwrap().contains("loopback"),
+        "{refused}"
+    );
+    let port = counter.addr.port();
+    let by_name = http_job(&base, &format!("http://localhost:{port}/call?k=name")).await;
+    assert_eq!(by_name["state"], "failed", "{by_name}");
+    assert_eq!(counter.total(), 0, "nothing reached the loopback server");
+    up.terminate(Duration::from_secs(20));
+
+    // `homing up` on its embedded store allows loopback by default (the README's tour). The
+    // harness sets HOMING_HTTP_ALLOW=loopback for every process: this one runs without it.
+    let env = Env::sqlite();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut cmd = env.command(&["up", "--listen", &listen, "--heartbeat-interval", "200ms"]);
+    cmd.env_remove("HOMING_HTTP_ALLOW")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let child = cmd.spawn().expect("spawn up");
+    let _default = Proc::adopt(child, env.path().join("up.log"), "up-default");
+    let base = format!("http://{listen}");
+    let http = reqwest::Client::new();
+    eventually(Duration::from_secs(30), "homing up to answer", || async {
+        http.get(format!("{base}/healthz"))
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status().is_success())
+    })
+    .await;
+    let ok = http_job(&base, &counter.url("k=default")).await;
+    assert_eq!(ok["state"], "succeeded", "{ok}");
+    assert_eq!(counter.total(), 1);
+}
