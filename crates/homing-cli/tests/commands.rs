@@ -67,17 +67,18 @@ fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
     assert_eq!(code, 0, "{err}");
     assert!(first.contains("applied 0001_init"), "{first}");
     assert!(first.contains("applied 0002_events"), "{first}");
-    assert!(first.contains("schema at version 2"), "{first}");
+    assert!(first.contains("applied 0003_queues"), "{first}");
+    assert!(first.contains("schema at version 3"), "{first}");
 
     let (second, report) = migrate(&env);
     assert!(
-        second.contains("schema at version 2, nothing to apply"),
+        second.contains("schema at version 3, nothing to apply"),
         "{second}"
     );
     assert!(!second.contains("applied"), "{second}");
     assert_eq!(report["applied"], serde_json::json!([]));
-    assert_eq!(report["version"], 2);
-    assert_eq!(report["latest"], "0002_events");
+    assert_eq!(report["version"], 3);
+    assert_eq!(report["latest"], "0003_queues");
 
     let conn = rusqlite::Connection::open(env.db_path()).unwrap();
     let rows: Vec<(i64, String, i64)> = conn
@@ -87,9 +88,10 @@ fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows.len(), 3, "{rows:?}");
     assert_eq!((rows[0].0, rows[0].1.as_str()), (1, "0001_init"));
     assert_eq!((rows[1].0, rows[1].1.as_str()), (2, "0002_events"));
+    assert_eq!((rows[2].0, rows[2].1.as_str()), (3, "0003_queues"));
     assert!(
         rows.iter().all(|r| r.2 > 0),
         "recorded with the time applied"
@@ -156,14 +158,15 @@ fn an_old_version_1_sqlite_store_is_upgraded_and_reported() {
     let (code, first, err) = env.run(&["migrate"]);
     assert_eq!(code, 0, "{err}");
     assert!(first.contains("applied 0002_events"), "{first}");
+    assert!(first.contains("applied 0003_queues"), "{first}");
     assert!(
         !first.contains("0001_init"),
         "version 1 was already there: {first}"
     );
-    assert!(first.contains("schema at version 2"), "{first}");
+    assert!(first.contains("schema at version 3"), "{first}");
     let (second, _) = migrate(&env);
     assert!(
-        second.contains("schema at version 2, nothing to apply"),
+        second.contains("schema at version 3, nothing to apply"),
         "{second}"
     );
     // The old job is still there, readable by this build.
@@ -179,15 +182,19 @@ fn an_old_version_1_sqlite_store_is_upgraded_and_reported() {
 }
 
 #[test]
-fn an_old_version_2_sqlite_store_needs_nothing_and_says_so() {
+fn an_old_version_2_sqlite_store_gets_only_the_newer_migrations() {
     let env = Env::sqlite();
     old_database(&env, &[OLD_SCHEMA_V1, OLD_SCHEMA_V2_DELTA]);
+    let (code, first, err) = env.run(&["migrate"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(first.contains("applied 0003_queues"), "{first}");
+    assert!(!first.contains("0002_events"), "{first}");
     let (text, report) = migrate(&env);
     assert!(
-        text.contains("schema at version 2, nothing to apply"),
+        text.contains("schema at version 3, nothing to apply"),
         "{text}"
     );
-    assert_eq!(report["version"], 2);
+    assert_eq!(report["version"], 3);
     let conn = rusqlite::Connection::open(env.db_path()).unwrap();
     let names: Vec<String> = conn
         .prepare("SELECT name FROM homing_migrations ORDER BY version")
@@ -196,5 +203,9 @@ fn an_old_version_2_sqlite_store_needs_nothing_and_says_so() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    assert_eq!(names, ["0001_init", "0002_events"], "recorded as applied");
+    assert_eq!(
+        names,
+        ["0001_init", "0002_events", "0003_queues"],
+        "recorded as applied"
+    );
 }

@@ -590,6 +590,13 @@ async fn text_and_scanned_pdfs_come_back_as_text_in_page_order() {
         "page order: {text:?}"
     );
     assert_eq!(d["state"], "issued");
+    // The notification is a follow-up job of its own: it may run a moment after the OCR job.
+    let id = scan_doc["id"].as_str().unwrap();
+    let d = eventually(Duration::from_secs(60), "the notification", || async {
+        let d = svc.get(&format!("/v1/documents/{id}")).await;
+        (!d["notifications"][0].is_null()).then_some(d)
+    })
+    .await;
     assert_eq!(d["notifications"][0]["status"], "SUCCESS");
     drop(svc);
 }
