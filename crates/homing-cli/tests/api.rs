@@ -437,6 +437,32 @@ async fn hostile_bodies_are_refused_and_nothing_is_stored() {
             "invalid_request",
         ),
         (
+            "builtin.http timeout 1e30",
+            json!({"task": "builtin.http", "queue": "api",
+                   "args": {"url": "http://127.0.0.1:9/", "timeout": "1e30"}}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "builtin.http timeout 1e30 as a number",
+            json!({"task": "builtin.http", "queue": "api",
+                   "args": {"url": "http://127.0.0.1:9/", "timeout": 1e30}}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "builtin.http without a URL",
+            json!({"task": "builtin.http", "queue": "api", "args": {}}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "builtin.sleep with a string",
+            json!({"task": "builtin.sleep", "queue": "api", "args": {"ms": "long"}}),
+            400,
+            "invalid_request",
+        ),
+        (
             "bad task",
             json!({"task": "no such task!!", "allow_unknown_task": true}),
             400,

@@ -134,11 +134,13 @@ impl Client {
 
     fn prepare(&self, req: EnqueueRequest, at: i64) -> Result<NewJob> {
         validate_request(&req)?;
+        let handler = self.registry.get(&req.task);
+        if let Some(h) = handler {
+            h.check_args(&req.args).map_err(Error::Invalid)?;
+        }
         let queue = match &req.options.queue {
             Some(q) => q.clone(),
-            None => self
-                .registry
-                .get(&req.task)
+            None => handler
                 .map(|h| h.defaults().queue)
                 .unwrap_or_else(|| "default".into()),
         };

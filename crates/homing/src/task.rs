@@ -4,7 +4,7 @@
 //! stopped (cancellation token, time limit).
 
 use async_trait::async_trait;
-use serde::{de::DeserializeOwned, Serialize};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
@@ -121,6 +121,12 @@ pub trait Task: Send + Sync + 'static {
     fn time_limit(&self) -> Duration {
         Duration::from_secs(3600)
     }
+    /// Rules on the args beyond their type (a range, a URL's form), checked when a job is
+    /// enqueued through a [`crate::Client`] that knows this task, so the producer hears at once
+    /// about input every run would refuse. The run checks again: it gets whatever was stored.
+    fn check(&self, _args: &Self::Args) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -134,6 +140,11 @@ pub trait Handler: Send + Sync + 'static {
         ctx: Context,
         args: serde_json::Value,
     ) -> BoxFuture<Result<serde_json::Value, TaskError>>;
+    /// Whether `args` can be run at all: they decode into the task's input and pass its
+    /// [`Task::check`]. Untyped handlers accept anything.
+    fn check_args(&self, _args: &serde_json::Value) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 struct Typed<T>(Arc<T>);
@@ -141,6 +152,13 @@ struct Typed<T>(Arc<T>);
 impl<T: Task> Handler for Typed<T> {
     fn name(&self) -> &str {
         T::NAME
+    }
+    fn check_args(&self, args: &serde_json::Value) -> Result<(), String> {
+        let args =
+            T::Args::deserialize(args).map_err(|e| format!("invalid args for {}: {e}", T::NAME))?;
+        self.0
+            .check(&args)
+            .map_err(|e| format!("invalid args for {}: {e}", T::NAME))
     }
     fn defaults(&self) -> TaskDefaults {
         TaskDefaults {

@@ -57,41 +57,50 @@ fn redacted(url: &reqwest::Url) -> String {
     )
 }
 
+/// The call's URL, method and timeout, or why the args can never make a call. The same rules at
+/// enqueue (`Task::check`, so a producer hears at once) and at run time.
+fn checked(args: &HttpArgs) -> Result<(reqwest::Url, reqwest::Method, Duration), String> {
+    let url = reqwest::Url::parse(&args.url).map_err(|e| format!("invalid url: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("unsupported url scheme '{}'", url.scheme()));
+    }
+    let method_name = args.method.clone().unwrap_or_else(|| {
+        if args.body.is_some() {
+            "POST".into()
+        } else {
+            "GET".into()
+        }
+    });
+    let method = reqwest::Method::from_bytes(method_name.to_ascii_uppercase().as_bytes())
+        .map_err(|_| format!("invalid method '{method_name}'"))?;
+    let timeout = args.timeout.unwrap_or(Duration::from_secs(30));
+    if timeout.is_zero() || timeout > MAX_TIMEOUT {
+        return Err(format!(
+            "timeout must be between 1ms and {}",
+            humantime::format_duration(MAX_TIMEOUT)
+        ));
+    }
+    Ok((url, method, timeout))
+}
+
 #[async_trait::async_trait]
 impl Task for Http {
     const NAME: &'static str = "builtin.http";
     type Args = HttpArgs;
     type Output = serde_json::Value;
 
+    fn check(&self, args: &HttpArgs) -> Result<(), String> {
+        checked(args).map(|_| ())
+    }
+
     async fn run(&self, ctx: Context, args: HttpArgs) -> Result<serde_json::Value, TaskError> {
-        let url = reqwest::Url::parse(&args.url)
-            .map_err(|e| TaskError::fatal(format!("invalid url: {e}")))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(TaskError::fatal(format!(
-                "unsupported url scheme '{}'",
-                url.scheme()
-            )));
-        }
-        // Refused destinations are the producer's mistake: retrying cannot help.
+        let (url, method, timeout) = checked(&args).map_err(TaskError::fatal)?;
+        // Refused destinations are the producer's mistake: retrying cannot help. Checked at run
+        // time, not only at enqueue: the policy is the worker's, and names resolve differently
+        // over time.
         egress::policy()
             .check_url(&url)
             .map_err(|d| TaskError::fatal(d.to_string()))?;
-        let method_name = args.method.clone().unwrap_or_else(|| {
-            if args.body.is_some() {
-                "POST".into()
-            } else {
-                "GET".into()
-            }
-        });
-        let method = reqwest::Method::from_bytes(method_name.to_ascii_uppercase().as_bytes())
-            .map_err(|_| TaskError::fatal(format!("invalid method '{method_name}'")))?;
-        let timeout = args.timeout.unwrap_or(Duration::from_secs(30));
-        if timeout.is_zero() || timeout > MAX_TIMEOUT {
-            return Err(TaskError::fatal(format!(
-                "timeout must be between 1ms and {}",
-                humantime::format_duration(MAX_TIMEOUT)
-            )));
-        }
         let shown = redacted(&url);
         let mut req = client()
             .request(method, url)
