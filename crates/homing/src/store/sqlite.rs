@@ -1172,3 +1172,51 @@ mod tests {
         assert_eq!(checked, 7 * 4 * 4);
     }
 }
+
+#[cfg(test)]
+mod review_tests {
+    use super::*;
+    use crate::job::{new_job_id, JobOptions};
+
+    fn job(queue: &str) -> NewJob {
+        NewJob {
+            id: new_job_id(),
+            task: "t".into(),
+            queue: queue.into(),
+            args: serde_json::json!({"n": 1}),
+            options: JobOptions::default(),
+            created_at: crate::time::now(),
+            run_at: None,
+        }
+    }
+
+    /// A row whose non-JSON column cannot be decoded (here `crashes = -1`, which no u32 holds)
+    /// fails the batch, then its single start, then its burial (which reads the row back with
+    /// RETURNING). `isolating` propagates that last error with `?` after the innocent jobs
+    /// before it were started and committed one by one. The caller sees a plain (non-transient)
+    /// error, hands every message back, and the next delivery of the innocent job is skipped as
+    /// `Skip(Running)` (the executor only checks for a lost answer after a transient retry): the
+    /// innocent job stays `running` under a live worker, with no handler, forever.
+    #[tokio::test]
+    async fn a_failed_start_call_leaves_no_neighbour_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path().join("h.db")).unwrap();
+        let s = SqliteStore::new(db.clone());
+        let (good, bad) = (job("q"), job("q"));
+        s.insert(vec![good.clone(), bad.clone()]).await.unwrap();
+        let bid = bad.id.to_string();
+        db.write(move |tx| tx.execute("UPDATE jobs SET crashes = -1 WHERE id = ?1", [bid]))
+            .await
+            .unwrap();
+        let r = s.start(&[good.id, bad.id], "w", crate::time::now()).await;
+        let g = s.get(good.id).await.unwrap().unwrap();
+        match r {
+            Ok(out) => assert!(matches!(&out[0], StartOutcome::Run(_)), "{out:?}"),
+            Err(e) => assert_eq!(
+                g.state,
+                JobState::Queued,
+                "start failed ({e}) but committed the innocent job as running: {g:?}"
+            ),
+        }
+    }
+}
