@@ -1219,4 +1219,24 @@ mod review_tests {
             ),
         }
     }
+
+    /// The rescuer (maintenance/rescuer.rs:58) stops its whole sweep at the first `mark_lost`
+    /// error. A running job with an undecodable non-JSON column fails `mark_lost` (it reads the
+    /// full row strictly), so every sweep stops there: the other jobs of that lost worker and
+    /// of every lost worker after it are never reclaimed. Poison must stay with its own job.
+    #[tokio::test]
+    async fn a_poisoned_running_row_does_not_fail_mark_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path().join("h.db")).unwrap();
+        let s = SqliteStore::new(db.clone());
+        let bad = job("q");
+        s.insert(vec![bad.clone()]).await.unwrap();
+        s.start(&[bad.id], "w", crate::time::now()).await.unwrap();
+        let bid = bad.id.to_string();
+        db.write(move |tx| tx.execute("UPDATE jobs SET attempts = -1 WHERE id = ?1", [bid]))
+            .await
+            .unwrap();
+        let r = s.mark_lost(bad.id, "w", crate::time::now()).await;
+        assert!(r.is_ok(), "mark_lost fails on the poisoned row: {r:?}");
+    }
 }
