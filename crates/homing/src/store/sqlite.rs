@@ -1239,4 +1239,30 @@ mod review_tests {
         let r = s.mark_lost(bad.id, "w", crate::time::now()).await;
         assert!(r.is_ok(), "mark_lost fails on the poisoned row: {r:?}");
     }
+
+    /// A job made dead at start for unreadable data should look the same in both stores:
+    /// PostgreSQL decides on the locked row and never starts it (epoch, worker, started_at
+    /// unchanged). SQLite's fast path starts it first (epoch + 1, worker, started_at), then
+    /// buries it in the same transaction, so its row and its `job.dead` event name a worker
+    /// that never ran it.
+    #[tokio::test]
+    async fn dead_at_start_is_not_marked_as_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path().join("h.db")).unwrap();
+        let s = SqliteStore::new(db.clone());
+        let bad = job("q");
+        s.insert(vec![bad.clone()]).await.unwrap();
+        let bid = bad.id.to_string();
+        db.write(move |tx| tx.execute("UPDATE jobs SET args = '{x' WHERE id = ?1", [bid]))
+            .await
+            .unwrap();
+        let out = s.start(&[bad.id], "w", crate::time::now()).await.unwrap();
+        assert_eq!(out[0], StartOutcome::Dead);
+        let j = s.get(bad.id).await.unwrap().unwrap();
+        assert_eq!(
+            (j.epoch, j.worker.as_deref(), j.started_at),
+            (0, None, None),
+            "{j:?}"
+        );
+    }
 }
