@@ -156,10 +156,22 @@ pub fn effects_after(after: &Job, now: Micros) -> Effects {
     }
 }
 
-/// The stored columns a run needs: its input, its retry policy, and the follow-ups its end may
-/// enqueue (running without those would lose them silently). A previous run's unreadable
-/// `result` or `progress` does not stop a new run, which overwrites them.
-const NEEDED_TO_RUN: [&str; 4] = ["args", "retry_policy", "on_success", "on_failure"];
+/// The stored columns a run needs: its input, its retry policy, the follow-ups its end may
+/// enqueue (running without those would lose them silently), its state, and the counters and
+/// epoch its budgets and fencing decide on. A previous run's unreadable `result` or `progress`
+/// does not stop a new run, which overwrites them.
+const NEEDED_TO_RUN: [&str; 10] = [
+    "args",
+    "retry_policy",
+    "on_success",
+    "on_failure",
+    "state",
+    "attempts",
+    "crashes",
+    "epoch",
+    "max_retries",
+    "max_crashes",
+];
 
 /// The reason a job whose stored data cannot be decoded is made `dead` instead of run, if it
 /// has such data among the columns a run needs.
@@ -292,6 +304,9 @@ pub fn lost(job: &Job, worker: &str) -> Lost {
     let crashes = job.crashes.saturating_add(1);
     let change = if job.cancel_requested {
         Change::cancelled()
+    } else if let Some(reason) = unreadable_reason(job) {
+        // Requeued, it would only be made dead at its next start: its budget cannot be read.
+        Change::dead(format!("lost its worker {worker}, and its {reason}"))
     } else if crashes >= job.max_crashes {
         Change::dead(format!(
             "lost its worker {crashes} times, last {worker} (max_crashes = {}): \

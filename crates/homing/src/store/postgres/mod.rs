@@ -193,6 +193,8 @@ fn transient_sqlstate(code: &str) -> bool {
                 | "55P03" // lock not available
                 | "57014" // statement timeout
                 | "25P03" // idle-in-transaction timeout
+                | "25006" // read-only transaction: a standby, or a primary just demoted (failover)
+                | "58030" // I/O error on the server
         )
 }
 
@@ -284,18 +286,39 @@ fn lenient_col<T: serde::de::DeserializeOwned>(
     Ok(read_json(s.as_deref(), what, unreadable))
 }
 
-fn count_col(row: &PgRow, idx: usize, what: &str) -> sqlx::Result<u32> {
-    let n: i64 = row.try_get(idx)?;
-    u32::try_from(n).map_err(|e| corrupt(what, e))
+/// A counter column, decoded leniently (see [`read_u32`]); unreadable shows as 0.
+fn count_col(
+    row: &PgRow,
+    idx: usize,
+    what: &str,
+    unreadable: &mut Vec<String>,
+) -> sqlx::Result<u32> {
+    let n: Option<i64> = row.try_get(idx)?;
+    Ok(read_u32(n, what, unreadable).unwrap_or(0))
 }
 
 fn parse_state(s: &str) -> sqlx::Result<JobState> {
     s.parse().map_err(|e| corrupt("state", e))
 }
 
+/// A job row, decoded so that no stored value fails it: JSON columns, counters, the epoch and
+/// the state that cannot be decoded are shown as null/zero/`queued` and named in
+/// [`Job::unreadable`] (see [`crate::transition::unreadable_reason`]).
 fn row_to_job(row: &PgRow) -> sqlx::Result<Job> {
-    let state: String = row.try_get(3)?;
+    let state: Option<String> = row.try_get(3)?;
     let mut bad = Vec::new();
+    let state = read_state(state.as_deref(), &mut bad);
+    let attempts = count_col(row, 7, "attempts", &mut bad)?;
+    let crashes = count_col(row, 8, "crashes", &mut bad)?;
+    let epoch = match u64::try_from(row.try_get::<i64, _>(9)?) {
+        Ok(n) => n,
+        Err(e) => {
+            bad.push(format!("epoch cannot be read: {e}"));
+            0
+        }
+    };
+    let max_retries = read_u32(row.try_get::<Option<i64>, _>(10)?, "max_retries", &mut bad);
+    let max_crashes = count_col(row, 11, "max_crashes", &mut bad)?;
     let args = lenient_col(row, 4, "args", &mut bad)?.unwrap_or(serde_json::Value::Null);
     let result = lenient_col(row, 5, "result", &mut bad)?;
     let retry_policy = lenient_col(row, 12, "retry_policy", &mut bad)?;
@@ -306,18 +329,15 @@ fn row_to_job(row: &PgRow) -> sqlx::Result<Job> {
         id: row.try_get(0)?,
         task: row.try_get(1)?,
         queue: row.try_get(2)?,
-        state: parse_state(&state)?,
+        state,
         args,
         result,
         error: row.try_get(6)?,
-        attempts: count_col(row, 7, "attempts")?,
-        crashes: count_col(row, 8, "crashes")?,
-        epoch: row.try_get::<i64, _>(9)? as u64,
-        max_retries: row
-            .try_get::<Option<i64>, _>(10)?
-            .map(|n| u32::try_from(n).map_err(|e| corrupt("max_retries", e)))
-            .transpose()?,
-        max_crashes: count_col(row, 11, "max_crashes")?,
+        attempts,
+        crashes,
+        epoch,
+        max_retries,
+        max_crashes,
         retry_policy,
         time_limit: row
             .try_get::<Option<i64>, _>(13)?
@@ -797,8 +817,9 @@ async fn transit(
 }
 
 /// The last resort for a job whose transition could not be written: `dead` with the reason and
-/// its `job.dead` event, by a statement that reads none of its JSON columns and writes no
-/// follow-up (a follow-up may be what could not be written). `fence` is the run's epoch for a
+/// its `job.dead` event, by a statement that writes no follow-up (a follow-up may be what could
+/// not be written) and reads back only id, task, queue, worker and callback_url, decoding
+/// nothing else, so that it works on any row ([`buried_job`]). `fence` is the run's epoch for a
 /// completion, `None` for a start. Returns whether it applied.
 async fn bury(
     pool: &PgPool,
@@ -809,15 +830,31 @@ async fn bury(
 ) -> sqlx::Result<bool> {
     let mut tx = pool.begin().await?;
     let guard = match fence {
-        Some(epoch) => format!(" AND state = 'running' AND epoch = {}", epoch as i64),
-        None => " AND state IN ('queued', 'scheduled')".to_string(),
+        Some(_) => " AND state = 'running' AND epoch = $4",
+        None => " AND state IN ('queued', 'scheduled')",
     };
-    let done = write_change(&mut tx, id, &guard, &Change::dead(reason.to_string()), now).await?;
-    if done {
-        terminal_event(&mut tx, id, now).await?;
+    let sql = format!(
+        "UPDATE homing_jobs SET state = 'dead', error = $3, finished_at = $2, updated_at = $2 \
+         WHERE id = $1{guard} RETURNING id, task, queue, worker, callback_url"
+    );
+    let reason = clean(reason);
+    let mut q = sqlx::query_as::<_, (JobId, String, String, Option<String>, Option<String>)>(&sql)
+        .bind(id)
+        .bind(now)
+        .bind(reason.as_ref());
+    if let Some(epoch) = fence {
+        q = q.bind(epoch as i64);
+    }
+    let Some((id, task, queue, worker, callback_url)) = q.fetch_optional(&mut *tx).await? else {
+        tx.commit().await?;
+        return Ok(false);
+    };
+    let job = buried_job(id, task, queue, worker, callback_url, &reason, now);
+    if let Some(ev) = NewEvent::for_terminal(&job) {
+        insert_event(&mut tx, &ev, now).await?;
     }
     tx.commit().await?;
-    Ok(done)
+    Ok(true)
 }
 
 async fn start_tx(
@@ -1131,10 +1168,11 @@ impl Store for PgStore {
                     })
                     .await?;
                 Ok(match state {
-                    Some(st) => StartOutcome::Skip(parse_state(&st).map_err(|e| self.map_err(e))?),
+                    Some(st) => StartOutcome::Skip(read_state(Some(&st), &mut Vec::new())),
                     None => StartOutcome::Missing,
                 })
             },
+            |e| StartOutcome::Unstartable(e.to_string()),
         )
         .await
     }
@@ -1169,6 +1207,7 @@ impl Store for PgStore {
                     },
                 )
             },
+            |e| Committed::Unstored(e.to_string()),
         )
         .await
     }
@@ -1533,11 +1572,10 @@ impl Store for PgStore {
             for (info, last_seen, status) in rows {
                 let info: WorkerInfo =
                     serde_json::from_str(&info).map_err(|e| corrupt("worker", e))?;
-                let status = status.parse().map_err(|e| corrupt("worker", e))?;
                 out.push(WorkerRecord {
+                    status: WorkerStatus::read(&status, &info.id),
                     info,
                     last_seen,
-                    status,
                     running: Vec::new(),
                 });
             }
@@ -1708,5 +1746,22 @@ impl Store for PgStore {
                 .collect()
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failover leaves connections on a demoted primary (read-only transactions, 25006) and
+    /// I/O errors (58030) pass: both are retried, never taken for a job's bad data.
+    #[test]
+    fn failover_and_io_errors_are_transient() {
+        for code in ["25006", "58030", "40001", "08006", "57P01"] {
+            assert!(transient_sqlstate(code), "{code}");
+        }
+        for code in ["23505", "22P02", "42P01", "25001"] {
+            assert!(!transient_sqlstate(code), "{code}");
+        }
     }
 }
