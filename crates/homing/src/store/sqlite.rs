@@ -1350,7 +1350,11 @@ mod poison_tests {
     #[tokio::test]
     async fn a_budget_of_another_type_reads_and_dies_at_start() {
         // Not in the fast path's WHERE clause: the start is made, then undone.
-        dies_at_start("UPDATE jobs SET max_retries = 'x' WHERE id = ?1", "max_retries").await;
+        dies_at_start(
+            "UPDATE jobs SET max_retries = 'x' WHERE id = ?1",
+            "max_retries",
+        )
+        .await;
     }
 
     #[tokio::test]
