@@ -218,3 +218,42 @@ async fn a_job_the_store_fails_on_does_not_stop_the_rescuer() {
     assert_eq!(pending.len(), 1, "{pending:?}");
     assert_eq!(pending[0].job, Ok(ids[0]));
 }
+
+/// The reconciler reclaims running jobs whose worker and message are gone; one such job the
+/// store fails on must not stop the pass (and the outbox after it, for every job).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_the_store_fails_on_does_not_stop_the_reconciler() {
+    use homing::job::JobState;
+    use homing::maintenance::{reconciler, MaintenanceConfig};
+    use std::time::Duration;
+
+    let db = fresh_db();
+    let store = SqliteStore::new(db.clone());
+    let b = SqliteBroker::new(fresh_db());
+    let q = homing::conformance::unique_queue("orphans");
+    let (bad, good) = (
+        homing::conformance::new_job(&q, "t"),
+        homing::conformance::new_job(&q, "t"),
+    );
+    let ids = [bad.id, good.id];
+    store.insert(vec![bad, good]).await.unwrap();
+    // Running under a worker the broker never heard of, with no message anywhere.
+    store
+        .start(&ids, "gone-worker", homing::time::now())
+        .await
+        .unwrap();
+    RawSqlite(db).refuse_job_updates(ids[0]).await;
+    let config = MaintenanceConfig::for_heartbeat(Duration::from_millis(200));
+    let report = reconciler::pass(&b, &store, &config, true)
+        .await
+        .expect("one bad job does not fail the pass");
+    assert_eq!(report.orphans_requeued, 1, "{report:?}");
+    assert_eq!(
+        store.get(ids[1]).await.unwrap().unwrap().state,
+        JobState::Queued
+    );
+    assert_eq!(
+        store.get(ids[0]).await.unwrap().unwrap().state,
+        JobState::Running
+    );
+}
