@@ -284,6 +284,11 @@ pub fn unstartable_reason(error: &dyn std::fmt::Display) -> String {
     format!("it cannot be started: {error}")
 }
 
+/// The reason a lost worker's job whose new state the store could not write is made `dead`.
+pub fn unreclaimable_reason(worker: &str, error: &dyn std::fmt::Display) -> String {
+    format!("lost its worker {worker}, and it cannot be reclaimed: {error}")
+}
+
 /// What [`lost`] decided for a job whose worker `worker` is gone.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Lost {

@@ -51,6 +51,7 @@ macro_rules! store_poison_conformance {
             unwritable_completion_fails_neither_its_batch_nor_its_neighbours,
             out_of_range_counters_read_and_die_at_start,
             poisoned_running_row_is_reclaimed_by_mark_lost,
+            unreclaimable_lost_job_is_made_dead,
             dead_at_start_is_not_marked_as_started,
             unknown_worker_status_does_not_fail_the_workers_view
         );
@@ -569,4 +570,37 @@ pub async fn unknown_worker_status_does_not_fail_the_workers_view((s, t): Poison
     let status = |id: &str| ws.iter().find(|w| w.info.id == id).map(|w| w.status);
     assert_eq!(status(&odd), Some(WorkerStatus::Lost));
     assert_eq!(status(&fine), Some(WorkerStatus::Live));
+}
+
+/// A lost worker's job whose new state cannot be written (its crash budget is spent and its
+/// `on_failure` follow-up is refused by the database): `mark_lost` makes it dead as a last
+/// resort instead of failing, so the rescuer does not stop at it on every sweep.
+pub async fn unreclaimable_lost_job_is_made_dead((s, t): Poisonable) {
+    let q = unique_queue("poison-unreclaimable");
+    let bad_queue = t.unstorable_queue().await;
+    let mut bad = new_job(&q, "t");
+    bad.options.max_crashes = Some(1);
+    bad.options.on_failure = Some(FollowUp {
+        task: "t.alert".into(),
+        queue: Some(bad_queue),
+        args: serde_json::json!({}),
+    });
+    s.insert(vec![bad.clone()]).await.unwrap();
+    s.start(&[bad.id], "w", now()).await.unwrap();
+    assert_eq!(
+        s.mark_lost(bad.id, "w", now()).await.expect("mark_lost"),
+        Lost::Dead
+    );
+    let b = s.get(bad.id).await.unwrap().unwrap();
+    assert_eq!(b.state, JobState::Dead);
+    let error = b.error.unwrap_or_default();
+    assert!(
+        error.starts_with("lost its worker w, and it cannot be reclaimed: "),
+        "{error}"
+    );
+    // Asked again (a second rescuer), it is no longer running under that worker.
+    assert_eq!(
+        s.mark_lost(bad.id, "w", now()).await.unwrap(),
+        Lost::NotOwned(JobState::Dead)
+    );
 }

@@ -238,6 +238,8 @@ enum Guard {
     Fence(u64),
     /// Only while it has not started (`queued` or `scheduled`).
     NotStarted,
+    /// Only while it is running under this worker.
+    Owner(String),
 }
 
 /// Writes a decided [`Change`] to job `id` in one statement and returns the row as committed,
@@ -293,6 +295,10 @@ fn write_change(
             sql += &format!(" AND state = 'running' AND epoch = ?{}", vals.len());
         }
         Guard::NotStarted => sql += " AND state IN ('queued', 'scheduled')",
+        Guard::Owner(worker) => {
+            vals.push(Box::new(worker));
+            sql += &format!(" AND state = 'running' AND worker = ?{}", vals.len());
+        }
     }
     sql += &format!(" RETURNING {COLUMNS}");
     let refs: Vec<&dyn rusqlite::ToSql> = vals.iter().map(|v| v.as_ref()).collect();
@@ -384,6 +390,10 @@ fn bury(
             " AND state = 'running' AND epoch = ?4"
         }
         Guard::NotStarted => " AND state IN ('queued', 'scheduled')",
+        Guard::Owner(worker) => {
+            vals.push(Box::new(worker));
+            " AND state = 'running' AND worker = ?4"
+        }
     };
     let refs: Vec<&dyn rusqlite::ToSql> = vals.iter().map(|v| v.as_ref()).collect();
     let after = tx
@@ -753,14 +763,15 @@ impl Store for SqliteStore {
     }
 
     async fn mark_lost(&self, id: JobId, worker: &str, now: Micros) -> Result<Lost> {
-        let worker = worker.to_string();
-        self.db
+        let w = worker.to_string();
+        let decided = self
+            .db
             .write(move |tx| {
                 let sid = id.to_string();
                 let Some(job) = get_job(tx, &sid)? else {
                     return Ok(Lost::Missing);
                 };
-                match transition::lost(&job, &worker) {
+                match transition::lost(&job, &w) {
                     transition::Lost::NotOwned(state) => Ok(Lost::NotOwned(state)),
                     transition::Lost::Crashed(change) => {
                         transit(tx, &sid, Guard::Any, &change, now)?;
@@ -768,7 +779,29 @@ impl Store for SqliteStore {
                     }
                 }
             })
-            .await
+            .await;
+        match decided {
+            Err(e) if !e.is_transient() => {
+                // The last resort, as for a start: a job whose new state cannot be written
+                // (its follow-up refused, say) is made dead, or every sweep stops at it again.
+                let reason = transition::unreclaimable_reason(worker, &e);
+                tracing::error!(job = %id, %worker, error = %e, "a lost worker's job cannot be reclaimed; making it dead");
+                let worker = worker.to_string();
+                self.db
+                    .write(move |tx| {
+                        let sid = id.to_string();
+                        if bury(tx, &sid, Guard::Owner(worker), &reason, now)?.is_some() {
+                            return Ok(Lost::Dead);
+                        }
+                        Ok(match get_state(tx, &sid)? {
+                            Some(state) => Lost::NotOwned(state),
+                            None => Lost::Missing,
+                        })
+                    })
+                    .await
+            }
+            other => other,
+        }
     }
 
     async fn claim_due(&self, now: Micros, limit: usize) -> Result<Vec<ToPublish>> {

@@ -819,31 +819,33 @@ async fn transit(
 /// The last resort for a job whose transition could not be written: `dead` with the reason and
 /// its `job.dead` event, by a statement that writes no follow-up (a follow-up may be what could
 /// not be written) and reads back only id, task, queue, worker and callback_url, decoding
-/// nothing else, so that it works on any row ([`buried_job`]). `fence` is the run's epoch for a
-/// completion, `None` for a start. Returns whether it applied.
+/// nothing else, so that it works on any row ([`buried_job`]). Returns whether it applied.
 async fn bury(
     pool: &PgPool,
     id: JobId,
-    fence: Option<u64>,
+    guard: BuryIf<'_>,
     reason: &str,
     now: Micros,
 ) -> sqlx::Result<bool> {
     let mut tx = pool.begin().await?;
-    let guard = match fence {
-        Some(_) => " AND state = 'running' AND epoch = $4",
-        None => " AND state IN ('queued', 'scheduled')",
+    let sql_guard = match guard {
+        BuryIf::NotStarted => " AND state IN ('queued', 'scheduled')",
+        BuryIf::Fence(_) => " AND state = 'running' AND epoch = $4",
+        BuryIf::Owner(_) => " AND state = 'running' AND worker = $4",
     };
     let sql = format!(
         "UPDATE homing_jobs SET state = 'dead', error = $3, finished_at = $2, updated_at = $2 \
-         WHERE id = $1{guard} RETURNING id, task, queue, worker, callback_url"
+         WHERE id = $1{sql_guard} RETURNING id, task, queue, worker, callback_url"
     );
     let reason = clean(reason);
     let mut q = sqlx::query_as::<_, (JobId, String, String, Option<String>, Option<String>)>(&sql)
         .bind(id)
         .bind(now)
         .bind(reason.as_ref());
-    if let Some(epoch) = fence {
-        q = q.bind(epoch as i64);
+    match guard {
+        BuryIf::NotStarted => {}
+        BuryIf::Fence(epoch) => q = q.bind(epoch as i64),
+        BuryIf::Owner(worker) => q = q.bind(worker),
     }
     let Some((id, task, queue, worker, callback_url)) = q.fetch_optional(&mut *tx).await? else {
         tx.commit().await?;
@@ -855,6 +857,17 @@ async fn bury(
     }
     tx.commit().await?;
     Ok(true)
+}
+
+/// Which rows [`bury`] may touch besides the id.
+#[derive(Clone, Copy)]
+enum BuryIf<'a> {
+    /// A start: only while the job has not started.
+    NotStarted,
+    /// A completion: only while this run (epoch) owns the job.
+    Fence(u64),
+    /// A lost worker's job: only while it runs under that worker.
+    Owner(&'a str),
 }
 
 async fn start_tx(
@@ -1156,7 +1169,10 @@ impl Store for PgStore {
             |id, e| async move {
                 let reason = transition::unstartable_reason(&e);
                 tracing::error!(job = %id, error = %e, "a job cannot be started; making it dead");
-                if self.call(bury(&self.pool, id, None, &reason, now)).await? {
+                if self
+                    .call(bury(&self.pool, id, BuryIf::NotStarted, &reason, now))
+                    .await?
+                {
                     return Ok(StartOutcome::Dead);
                 }
                 let state: Option<String> = self
@@ -1195,7 +1211,7 @@ impl Store for PgStore {
                 tracing::error!(job = %c.id, error = %e, "an outcome cannot be stored; making the job dead");
                 Ok(
                     if self
-                        .call(bury(&self.pool, c.id, Some(c.epoch), &reason, now))
+                        .call(bury(&self.pool, c.id, BuryIf::Fence(c.epoch), &reason, now))
                         .await?
                     {
                         Committed::Applied {
@@ -1213,7 +1229,33 @@ impl Store for PgStore {
     }
 
     async fn mark_lost(&self, id: JobId, worker: &str, now: Micros) -> Result<Lost> {
-        self.call(mark_lost_tx(&self.pool, id, worker, now)).await
+        match self.call(mark_lost_tx(&self.pool, id, worker, now)).await {
+            Err(e) if !e.is_transient() => {
+                // The last resort, as for a start: a job whose new state cannot be written
+                // (its follow-up refused, say) is made dead, or every sweep stops at it again.
+                let reason = transition::unreclaimable_reason(worker, &e);
+                tracing::error!(job = %id, %worker, error = %e, "a lost worker's job cannot be reclaimed; making it dead");
+                if self
+                    .call(bury(&self.pool, id, BuryIf::Owner(worker), &reason, now))
+                    .await?
+                {
+                    return Ok(Lost::Dead);
+                }
+                let state: Option<String> = self
+                    .call(async {
+                        sqlx::query_scalar("SELECT state FROM homing_jobs WHERE id = $1")
+                            .bind(id)
+                            .fetch_optional(&self.pool)
+                            .await
+                    })
+                    .await?;
+                Ok(match state {
+                    Some(st) => Lost::NotOwned(read_state(Some(&st), &mut Vec::new())),
+                    None => Lost::Missing,
+                })
+            }
+            other => other,
+        }
     }
 
     async fn claim_due(&self, now: Micros, limit: usize) -> Result<Vec<ToPublish>> {
