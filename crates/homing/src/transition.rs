@@ -642,6 +642,42 @@ mod tests {
             ..Change::cancelled()
         };
         assert_eq!(lost(&j, "w"), Lost::Crashed(cancelled));
+        // A budget that cannot be read: dead with the reason, not requeued to die at start.
+        let mut j = job(JobState::Running);
+        j.unreadable = vec!["crashes cannot be read: out of range".into()];
+        let Lost::Crashed(c) = lost(&j, "w") else {
+            panic!()
+        };
+        assert_eq!((c.state, c.count_crash), (JobState::Dead, true));
+        assert_eq!(
+            c.error,
+            Some(Some(
+                "lost its worker w, and its stored crashes cannot be read: out of range".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn counters_state_and_epoch_are_needed_to_run() {
+        for column in [
+            "state",
+            "attempts",
+            "crashes",
+            "epoch",
+            "max_retries",
+            "max_crashes",
+        ] {
+            let mut j = job(JobState::Queued);
+            j.unreadable = vec![format!("{column} cannot be read: x")];
+            assert_eq!(
+                start(&j, NOW),
+                Start::Dead(format!("stored {column} cannot be read: x")),
+                "{column}"
+            );
+        }
+        let mut j = job(JobState::Queued);
+        j.unreadable = vec!["progress cannot be read: x".into()];
+        assert_eq!(start(&j, NOW), Start::Run);
     }
 
     #[test]

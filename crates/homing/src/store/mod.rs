@@ -264,7 +264,7 @@ pub(crate) fn read_state(text: Option<&str>, unreadable: &mut Vec<String>) -> Jo
     }
 }
 
-/// The job a [`bury`](sqlite) statement reports, from the only columns it reads (id, task, queue,
+/// The job each store's `bury` statement reports, from the only columns it reads (id, task, queue,
 /// worker, callback_url): enough for its `job.dead` event, and readable on any row. The columns
 /// it did not read are noted in `unreadable`.
 pub(crate) fn buried_job(
@@ -460,7 +460,9 @@ pub trait Store: Send + Sync + 'static {
     /// `started_at`.
     ///
     /// The decision is [`crate::transition::start`]'s; a job whose stored data cannot be
-    /// decoded is made `dead` with the reason, and its batch-mates start normally.
+    /// decoded is made `dead` with the reason, and its batch-mates start normally. A job on
+    /// which even that fails is [`StartOutcome::Unstartable`] alone: once any job of the call
+    /// is committed, the call does not fail as a whole.
     ///
     /// Crash contract: one transaction for the batch (one per job if the batch fails for a job's
     /// data, see [`isolating`]); a crash after it leaves the jobs `running` under `worker`, which
@@ -481,6 +483,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Called by the rescuer for a job whose worker `worker` is lost: counts the crash and puts
     /// the job back (or makes it `dead`/`cancelled`), only if it is running under that worker.
+    /// A row with undecodable data is still decided (see [`crate::transition::lost`]); a job
+    /// whose new state cannot be written is made `dead` as a last resort.
     ///
     /// Crash contract: one transaction; conditional on the owner, so concurrent rescuers count
     /// each crash once.
