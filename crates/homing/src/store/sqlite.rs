@@ -186,7 +186,7 @@ fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result<Inserted> 
             return Ok(Inserted {
                 id: id.parse().map_err(|e| corrupt("job id", e))?,
                 queue,
-                state: state.parse().map_err(|e| corrupt("state", e))?,
+                state: read_state(Some(&state), &mut Vec::new()),
                 existed: true,
             });
         }
