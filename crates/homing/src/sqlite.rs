@@ -93,6 +93,27 @@ fn open_conn(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
+/// SQLite failures after which trying again may succeed: the database is busy or locked, out of
+/// memory or disk, cannot be opened or read right now, or is being recovered by another
+/// connection (`SQLITE_PROTOCOL`, `SQLITE_READONLY_RECOVERY`, `SQLITE_READONLY_CANTINIT`). The
+/// failed statement committed nothing.
+fn transient(f: &rusqlite::ffi::Error) -> bool {
+    use rusqlite::ffi;
+    matches!(
+        f.code,
+        rusqlite::ErrorCode::DatabaseBusy
+            | rusqlite::ErrorCode::DatabaseLocked
+            | rusqlite::ErrorCode::CannotOpen
+            | rusqlite::ErrorCode::SystemIoFailure
+            | rusqlite::ErrorCode::DiskFull
+            | rusqlite::ErrorCode::OutOfMemory
+            | rusqlite::ErrorCode::FileLockingProtocolFailed
+    ) || matches!(
+        f.extended_code,
+        ffi::SQLITE_READONLY_RECOVERY | ffi::SQLITE_READONLY_CANTINIT
+    )
+}
+
 fn map_err(e: rusqlite::Error) -> Error {
     if let rusqlite::Error::ToSqlConversionFailure(inner) = &e {
         if let Some(t) = inner.downcast_ref::<crate::store::queues::TooManyQueues>() {
@@ -100,18 +121,7 @@ fn map_err(e: rusqlite::Error) -> Error {
         }
     }
     match &e {
-        rusqlite::Error::SqliteFailure(f, _)
-            if matches!(
-                f.code,
-                rusqlite::ErrorCode::DatabaseBusy
-                    | rusqlite::ErrorCode::DatabaseLocked
-                    | rusqlite::ErrorCode::CannotOpen
-                    | rusqlite::ErrorCode::SystemIoFailure
-                    | rusqlite::ErrorCode::DiskFull
-            ) =>
-        {
-            Error::unavailable_from(BACKEND, e)
-        }
+        rusqlite::Error::SqliteFailure(f, _) if transient(f) => Error::unavailable_from(BACKEND, e),
         _ => Error::backend_from(BACKEND, e),
     }
 }
@@ -331,6 +341,30 @@ pub fn path_from_url(url: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Failures that pass (out of memory, another connection recovering the WAL) are
+    /// transient, so the isolation fallback retries instead of burying an innocent job.
+    #[test]
+    fn passing_failures_are_transient() {
+        use rusqlite::ffi;
+        let fail = |code| map_err(rusqlite::Error::SqliteFailure(ffi::Error::new(code), None));
+        for code in [
+            ffi::SQLITE_BUSY,
+            ffi::SQLITE_NOMEM,
+            ffi::SQLITE_PROTOCOL,
+            ffi::SQLITE_READONLY_RECOVERY,
+            ffi::SQLITE_READONLY_CANTINIT,
+        ] {
+            assert!(fail(code).is_transient(), "{code}");
+        }
+        for code in [
+            ffi::SQLITE_CONSTRAINT,
+            ffi::SQLITE_READONLY,
+            ffi::SQLITE_MISMATCH,
+        ] {
+            assert!(!fail(code).is_transient(), "{code}");
+        }
+    }
 
     #[test]
     fn files_opened_at_once_apply_each_migration_exactly_once() {

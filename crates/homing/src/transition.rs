@@ -156,10 +156,22 @@ pub fn effects_after(after: &Job, now: Micros) -> Effects {
     }
 }
 
-/// The stored columns a run needs: its input, its retry policy, and the follow-ups its end may
-/// enqueue (running without those would lose them silently). A previous run's unreadable
-/// `result` or `progress` does not stop a new run, which overwrites them.
-const NEEDED_TO_RUN: [&str; 4] = ["args", "retry_policy", "on_success", "on_failure"];
+/// The stored columns a run needs: its input, its retry policy, the follow-ups its end may
+/// enqueue (running without those would lose them silently), its state, and the counters and
+/// epoch its budgets and fencing decide on. A previous run's unreadable `result` or `progress`
+/// does not stop a new run, which overwrites them.
+const NEEDED_TO_RUN: [&str; 10] = [
+    "args",
+    "retry_policy",
+    "on_success",
+    "on_failure",
+    "state",
+    "attempts",
+    "crashes",
+    "epoch",
+    "max_retries",
+    "max_crashes",
+];
 
 /// The reason a job whose stored data cannot be decoded is made `dead` instead of run, if it
 /// has such data among the columns a run needs.
@@ -272,6 +284,11 @@ pub fn unstartable_reason(error: &dyn std::fmt::Display) -> String {
     format!("it cannot be started: {error}")
 }
 
+/// The reason a lost worker's job whose new state the store could not write is made `dead`.
+pub fn unreclaimable_reason(worker: &str, error: &dyn std::fmt::Display) -> String {
+    format!("lost its worker {worker}, and it cannot be reclaimed: {error}")
+}
+
 /// What [`lost`] decided for a job whose worker `worker` is gone.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Lost {
@@ -292,6 +309,9 @@ pub fn lost(job: &Job, worker: &str) -> Lost {
     let crashes = job.crashes.saturating_add(1);
     let change = if job.cancel_requested {
         Change::cancelled()
+    } else if let Some(reason) = unreadable_reason(job) {
+        // Requeued, it would only be made dead at its next start: its budget cannot be read.
+        Change::dead(format!("lost its worker {worker}, and its {reason}"))
     } else if crashes >= job.max_crashes {
         Change::dead(format!(
             "lost its worker {crashes} times, last {worker} (max_crashes = {}): \
@@ -622,6 +642,42 @@ mod tests {
             ..Change::cancelled()
         };
         assert_eq!(lost(&j, "w"), Lost::Crashed(cancelled));
+        // A budget that cannot be read: dead with the reason, not requeued to die at start.
+        let mut j = job(JobState::Running);
+        j.unreadable = vec!["crashes cannot be read: out of range".into()];
+        let Lost::Crashed(c) = lost(&j, "w") else {
+            panic!()
+        };
+        assert_eq!((c.state, c.count_crash), (JobState::Dead, true));
+        assert_eq!(
+            c.error,
+            Some(Some(
+                "lost its worker w, and its stored crashes cannot be read: out of range".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn counters_state_and_epoch_are_needed_to_run() {
+        for column in [
+            "state",
+            "attempts",
+            "crashes",
+            "epoch",
+            "max_retries",
+            "max_crashes",
+        ] {
+            let mut j = job(JobState::Queued);
+            j.unreadable = vec![format!("{column} cannot be read: x")];
+            assert_eq!(
+                start(&j, NOW),
+                Start::Dead(format!("stored {column} cannot be read: x")),
+                "{column}"
+            );
+        }
+        let mut j = job(JobState::Queued);
+        j.unreadable = vec!["progress cannot be read: x".into()];
+        assert_eq!(start(&j, NOW), Start::Run);
     }
 
     #[test]

@@ -78,6 +78,41 @@ impl Tamper for RawPg {
         .await
         .unwrap();
     }
+
+    async fn set_job_int(&self, id: JobId, column: &str, value: i64) {
+        sqlx::query(&format!(
+            "UPDATE homing_jobs SET {column} = $2 WHERE id = $1"
+        ))
+        .bind(id)
+        .bind(value)
+        .execute(self.0.pool())
+        .await
+        .unwrap();
+    }
+
+    async fn refuse_job_updates(&self, id: JobId) {
+        let name = homing::conformance::unique_queue("refuse_update").replace('-', "_");
+        sqlx::raw_sql(&format!(
+            "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               IF OLD.id = '{id}' THEN \
+                 RAISE EXCEPTION 'updates of this job are refused by the test'; \
+               END IF; RETURN NEW; END $$; \
+             CREATE TRIGGER {name} BEFORE UPDATE ON homing_jobs \
+               FOR EACH ROW EXECUTE FUNCTION {name}();"
+        ))
+        .execute(self.0.pool())
+        .await
+        .unwrap();
+    }
+
+    async fn set_worker_status(&self, id: &str, text: &str) {
+        sqlx::query("UPDATE homing_workers SET status = $2 WHERE id = $1")
+            .bind(id)
+            .bind(text)
+            .execute(self.0.pool())
+            .await
+            .unwrap();
+    }
 }
 
 async fn poisonable() -> Poisonable {

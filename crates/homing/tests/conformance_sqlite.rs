@@ -85,6 +85,41 @@ impl Tamper for RawSqlite {
             .await
             .unwrap();
     }
+
+    async fn set_job_int(&self, id: JobId, column: &str, value: i64) {
+        let sql = format!(
+            "UPDATE jobs SET {column} = {value} WHERE id = {}",
+            lit(&id.to_string())
+        );
+        self.0
+            .write(move |tx| tx.execute_batch(&sql))
+            .await
+            .unwrap();
+    }
+
+    async fn refuse_job_updates(&self, id: JobId) {
+        let sql = format!(
+            "CREATE TRIGGER \"refuse-update-{id}\" BEFORE UPDATE ON jobs WHEN OLD.id = {} \
+             BEGIN SELECT RAISE(ABORT, 'updates of this job are refused by the test'); END",
+            lit(&id.to_string())
+        );
+        self.0
+            .write(move |tx| tx.execute_batch(&sql))
+            .await
+            .unwrap();
+    }
+
+    async fn set_worker_status(&self, id: &str, text: &str) {
+        let sql = format!(
+            "UPDATE workers SET status = {} WHERE id = {}",
+            lit(text),
+            lit(id)
+        );
+        self.0
+            .write(move |tx| tx.execute_batch(&sql))
+            .await
+            .unwrap();
+    }
 }
 
 async fn poisonable() -> Poisonable {
@@ -111,4 +146,114 @@ async fn distinct_queue_bound() {
     let a = SqliteStore::new(Db::open(&path).expect("open")).with_max_queues(5);
     let b = SqliteStore::new(Db::open(&path).expect("open")).with_max_queues(5);
     homing::conformance::queues::distinct_queue_bound(Arc::new(a), Arc::new(b), 5).await;
+}
+
+/// A lost worker's job on which the store fails (every write refused) must not stop the
+/// rescuer's sweep: the worker's other jobs are reclaimed, the bad one's message stays pending
+/// for the next sweep, and the worker is kept until it holds none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_the_store_fails_on_does_not_stop_the_rescuer() {
+    use homing::job::JobState;
+    use homing::maintenance::rescuer;
+    use homing::store::{StartOutcome, ToPublish};
+    use std::time::Duration;
+
+    let db = fresh_db();
+    let store = SqliteStore::new(db.clone());
+    let b = SqliteBroker::new(fresh_db());
+    let q = homing::conformance::unique_queue("rescue");
+    let (bad, good) = (
+        homing::conformance::new_job(&q, "t"),
+        homing::conformance::new_job(&q, "t"),
+    );
+    let ids = [bad.id, good.id];
+    store.insert(vec![bad, good]).await.unwrap();
+    for id in ids {
+        b.publish(&[ToPublish {
+            id,
+            queue: q.clone(),
+        }])
+        .await
+        .unwrap();
+    }
+    store.mark_dispatched(&ids).await.unwrap();
+    b.register("w1", Duration::from_millis(200)).await.unwrap();
+    let got = b
+        .reserve(
+            "w1",
+            std::slice::from_ref(&q),
+            10,
+            Duration::from_millis(500),
+        )
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 2);
+    let out = store.start(&ids, "w1", homing::time::now()).await.unwrap();
+    assert!(
+        out.iter().all(|o| matches!(o, StartOutcome::Run(_))),
+        "{out:?}"
+    );
+    RawSqlite(db).refuse_job_updates(ids[0]).await;
+
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(!b.heartbeat("w1", Duration::from_secs(1)).await.unwrap());
+    assert!(b
+        .lost_consumers()
+        .await
+        .unwrap()
+        .contains(&"w1".to_string()));
+    let report = rescuer::sweep(&b, &store)
+        .await
+        .expect("one bad job does not fail the sweep");
+    assert_eq!((report.requeued, report.lost_workers), (1, 0), "{report:?}");
+    assert_eq!(
+        store.get(ids[1]).await.unwrap().unwrap().state,
+        JobState::Queued
+    );
+    assert_eq!(
+        store.get(ids[0]).await.unwrap().unwrap().state,
+        JobState::Running
+    );
+    let pending = b.pending("w1", 10).await.unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0].job, Ok(ids[0]));
+}
+
+/// The reconciler reclaims running jobs whose worker and message are gone; one such job the
+/// store fails on must not stop the pass (and the outbox after it, for every job).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_the_store_fails_on_does_not_stop_the_reconciler() {
+    use homing::job::JobState;
+    use homing::maintenance::{reconciler, MaintenanceConfig};
+    use std::time::Duration;
+
+    let db = fresh_db();
+    let store = SqliteStore::new(db.clone());
+    let b = SqliteBroker::new(fresh_db());
+    let q = homing::conformance::unique_queue("orphans");
+    let (bad, good) = (
+        homing::conformance::new_job(&q, "t"),
+        homing::conformance::new_job(&q, "t"),
+    );
+    let ids = [bad.id, good.id];
+    store.insert(vec![bad, good]).await.unwrap();
+    // Running under a worker the broker never heard of, with no message anywhere.
+    store
+        .start(&ids, "gone-worker", homing::time::now())
+        .await
+        .unwrap();
+    RawSqlite(db).refuse_job_updates(ids[0]).await;
+    let config = MaintenanceConfig::for_heartbeat(Duration::from_millis(200));
+    let report = reconciler::pass(&b, &store, &config, true)
+        .await
+        .expect("one bad job does not fail the pass");
+    assert_eq!(report.orphans_requeued, 1, "{report:?}");
+    assert_eq!(
+        store.get(ids[1]).await.unwrap().unwrap().state,
+        JobState::Queued
+    );
+    assert_eq!(
+        store.get(ids[0]).await.unwrap().unwrap().state,
+        JobState::Running
+    );
 }

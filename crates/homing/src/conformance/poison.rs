@@ -25,6 +25,13 @@ pub trait Tamper: Send + Sync {
     async fn unstorable_queue(&self) -> String;
     /// Makes the database refuse to insert a job with idempotency key `key` (a trigger).
     async fn refuse_job_key(&self, key: &str);
+    /// Overwrites an integer column (`crashes`, `attempts`, …) of job `id` with `value`.
+    async fn set_job_int(&self, id: JobId, column: &str, value: i64);
+    /// Makes the database refuse every update of job `id` (a trigger): a job on which every
+    /// write fails, even making it `dead`.
+    async fn refuse_job_updates(&self, id: JobId);
+    /// Overwrites the stored status of worker `id` with `text`.
+    async fn set_worker_status(&self, id: &str, text: &str);
 }
 
 /// A store and raw access to its rows.
@@ -39,7 +46,14 @@ macro_rules! store_poison_conformance {
             unreadable_jobs_die_at_start_and_neighbours_run, unreadable_rows_still_read,
             unreadable_event_does_not_block_the_others, undeliverable_event_does_not_block_the_others,
             uncommittable_outcome_is_isolated,
-            uncommittable_dead_transition_at_start_is_isolated
+            uncommittable_dead_transition_at_start_is_isolated,
+            unwritable_job_fails_neither_its_start_batch_nor_its_neighbours,
+            unwritable_completion_fails_neither_its_batch_nor_its_neighbours,
+            out_of_range_counters_read_and_die_at_start,
+            poisoned_running_row_is_reclaimed_by_mark_lost,
+            unreclaimable_lost_job_is_made_dead,
+            dead_at_start_is_not_marked_as_started,
+            unknown_worker_status_does_not_fail_the_workers_view
         );
     };
 }
@@ -344,5 +358,249 @@ pub async fn uncommittable_dead_transition_at_start_is_isolated((s, t): Poisonab
             .starts_with("it cannot be started: "),
         "{:?}",
         b.error
+    );
+}
+
+/// A job on which every write fails (even making it dead) in a batch with a good one: the good
+/// one is started and committed one by one before the bad one fails. The call must not fail as
+/// a whole then (its caller would hand back the good job's message, and the good job, already
+/// `running` under this worker, would never run): the bad job gets its own outcome.
+pub async fn unwritable_job_fails_neither_its_start_batch_nor_its_neighbours((s, t): Poisonable) {
+    let q = unique_queue("poison-unwritable");
+    let (good, bad, good2) = (new_job(&q, "t"), new_job(&q, "t"), new_job(&q, "t"));
+    s.insert(vec![good.clone(), bad.clone(), good2.clone()])
+        .await
+        .unwrap();
+    t.refuse_job_updates(bad.id).await;
+    let out = s
+        .start(&[good.id, bad.id, good2.id], "w", now())
+        .await
+        .expect("a start call with one unwritable job still answers for the others");
+    assert!(
+        matches!(&out[0], StartOutcome::Run(j) if j.id == good.id),
+        "{out:?}"
+    );
+    assert!(matches!(&out[1], StartOutcome::Unstartable(_)), "{out:?}");
+    assert!(
+        matches!(&out[2], StartOutcome::Run(j) if j.id == good2.id),
+        "{out:?}"
+    );
+    let b = s.get(bad.id).await.unwrap().unwrap();
+    assert_eq!(b.state, JobState::Queued, "nothing was written to it");
+}
+
+/// The same for completions: the good run commits, the unwritable one is reported alone.
+pub async fn unwritable_completion_fails_neither_its_batch_nor_its_neighbours((s, t): Poisonable) {
+    let q = unique_queue("poison-unstored");
+    let (good, bad) = (new_job(&q, "t"), new_job(&q, "t"));
+    s.insert(vec![good.clone(), bad.clone()]).await.unwrap();
+    let started = s.start(&[good.id, bad.id], "w", now()).await.unwrap();
+    let epoch = |i: usize| match &started[i] {
+        StartOutcome::Run(j) => j.epoch,
+        other => panic!("expected Run, got {other:?}"),
+    };
+    let done = [
+        Completion {
+            id: good.id,
+            epoch: epoch(0),
+            outcome: Outcome::Succeeded(serde_json::json!(1)),
+        },
+        Completion {
+            id: bad.id,
+            epoch: epoch(1),
+            outcome: Outcome::Succeeded(serde_json::json!(2)),
+        },
+    ];
+    t.refuse_job_updates(bad.id).await;
+    let r = s
+        .complete(&done, now())
+        .await
+        .expect("a commit with one unwritable completion still answers for the others");
+    assert!(
+        matches!(
+            &r[0],
+            Committed::Applied {
+                state: JobState::Succeeded,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    assert!(matches!(&r[1], Committed::Unstored(_)), "{r:?}");
+    assert_eq!(
+        s.get(good.id).await.unwrap().unwrap().state,
+        JobState::Succeeded
+    );
+    assert_eq!(
+        s.get(bad.id).await.unwrap().unwrap().state,
+        JobState::Running
+    );
+}
+
+/// Counters that no `u32` holds (written by hand or by an older version): the row still reads
+/// (the column named in `unreadable`), and a start makes the job dead with that reason while
+/// its neighbours run, like unreadable JSON.
+pub async fn out_of_range_counters_read_and_die_at_start((s, t): Poisonable) {
+    let q = unique_queue("poison-count");
+    let jobs: Vec<_> = (0..4).map(|_| new_job(&q, "t")).collect();
+    s.insert(jobs.clone()).await.unwrap();
+    let (good, neg, huge, budget) = (jobs[0].id, jobs[1].id, jobs[2].id, jobs[3].id);
+    t.set_job_int(neg, "crashes", -1).await;
+    t.set_job_int(huge, "attempts", 1 << 40).await;
+    t.set_job_int(budget, "max_crashes", -5).await;
+
+    let page = s
+        .list(&queue_filter(&q), None, 10)
+        .await
+        .expect("a page with out-of-range counters");
+    assert_eq!(page.jobs.len(), 4);
+    for (id, column) in [
+        (neg, "crashes"),
+        (huge, "attempts"),
+        (budget, "max_crashes"),
+    ] {
+        let j = s.get(id).await.expect("get").unwrap();
+        assert!(
+            j.unreadable
+                .iter()
+                .any(|n| n.starts_with(&format!("{column} "))),
+            "{column}: {:?}",
+            j.unreadable
+        );
+    }
+    let out = s
+        .start(&[neg, good, huge, budget], "w", now())
+        .await
+        .expect("the batch starts");
+    assert_eq!(out[0], StartOutcome::Dead, "{out:?}");
+    assert!(
+        matches!(&out[1], StartOutcome::Run(j) if j.id == good),
+        "{out:?}"
+    );
+    assert_eq!(out[2], StartOutcome::Dead, "{out:?}");
+    assert_eq!(out[3], StartOutcome::Dead, "{out:?}");
+    for (id, column) in [
+        (neg, "crashes"),
+        (huge, "attempts"),
+        (budget, "max_crashes"),
+    ] {
+        let j = s.get(id).await.unwrap().unwrap();
+        assert_eq!(j.state, JobState::Dead);
+        assert!(
+            j.error
+                .as_deref()
+                .unwrap_or("")
+                .starts_with(&format!("stored {column} cannot be read: ")),
+            "{:?}",
+            j.error
+        );
+        assert_eq!((j.epoch, j.worker.as_deref()), (0, None), "never started");
+    }
+}
+
+/// A running job whose row has an undecodable column: the rescuer's `mark_lost` must still
+/// decide on it (here: dead, since its budget cannot be read), or every sweep would stop there.
+pub async fn poisoned_running_row_is_reclaimed_by_mark_lost((s, t): Poisonable) {
+    let q = unique_queue("poison-lost");
+    let (bad, good) = (new_job(&q, "t"), new_job(&q, "t"));
+    s.insert(vec![bad.clone(), good.clone()]).await.unwrap();
+    s.start(&[bad.id, good.id], "w", now()).await.unwrap();
+    t.set_job_int(bad.id, "attempts", -1).await;
+    t.set_job_text(bad.id, "on_failure", "{oops").await;
+    assert_eq!(
+        s.mark_lost(bad.id, "w", now())
+            .await
+            .expect("mark_lost of a poisoned row"),
+        Lost::Dead
+    );
+    let b = s.get(bad.id).await.unwrap().unwrap();
+    assert_eq!(b.state, JobState::Dead);
+    let error = b.error.unwrap_or_default();
+    assert!(
+        error.starts_with("lost its worker w, and its stored attempts cannot be read"),
+        "{error}"
+    );
+    assert_eq!(
+        s.mark_lost(good.id, "w", now()).await.unwrap(),
+        Lost::Requeued
+    );
+}
+
+/// A job made dead at start for unreadable data looks the same in every store: never started
+/// (epoch, worker and started_at unchanged), with its `job.dead` event naming no worker.
+pub async fn dead_at_start_is_not_marked_as_started((s, t): Poisonable) {
+    let q = unique_queue("poison-unstarted");
+    let bad = new_job(&q, "t");
+    s.insert(vec![bad.clone()]).await.unwrap();
+    t.set_job_text(bad.id, "args", "{x").await;
+    let out = s.start(&[bad.id], "w", now()).await.unwrap();
+    assert_eq!(out[0], StartOutcome::Dead);
+    let j = s.get(bad.id).await.unwrap().unwrap();
+    assert_eq!(
+        (j.state, j.epoch, j.worker.as_deref(), j.started_at),
+        (JobState::Dead, 0, None, None),
+        "{j:?}"
+    );
+    let events = s.events(0, 10_000).await.unwrap();
+    let ev = events
+        .iter()
+        .find(|e| e.job_id == Some(bad.id) && e.kind == crate::events::JOB_DEAD)
+        .expect("the dead job alerts");
+    assert_eq!(ev.worker, None, "{ev:?}");
+}
+
+/// A worker status this version does not know shows the worker as lost instead of failing the
+/// whole workers view.
+pub async fn unknown_worker_status_does_not_fail_the_workers_view((s, t): Poisonable) {
+    let (odd, fine) = (unique_queue("w-odd"), unique_queue("w-fine"));
+    for id in [&odd, &fine] {
+        let info = WorkerInfo {
+            id: id.clone(),
+            hostname: "h".into(),
+            pid: 1,
+            queues: vec!["q".into()],
+            concurrency: 1,
+            tasks: vec!["t".into()],
+            started_at: now(),
+        };
+        s.register_worker(&info, now()).await.unwrap();
+    }
+    t.set_worker_status(&odd, "hibernating").await;
+    let ws = s.workers(0).await.expect("the workers view");
+    let status = |id: &str| ws.iter().find(|w| w.info.id == id).map(|w| w.status);
+    assert_eq!(status(&odd), Some(WorkerStatus::Lost));
+    assert_eq!(status(&fine), Some(WorkerStatus::Live));
+}
+
+/// A lost worker's job whose new state cannot be written (its crash budget is spent and its
+/// `on_failure` follow-up is refused by the database): `mark_lost` makes it dead as a last
+/// resort instead of failing, so the rescuer does not stop at it on every sweep.
+pub async fn unreclaimable_lost_job_is_made_dead((s, t): Poisonable) {
+    let q = unique_queue("poison-unreclaimable");
+    let bad_queue = t.unstorable_queue().await;
+    let mut bad = new_job(&q, "t");
+    bad.options.max_crashes = Some(1);
+    bad.options.on_failure = Some(FollowUp {
+        task: "t.alert".into(),
+        queue: Some(bad_queue),
+        args: serde_json::json!({}),
+    });
+    s.insert(vec![bad.clone()]).await.unwrap();
+    s.start(&[bad.id], "w", now()).await.unwrap();
+    assert_eq!(
+        s.mark_lost(bad.id, "w", now()).await.expect("mark_lost"),
+        Lost::Dead
+    );
+    let b = s.get(bad.id).await.unwrap().unwrap();
+    assert_eq!(b.state, JobState::Dead);
+    let error = b.error.unwrap_or_default();
+    assert!(
+        error.starts_with("lost its worker w, and it cannot be reclaimed: "),
+        "{error}"
+    );
+    // Asked again (a second rescuer), it is no longer running under that worker.
+    assert_eq!(
+        s.mark_lost(bad.id, "w", now()).await.unwrap(),
+        Lost::NotOwned(JobState::Dead)
     );
 }

@@ -76,7 +76,16 @@ pub async fn pass(
         if !broker.pending(&worker, 1).await?.is_empty() {
             continue;
         }
-        if let Lost::Requeued = store.mark_lost(id, &worker, now()).await? {
+        let lost = match store.mark_lost(id, &worker, now()).await {
+            Ok(lost) => lost,
+            Err(e) if e.is_transient() => return Err(e),
+            Err(e) => {
+                // One job the store fails on must not stop the outbox below for everyone.
+                tracing::error!(job = %id, %worker, error = %e, "cannot reclaim an orphaned running job; skipping it");
+                continue;
+            }
+        };
+        if let Lost::Requeued = lost {
             tracing::warn!(event = "job.reclaimed", job = %id, %worker, "reclaimed a running job whose worker and message are gone");
             if let Some(job) = store.get(id).await? {
                 crate::metrics::count(crate::metrics::JOBS_RECLAIMED, &job.queue, &job.task);

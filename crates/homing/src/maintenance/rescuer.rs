@@ -45,8 +45,17 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
     let mut report = SweepReport::default();
     for consumer in broker.lost_consumers().await? {
         let mut reclaimed = 0u64;
+        // Messages whose job the store failed on (not for being unavailable): left pending for
+        // the next sweep, so one bad job holds up neither its worker's other jobs nor the
+        // other lost workers. The consumer is kept while it holds any.
+        let mut stuck: std::collections::HashSet<String> = std::collections::HashSet::new();
         loop {
-            let pending = broker.pending(&consumer, 100).await?;
+            let pending: Vec<_> = broker
+                .pending(&consumer, 100)
+                .await?
+                .into_iter()
+                .filter(|d| !stuck.contains(&d.tag))
+                .collect();
             if pending.is_empty() {
                 break;
             }
@@ -59,7 +68,15 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
                         continue;
                     }
                 };
-                let lost = store.mark_lost(id, &consumer, now()).await?;
+                let lost = match store.mark_lost(id, &consumer, now()).await {
+                    Ok(lost) => lost,
+                    Err(e) if e.is_transient() => return Err(e),
+                    Err(e) => {
+                        tracing::error!(job = %id, worker = %consumer, error = %e, "cannot reclaim a lost worker's job; leaving its message for the next sweep");
+                        stuck.insert(d.tag.clone());
+                        continue;
+                    }
+                };
                 let task = || async {
                     match store.get(id).await {
                         Ok(Some(j)) => j.task,
@@ -104,7 +121,7 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
                 }
             }
         }
-        if broker.remove_consumer(&consumer).await? {
+        if stuck.is_empty() && broker.remove_consumer(&consumer).await? {
             report.lost_workers += 1;
             // Several rescuers may get here for one worker; only the one whose store update
             // changed the row reports it, so the alert goes out once.

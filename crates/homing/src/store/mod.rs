@@ -63,6 +63,10 @@ pub enum StartOutcome {
     Dead,
     /// No such job: the message is garbage; dead-letter it.
     Missing,
+    /// Nothing could be decided or written for this job (the store failed on it, even when
+    /// making it `dead`): its batch-mates are decided normally, and this delivery alone is
+    /// handed back to be tried again later. The reason is for the log.
+    Unstartable(String),
 }
 
 pub use crate::transition::Outcome;
@@ -87,6 +91,10 @@ pub enum Committed {
     },
     /// Rejected: the epoch is stale (a zombie's write) or the job is no longer running.
     Stale,
+    /// Nothing could be written for this completion (the store failed on it, even when making
+    /// the job `dead`): the rest of the batch committed normally; this run is left `running`
+    /// and its delivery must be handed back, not acknowledged. The reason is for the log.
+    Unstored(String),
 }
 
 /// What [`Store::mark_lost`] did with a job whose worker was lost.
@@ -222,6 +230,85 @@ pub(crate) fn read_json<T: serde::de::DeserializeOwned>(
     }
 }
 
+/// A stored integer column that must fit a `u32` (a counter, a budget), decoded without failing
+/// the row: a value out of range or of another type becomes `None` with a note in `unreadable`.
+pub(crate) fn read_u32(
+    value: Option<i64>,
+    column: &str,
+    unreadable: &mut Vec<String>,
+) -> Option<u32> {
+    match value.map(u32::try_from) {
+        Some(Ok(n)) => Some(n),
+        Some(Err(e)) => {
+            unreadable.push(format!("{column} cannot be read: {e}"));
+            None
+        }
+        None => None,
+    }
+}
+
+/// A stored state, decoded without failing the row: an unknown word is noted in `unreadable`
+/// and shown as `queued`, a state from which a start makes it `dead` with that note as its
+/// reason (a job whose state nobody knows is neither run nor left waiting forever).
+pub(crate) fn read_state(text: Option<&str>, unreadable: &mut Vec<String>) -> JobState {
+    match text.map(str::parse::<JobState>) {
+        Some(Ok(s)) => s,
+        Some(Err(e)) => {
+            unreadable.push(format!("state cannot be read: {e}"));
+            JobState::Queued
+        }
+        None => {
+            unreadable.push("state cannot be read: it is not text".into());
+            JobState::Queued
+        }
+    }
+}
+
+/// The job each store's `bury` statement reports, from the only columns it reads (id, task, queue,
+/// worker, callback_url): enough for its `job.dead` event, and readable on any row. The columns
+/// it did not read are noted in `unreadable`.
+pub(crate) fn buried_job(
+    id: JobId,
+    task: String,
+    queue: String,
+    worker: Option<String>,
+    callback_url: Option<String>,
+    reason: &str,
+    now: Micros,
+) -> Job {
+    Job {
+        id,
+        task,
+        queue,
+        state: JobState::Dead,
+        args: serde_json::Value::Null,
+        result: None,
+        error: Some(reason.to_string()),
+        attempts: 0,
+        crashes: 0,
+        epoch: 0,
+        max_retries: None,
+        max_crashes: 0,
+        idempotency_key: None,
+        progress: None,
+        worker,
+        created_at: 0,
+        scheduled_at: None,
+        started_at: None,
+        finished_at: Some(now),
+        retry_policy: None,
+        time_limit: None,
+        on_success: None,
+        on_failure: None,
+        cancel_requested: false,
+        callback_url,
+        unreadable: vec![
+            "made dead as a last resort: only id, task, queue, worker and callback_url were read"
+                .into(),
+        ],
+    }
+}
+
 /// A stored event's data, or what a reader is shown instead when it cannot be decoded:
 /// `{"unreadable": "<why>"}`, so one bad event never fails a page of events.
 pub(crate) fn read_event_data(text: &str) -> std::result::Result<serde_json::Value, String> {
@@ -232,13 +319,19 @@ pub(crate) fn read_event_data(text: &str) -> std::result::Result<serde_json::Val
 /// everything in one transaction; when that fails for a reason other than the store being
 /// unavailable (so one item's data is at fault), each item runs alone in its own transaction,
 /// and an item that still fails is handed to `isolate` with its error, which confines it to
-/// its own job (it becomes `dead`) so its neighbours commit normally. A transient error stops
-/// the fallback and is returned: the caller retries the call.
-pub(crate) async fn isolating<I, O, B, BF, S, SF, X, XF>(
+/// its own job (it becomes `dead`) so its neighbours commit normally.
+///
+/// Once the items run one by one, the call never fails as a whole: items before may already be
+/// committed, and a caller that saw an error would treat them as not done (a started job would
+/// stay `running` with no handler). An item that cannot be isolated either, or that meets the
+/// store unavailable, gets its own outcome from `failed` instead. The call fails only when
+/// nothing was committed: the batch's transient error, or one item's before any committed.
+pub(crate) async fn isolating<I, O, B, BF, S, SF, X, XF, F>(
     items: Vec<I>,
     batch: B,
     single: S,
     isolate: X,
+    failed: F,
 ) -> Result<Vec<O>>
 where
     I: Clone,
@@ -248,24 +341,47 @@ where
     SF: std::future::Future<Output = Result<O>>,
     X: Fn(I, crate::error::Error) -> XF,
     XF: std::future::Future<Output = Result<O>>,
+    F: Fn(&crate::error::Error) -> O,
 {
     match batch(items.clone()).await {
         Ok(v) => return Ok(v),
         Err(e) if e.is_transient() || items.is_empty() => return Err(e),
-        Err(e) if items.len() == 1 => {
-            let item = items.into_iter().next().expect("one item");
-            return Ok(vec![isolate(item, e).await?]);
-        }
         Err(e) => {
             tracing::warn!(error = %e, items = items.len(), "a batch failed; trying its items one by one");
         }
     }
     let mut out = Vec::with_capacity(items.len());
+    let mut unavailable: Option<crate::error::Error> = None;
     for item in items {
-        match single(item.clone()).await {
-            Ok(o) => out.push(o),
-            Err(e) if e.is_transient() => return Err(e),
-            Err(e) => out.push(isolate(item, e).await?),
+        // Each outcome below was committed (or committed nothing), so from the first one on,
+        // an error is this item's alone.
+        let committed = !out.is_empty();
+        if let Some(e) = &unavailable {
+            out.push(failed(e));
+            continue;
+        }
+        let e = match single(item.clone()).await {
+            Ok(o) => {
+                out.push(o);
+                continue;
+            }
+            Err(e) if e.is_transient() => e,
+            Err(e) => match isolate(item, e).await {
+                Ok(o) => {
+                    out.push(o);
+                    continue;
+                }
+                Err(e) => e,
+            },
+        };
+        if !committed && e.is_transient() {
+            return Err(e);
+        }
+        tracing::error!(error = %e, "an item of a batch could not be written nor isolated; it is handed back alone");
+        out.push(failed(&e));
+        if e.is_transient() {
+            // The store is unavailable: the remaining items are handed back untried.
+            unavailable = Some(e);
         }
     }
     Ok(out)
@@ -344,7 +460,9 @@ pub trait Store: Send + Sync + 'static {
     /// `started_at`.
     ///
     /// The decision is [`crate::transition::start`]'s; a job whose stored data cannot be
-    /// decoded is made `dead` with the reason, and its batch-mates start normally.
+    /// decoded is made `dead` with the reason, and its batch-mates start normally. A job on
+    /// which even that fails is [`StartOutcome::Unstartable`] alone: once any job of the call
+    /// is committed, the call does not fail as a whole.
     ///
     /// Crash contract: one transaction for the batch (one per job if the batch fails for a job's
     /// data, see [`isolating`]); a crash after it leaves the jobs `running` under `worker`, which
@@ -365,6 +483,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Called by the rescuer for a job whose worker `worker` is lost: counts the crash and puts
     /// the job back (or makes it `dead`/`cancelled`), only if it is running under that worker.
+    /// A row with undecodable data is still decided (see [`crate::transition::lost`]); a job
+    /// whose new state cannot be written is made `dead` as a last resort.
     ///
     /// Crash contract: one transaction; conditional on the owner, so concurrent rescuers count
     /// each crash once.

@@ -60,41 +60,93 @@ fn json_col<T: serde::de::DeserializeOwned>(
     Ok(read_json(s.as_deref(), what, unreadable))
 }
 
+/// An integer column read without failing the row: `None` for null, and for a value of another
+/// type (SQLite stores any type in any column), which is noted in `unreadable`.
+fn int_col(
+    row: &Row<'_>,
+    idx: usize,
+    what: &str,
+    unreadable: &mut Vec<String>,
+) -> rusqlite::Result<Option<i64>> {
+    use rusqlite::types::ValueRef;
+    Ok(match row.get_ref(idx)? {
+        ValueRef::Integer(n) => Some(n),
+        ValueRef::Null => None,
+        other => {
+            unreadable.push(format!(
+                "{what} cannot be read: it is {}",
+                other.data_type()
+            ));
+            None
+        }
+    })
+}
+
+/// A text column read without failing the row: any stored value shown as text (`None` for null).
+fn text_lossy(row: &Row<'_>, idx: usize) -> rusqlite::Result<Option<String>> {
+    use rusqlite::types::ValueRef;
+    Ok(match row.get_ref(idx)? {
+        ValueRef::Null => None,
+        ValueRef::Integer(n) => Some(n.to_string()),
+        ValueRef::Real(x) => Some(x.to_string()),
+        ValueRef::Text(t) | ValueRef::Blob(t) => Some(String::from_utf8_lossy(t).into_owned()),
+    })
+}
+
+/// A job row, decoded so that no stored value but the id fails it: JSON columns, counters,
+/// the epoch and the state that cannot be decoded are shown as null/zero/`queued` and named in
+/// [`Job::unreadable`] (see [`crate::transition::unreadable_reason`]).
 fn row_to_job(row: &Row<'_>) -> rusqlite::Result<Job> {
     let id: String = row.get(0)?;
-    let state: String = row.get(3)?;
     let mut bad = Vec::new();
+    let state = read_state(text_lossy(row, 3)?.as_deref(), &mut bad);
     let args = json_col(row, 4, "args", &mut bad)?.unwrap_or(serde_json::Value::Null);
     let result = json_col(row, 5, "result", &mut bad)?;
+    let attempts = int_col(row, 7, "attempts", &mut bad)?;
+    let attempts = read_u32(attempts, "attempts", &mut bad).unwrap_or(0);
+    let crashes = int_col(row, 8, "crashes", &mut bad)?;
+    let crashes = read_u32(crashes, "crashes", &mut bad).unwrap_or(0);
+    let epoch = int_col(row, 9, "epoch", &mut bad)?;
+    let epoch = match epoch.map(u64::try_from) {
+        Some(Ok(n)) => n,
+        Some(Err(e)) => {
+            bad.push(format!("epoch cannot be read: {e}"));
+            0
+        }
+        None => 0,
+    };
+    let max_retries = int_col(row, 10, "max_retries", &mut bad)?;
+    let max_retries = read_u32(max_retries, "max_retries", &mut bad);
+    let max_crashes = int_col(row, 11, "max_crashes", &mut bad)?;
+    let max_crashes = read_u32(max_crashes, "max_crashes", &mut bad).unwrap_or(0);
     let retry_policy = json_col(row, 12, "retry_policy", &mut bad)?;
     let progress = json_col(row, 15, "progress", &mut bad)?;
     let on_success = json_col(row, 22, "on_success", &mut bad)?;
     let on_failure = json_col(row, 23, "on_failure", &mut bad)?;
     Ok(Job {
         id: id.parse().map_err(|e| corrupt("job id", e))?,
-        task: row.get(1)?,
-        queue: row.get(2)?,
-        state: state.parse().map_err(|e| corrupt("state", e))?,
+        task: text_lossy(row, 1)?.unwrap_or_default(),
+        queue: text_lossy(row, 2)?.unwrap_or_default(),
+        state,
         args,
         result,
-        error: row.get(6)?,
-        attempts: row.get(7)?,
-        crashes: row.get(8)?,
-        epoch: row.get::<_, i64>(9)? as u64,
-        max_retries: row.get(10)?,
-        max_crashes: row.get(11)?,
+        error: text_lossy(row, 6)?,
+        attempts,
+        crashes,
+        epoch,
+        max_retries,
+        max_crashes,
         retry_policy,
-        time_limit: row
-            .get::<_, Option<i64>>(13)?
+        time_limit: int_col(row, 13, "time_limit_ms", &mut bad)?
             .map(|ms| std::time::Duration::from_millis(ms.max(0) as u64)),
         idempotency_key: row.get(14)?,
         progress,
-        worker: row.get(16)?,
+        worker: text_lossy(row, 16)?,
         created_at: row.get(17)?,
         scheduled_at: row.get(18)?,
         started_at: row.get(19)?,
         finished_at: row.get(20)?,
-        cancel_requested: row.get::<_, i64>(21)? != 0,
+        cancel_requested: int_col(row, 21, "cancel_requested", &mut bad)?.unwrap_or(0) != 0,
         on_success,
         on_failure,
         callback_url: row.get(24)?,
@@ -134,7 +186,7 @@ fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result<Inserted> 
             return Ok(Inserted {
                 id: id.parse().map_err(|e| corrupt("job id", e))?,
                 queue,
-                state: state.parse().map_err(|e| corrupt("state", e))?,
+                state: read_state(Some(&state), &mut Vec::new()),
                 existed: true,
             });
         }
@@ -186,6 +238,8 @@ enum Guard {
     Fence(u64),
     /// Only while it has not started (`queued` or `scheduled`).
     NotStarted,
+    /// Only while it is running under this worker.
+    Owner(String),
 }
 
 /// Writes a decided [`Change`] to job `id` in one statement and returns the row as committed,
@@ -241,6 +295,10 @@ fn write_change(
             sql += &format!(" AND state = 'running' AND epoch = ?{}", vals.len());
         }
         Guard::NotStarted => sql += " AND state IN ('queued', 'scheduled')",
+        Guard::Owner(worker) => {
+            vals.push(Box::new(worker));
+            sql += &format!(" AND state = 'running' AND worker = ?{}", vals.len());
+        }
     }
     sql += &format!(" RETURNING {COLUMNS}");
     let refs: Vec<&dyn rusqlite::ToSql> = vals.iter().map(|v| v.as_ref()).collect();
@@ -310,8 +368,9 @@ fn complete_one(tx: &Transaction<'_>, c: &Completion, now: Micros) -> rusqlite::
 }
 
 /// The last resort for a job whose transition could not be written: `dead` with the reason and
-/// its `job.dead` event, by a statement that reads none of its JSON columns and writes no
-/// follow-up (a follow-up may be what could not be written). `None` when the guard fails.
+/// its `job.dead` event, by a statement that writes no follow-up (a follow-up may be what could
+/// not be written) and reads back only id, task, queue, worker and callback_url, decoding
+/// nothing else, so that it works on any row ([`buried_job`]). `None` when the guard fails.
 fn bury(
     tx: &Transaction<'_>,
     id: &str,
@@ -319,14 +378,55 @@ fn bury(
     reason: &str,
     now: Micros,
 ) -> rusqlite::Result<Option<Job>> {
-    let change = Change::dead(reason.to_string());
-    let Some(after) = write_change(tx, id, guard, &change, now)? else {
+    let mut vals: Vec<Box<dyn rusqlite::ToSql>> = vec![
+        Box::new(id.to_string()),
+        Box::new(now),
+        Box::new(reason.to_string()),
+    ];
+    let guard = match guard {
+        Guard::Any => "",
+        Guard::Fence(epoch) => {
+            vals.push(Box::new(epoch as i64));
+            " AND state = 'running' AND epoch = ?4"
+        }
+        Guard::NotStarted => " AND state IN ('queued', 'scheduled')",
+        Guard::Owner(worker) => {
+            vals.push(Box::new(worker));
+            " AND state = 'running' AND worker = ?4"
+        }
+    };
+    let refs: Vec<&dyn rusqlite::ToSql> = vals.iter().map(|v| v.as_ref()).collect();
+    let after = tx
+        .prepare_cached(&format!(
+            "UPDATE jobs SET state = 'dead', error = ?3, finished_at = ?2, updated_at = ?2 \
+             WHERE id = ?1{guard} RETURNING id, task, queue, worker, callback_url"
+        ))?
+        .query_row(refs.as_slice(), |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                text_lossy(r, 1)?.unwrap_or_default(),
+                text_lossy(r, 2)?.unwrap_or_default(),
+                text_lossy(r, 3)?,
+                text_lossy(r, 4)?,
+            ))
+        })
+        .optional()?;
+    let Some((sid, task, queue, worker, callback_url)) = after else {
         return Ok(None);
     };
-    if let Some(ev) = NewEvent::for_terminal(&after) {
+    let job = buried_job(
+        parse_id(sid)?,
+        task,
+        queue,
+        worker,
+        callback_url,
+        reason,
+        now,
+    );
+    if let Some(ev) = NewEvent::for_terminal(&job) {
         insert_event(tx, &ev, now)?;
     }
-    Ok(Some(after))
+    Ok(Some(job))
 }
 
 /// Starts a batch in the caller's transaction, deciding each job by [`transition::start`].
@@ -334,8 +434,8 @@ fn bury(
 /// The common case costs one statement: the fast path's WHERE clause is the rule's `Run`
 /// condition for a readable row (`crashes < max_crashes` and queued, or scheduled and due),
 /// which `fast_path_matches_the_start_rule` below checks against the rule for every state. A
-/// row it starts whose data then turns out unreadable is made dead by the rule's next clause,
-/// in the same transaction, so the result is the rule's. Rows the fast path does not match are
+/// row it starts whose data then turns out unreadable has that start undone (a savepoint) and is
+/// made dead by the rule's next clause, in the same transaction, so the result is the rule's. Rows the fast path does not match are
 /// read and decided one by one.
 fn start_in(
     tx: &Transaction<'_>,
@@ -350,19 +450,35 @@ fn start_in(
          RETURNING {COLUMNS}"
     ))?;
     for id in ids {
-        if let Some(job) = fast
+        // The fast path starts before it can read the row; a savepoint undoes that start for a
+        // row that turns out unreadable, so it is made dead unstarted (epoch, worker and
+        // started_at as they were), exactly as the rule applied to the read row would.
+        tx.execute_batch("SAVEPOINT fast_start")?;
+        let started = fast
             .query_row(params![id, worker, now], row_to_job)
-            .optional()?
-        {
+            .optional();
+        let started = match started {
+            Ok(s) => s,
+            Err(e) => {
+                tx.execute_batch("ROLLBACK TO fast_start; RELEASE fast_start")?;
+                return Err(e);
+            }
+        };
+        if let Some(job) = started {
             match transition::unreadable_reason(&job) {
-                None => out.push(StartOutcome::Run(Box::new(job))),
+                None => {
+                    tx.execute_batch("RELEASE fast_start")?;
+                    out.push(StartOutcome::Run(Box::new(job)));
+                }
                 Some(reason) => {
+                    tx.execute_batch("ROLLBACK TO fast_start; RELEASE fast_start")?;
                     transit(tx, id, Guard::Any, &Change::dead(reason), now)?;
                     out.push(StartOutcome::Dead);
                 }
             }
             continue;
         }
+        tx.execute_batch("RELEASE fast_start")?;
         let Some(job) = get_job(tx, id)? else {
             out.push(StartOutcome::Missing);
             continue;
@@ -396,10 +512,9 @@ const START_RUNS: &str = "crashes < max_crashes AND (state = 'queued' OR (state 
 /// A job's state alone: what deciding needs when the rest of the row may not decode.
 fn get_state(tx: &rusqlite::Connection, id: &str) -> rusqlite::Result<Option<JobState>> {
     tx.prepare_cached("SELECT state FROM jobs WHERE id = ?1")?
-        .query_row([id], |r| r.get::<_, String>(0))
-        .optional()?
-        .map(|s| s.parse().map_err(|e| corrupt("state", e)))
-        .transpose()
+        .query_row([id], |r| text_lossy(r, 0))
+        .optional()
+        .map(|s| s.map(|s| read_state(s.as_deref(), &mut Vec::new())))
 }
 
 /// The store's answer for the state a lost worker's job reached.
@@ -617,6 +732,7 @@ impl Store for SqliteStore {
                 })
                 .await
             },
+            |e| StartOutcome::Unstartable(e.to_string()),
         )
         .await
     }
@@ -641,19 +757,21 @@ impl Store for SqliteStore {
                 })
                 .await
             },
+            |e| Committed::Unstored(e.to_string()),
         )
         .await
     }
 
     async fn mark_lost(&self, id: JobId, worker: &str, now: Micros) -> Result<Lost> {
-        let worker = worker.to_string();
-        self.db
+        let w = worker.to_string();
+        let decided = self
+            .db
             .write(move |tx| {
                 let sid = id.to_string();
                 let Some(job) = get_job(tx, &sid)? else {
                     return Ok(Lost::Missing);
                 };
-                match transition::lost(&job, &worker) {
+                match transition::lost(&job, &w) {
                     transition::Lost::NotOwned(state) => Ok(Lost::NotOwned(state)),
                     transition::Lost::Crashed(change) => {
                         transit(tx, &sid, Guard::Any, &change, now)?;
@@ -661,7 +779,29 @@ impl Store for SqliteStore {
                     }
                 }
             })
-            .await
+            .await;
+        match decided {
+            Err(e) if !e.is_transient() => {
+                // The last resort, as for a start: a job whose new state cannot be written
+                // (its follow-up refused, say) is made dead, or every sweep stops at it again.
+                let reason = transition::unreclaimable_reason(worker, &e);
+                tracing::error!(job = %id, %worker, error = %e, "a lost worker's job cannot be reclaimed; making it dead");
+                let worker = worker.to_string();
+                self.db
+                    .write(move |tx| {
+                        let sid = id.to_string();
+                        if bury(tx, &sid, Guard::Owner(worker), &reason, now)?.is_some() {
+                            return Ok(Lost::Dead);
+                        }
+                        Ok(match get_state(tx, &sid)? {
+                            Some(state) => Lost::NotOwned(state),
+                            None => Lost::Missing,
+                        })
+                    })
+                    .await
+            }
+            other => other,
+        }
     }
 
     async fn claim_due(&self, now: Micros, limit: usize) -> Result<Vec<ToPublish>> {
@@ -978,7 +1118,7 @@ impl Store for SqliteStore {
                     let (info, last_seen, status) = r?;
                     let info: WorkerInfo =
                         serde_json::from_str(&info).map_err(|e| corrupt("worker", e))?;
-                    let status = status.parse().map_err(|e| corrupt("worker", e))?;
+                    let status = WorkerStatus::read(&status, &info.id);
                     let ids = running
                         .query_map([&info.id], |r| r.get::<_, String>(0))?
                         .map(|r| r.and_then(parse_id))
@@ -1170,5 +1310,88 @@ mod tests {
             }
         }
         assert_eq!(checked, 7 * 4 * 4);
+    }
+}
+
+/// What SQLite alone can hold: a value of another type in any column, and a state outside the
+/// closed set (PostgreSQL's column types and CHECK refuse both). The cases PostgreSQL shares
+/// are in the poison conformance suite.
+#[cfg(test)]
+mod poison_tests {
+    use super::*;
+    use crate::job::{new_job_id, JobOptions};
+
+    fn job(queue: &str) -> NewJob {
+        NewJob {
+            id: new_job_id(),
+            task: "t".into(),
+            queue: queue.into(),
+            args: serde_json::json!({"n": 1}),
+            options: JobOptions::default(),
+            created_at: crate::time::now(),
+            run_at: None,
+        }
+    }
+
+    async fn planted(sql: &'static str) -> (SqliteStore, JobId, JobId) {
+        let dir = tempfile::tempdir().unwrap().keep();
+        let db = Db::open(dir.join("h.db")).unwrap();
+        let s = SqliteStore::new(db.clone());
+        let (good, bad) = (job("q"), job("q"));
+        s.insert(vec![bad.clone(), good.clone()]).await.unwrap();
+        let bid = bad.id.to_string();
+        db.write(move |tx| tx.execute(sql, [bid])).await.unwrap();
+        (s, good.id, bad.id)
+    }
+
+    /// Reads show the job with the column named; a start makes it dead and runs its neighbour.
+    async fn dies_at_start(sql: &'static str, column: &str) {
+        let (s, good, bad) = planted(sql).await;
+        let j = s.get(bad).await.expect("get").expect("found");
+        assert!(
+            j.unreadable
+                .iter()
+                .any(|n| n.starts_with(&format!("{column} "))),
+            "{:?}",
+            j.unreadable
+        );
+        let page = s.list(&JobFilter::default(), None, 10).await.expect("list");
+        assert_eq!(page.jobs.len(), 2);
+        let out = s
+            .start(&[bad, good], "w", crate::time::now())
+            .await
+            .unwrap();
+        assert_eq!(out[0], StartOutcome::Dead, "{out:?}");
+        assert!(
+            matches!(&out[1], StartOutcome::Run(j) if j.id == good),
+            "{out:?}"
+        );
+        let j = s.get(bad).await.unwrap().unwrap();
+        assert_eq!(j.state, JobState::Dead);
+        let error = j.error.unwrap_or_default();
+        assert!(
+            error.starts_with(&format!("stored {column} cannot be read")),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_counter_of_another_type_reads_and_dies_at_start() {
+        dies_at_start("UPDATE jobs SET crashes = 'many' WHERE id = ?1", "crashes").await;
+    }
+
+    #[tokio::test]
+    async fn a_budget_of_another_type_reads_and_dies_at_start() {
+        // Not in the fast path's WHERE clause: the start is made, then undone.
+        dies_at_start(
+            "UPDATE jobs SET max_retries = 'x' WHERE id = ?1",
+            "max_retries",
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn an_unknown_state_reads_and_dies_at_start() {
+        dies_at_start("UPDATE jobs SET state = 'paused' WHERE id = ?1", "state").await;
     }
 }

@@ -32,6 +32,18 @@ impl WorkerStatus {
     }
 }
 
+impl WorkerStatus {
+    /// A stored status, read without failing the view it is part of: a word this version does
+    /// not know (written by hand, or by a newer version) shows the worker as `lost`, the status
+    /// that claims the least about it, and is logged.
+    pub fn read(stored: &str, worker: &str) -> WorkerStatus {
+        stored.parse().unwrap_or_else(|e| {
+            tracing::warn!(%worker, error = %e, "a worker's stored status cannot be read; showing it as lost");
+            WorkerStatus::Lost
+        })
+    }
+}
+
 impl std::fmt::Display for WorkerStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -69,6 +81,8 @@ mod tests {
             );
         }
         assert!("Live".parse::<WorkerStatus>().is_err());
+        assert_eq!(WorkerStatus::read("stopped", "w"), WorkerStatus::Stopped);
+        assert_eq!(WorkerStatus::read("zombie", "w"), WorkerStatus::Lost);
         assert!("gone".parse::<WorkerStatus>().is_err());
     }
 }

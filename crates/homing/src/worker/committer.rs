@@ -83,6 +83,7 @@ where
 async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
     let completions: Vec<Completion> = batch.iter().filter_map(|i| i.completion.clone()).collect();
     let mut to_dispatch: Vec<ToPublish> = Vec::new();
+    let mut unstored: Vec<Delivery> = Vec::new();
     if !completions.is_empty() {
         let Some(results) = retrying(s, done, "committing outcomes", || {
             s.store.complete(&completions, now())
@@ -96,8 +97,16 @@ async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
             match r {
                 Committed::Applied { state, dispatch } => {
                     log_outcome(item, c, state);
-                    count_outcome(item, c);
+                    if let Some(name) = outcome_metric(&c.outcome, state) {
+                        crate::metrics::count(name, &item.delivery.queue, &item.task);
+                    }
                     to_dispatch.extend(dispatch);
+                }
+                Committed::Unstored(reason) => {
+                    // The run stays `running` under this worker; its delivery goes back so
+                    // that a later delivery finds it here without a handler and runs it again.
+                    tracing::error!(job = %c.id, task = %item.task, %reason, "an outcome cannot be stored; handing the message back");
+                    unstored.push(item.delivery.clone());
                 }
                 Committed::Stale => {
                     tracing::warn!(
@@ -115,7 +124,16 @@ async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
             tracing::warn!(error = %e, "publish failed; the reconciler will publish these jobs");
         }
     }
-    let deliveries: Vec<Delivery> = batch.iter().map(|i| i.delivery.clone()).collect();
+    if !unstored.is_empty() {
+        if let Err(e) = s.broker.requeue(&s.id, &unstored).await {
+            tracing::warn!(error = %e, "could not hand back a message; the rescuer will");
+        }
+    }
+    let deliveries: Vec<Delivery> = batch
+        .iter()
+        .map(|i| i.delivery.clone())
+        .filter(|d| !unstored.contains(d))
+        .collect();
     retrying(s, done, "acknowledging messages", || {
         s.broker.ack(&deliveries)
     })
@@ -123,25 +141,29 @@ async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
     drop(batch);
 }
 
-fn count_outcome(item: &Item, c: &Completion) {
+/// The counter a committed outcome adds to, from the state the store committed (a completion it
+/// could not store is committed as `dead` instead of what was asked).
+fn outcome_metric(outcome: &Outcome, state: JobState) -> Option<&'static str> {
     use crate::metrics::*;
-    let name = match c.outcome {
-        Outcome::Succeeded(_) => JOBS_SUCCEEDED,
-        Outcome::Failed { .. } => JOBS_FAILED,
-        Outcome::Retry { .. } => JOBS_RETRIED,
-        Outcome::Dead { .. } => JOBS_DEAD,
-        _ => return,
-    };
-    count(name, &item.delivery.queue, &item.task);
+    Some(match (state, outcome) {
+        (JobState::Dead, _) => JOBS_DEAD,
+        (JobState::Succeeded, _) => JOBS_SUCCEEDED,
+        (JobState::Failed, _) => JOBS_FAILED,
+        (JobState::Scheduled, Outcome::Retry { .. }) => JOBS_RETRIED,
+        _ => return None,
+    })
 }
 
 fn log_outcome(item: &Item, c: &Completion, state: JobState) {
     match (&c.outcome, state) {
-        (Outcome::Failed { error }, _) => {
-            tracing::warn!(event = "job.failed", job = %c.id, task = %item.task, %error, "job failed");
-        }
         (Outcome::Dead { reason }, _) => {
             tracing::error!(event = "job.dead", job = %c.id, task = %item.task, %reason, "job is dead");
+        }
+        (_, JobState::Dead) => {
+            tracing::error!(event = "job.dead", job = %c.id, task = %item.task, "job is dead: its outcome could not be stored (the job's error says why)");
+        }
+        (Outcome::Failed { error }, _) => {
+            tracing::warn!(event = "job.failed", job = %c.id, task = %item.task, %error, "job failed");
         }
         (Outcome::Retry { error, at }, _) => {
             tracing::info!(job = %c.id, task = %item.task, %error, retry_at = %crate::time::rfc3339(*at), "job will be retried");
@@ -153,5 +175,40 @@ fn log_outcome(item: &Item, c: &Completion, state: JobState) {
         _ => {
             tracing::debug!(job = %c.id, task = %item.task, %state, epoch = c.epoch, "job committed")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::*;
+
+    /// A completion the store could not write is committed as `dead`: it counts as dead, not as
+    /// what the handler asked for.
+    #[test]
+    fn metrics_follow_the_committed_state() {
+        let ok = Outcome::Succeeded(serde_json::json!(1));
+        let failed = Outcome::Failed { error: "e".into() };
+        let retry = Outcome::Retry {
+            error: "e".into(),
+            at: 1,
+        };
+        assert_eq!(outcome_metric(&ok, JobState::Dead), Some(JOBS_DEAD));
+        assert_eq!(outcome_metric(&failed, JobState::Dead), Some(JOBS_DEAD));
+        assert_eq!(outcome_metric(&retry, JobState::Dead), Some(JOBS_DEAD));
+        assert_eq!(
+            outcome_metric(&ok, JobState::Succeeded),
+            Some(JOBS_SUCCEEDED)
+        );
+        assert_eq!(outcome_metric(&failed, JobState::Failed), Some(JOBS_FAILED));
+        assert_eq!(
+            outcome_metric(&retry, JobState::Scheduled),
+            Some(JOBS_RETRIED)
+        );
+        assert_eq!(
+            outcome_metric(&Outcome::Snooze { at: 1 }, JobState::Scheduled),
+            None
+        );
+        assert_eq!(outcome_metric(&Outcome::Released, JobState::Queued), None);
     }
 }

@@ -82,17 +82,16 @@ async fn wait_and_start(s: Arc<Session>, r: Reserved) {
 /// Starts jobs that each hold a slot, in one store transaction, and runs those it may.
 async fn start_ready(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermit)>) {
     let ids: Vec<JobId> = items.iter().map(|(r, _)| r.id).collect();
-    // Set when a start call failed and was tried again: the failed call may have committed
-    // before its answer was lost, leaving our own jobs `running` under this worker.
-    let mut retried = false;
     let outcomes = loop {
         match s.store.start(&ids, &s.id, now()).await {
             Ok(o) => {
-                s.start_failures.store(0, Ordering::Relaxed);
+                // A job the store failed on keeps the count growing, so handing it back slows.
+                if !o.iter().any(|x| matches!(x, StartOutcome::Unstartable(_))) {
+                    s.start_failures.store(0, Ordering::Relaxed);
+                }
                 break o;
             }
             Err(e) if e.is_transient() && !s.lost.is_cancelled() && !s.stopping.is_cancelled() => {
-                retried = true;
                 let failures = s.start_failures.fetch_add(1, Ordering::Relaxed) + 1;
                 let nap = backoff(failures, TRANSIENT_CAP);
                 tracing::warn!(error = %e, retry_in = ?nap, "store unavailable while starting jobs; retrying");
@@ -128,16 +127,17 @@ async fn start_ready(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermi
                 let s2 = s.clone();
                 s.executors.spawn(run(s2, r, *job, slot));
             }
-            StartOutcome::Skip(JobState::Running) if retried => {
-                match started_by_lost_answer(s, r.id).await {
-                    Some(job) => {
-                        tracing::info!(job = %r.id, "an earlier start committed but its answer was lost: running the job");
-                        let s2 = s.clone();
-                        s.executors.spawn(run(s2, r, job, slot));
-                    }
-                    None => ack_only(s, r).await,
+            // Running under this very worker with no handler here: a start that committed
+            // although its caller saw an error (an answer lost in a retried call, or an earlier
+            // call that failed after committing part of its batch). Nobody else will run it.
+            StartOutcome::Skip(JobState::Running) => match started_by_lost_answer(s, r.id).await {
+                Some(job) => {
+                    tracing::warn!(job = %r.id, "an earlier start committed but its answer was lost: running the job");
+                    let s2 = s.clone();
+                    s.executors.spawn(run(s2, r, job, slot));
                 }
-            }
+                None => ack_only(s, r).await,
+            },
             StartOutcome::Skip(state) => {
                 tracing::debug!(job = %r.id, %state, "duplicate delivery skipped by the idempotency guard");
                 ack_only(s, r).await;
@@ -158,6 +158,22 @@ async fn start_ready(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermi
             StartOutcome::Missing => {
                 let reason = format!("message names job {} which the store does not have", r.id);
                 dead_letter(s, &r.delivery, &reason).await;
+            }
+            StartOutcome::Unstartable(reason) => {
+                // The store failed on this job alone; its batch-mates went ahead. Keep its slot
+                // for a growing pause before handing the message back, so the worker does not
+                // spin on it.
+                let failures = s.start_failures.fetch_add(1, Ordering::Relaxed) + 1;
+                let nap = backoff(failures, FAILURE_CAP);
+                tracing::error!(job = %r.id, %reason, retry_in = ?nap, "cannot start a job; handing its message back after a pause");
+                let s2 = s.clone();
+                s.executors.spawn(async move {
+                    pause(&s2, nap).await;
+                    if let Err(e) = s2.broker.requeue(&s2.id, std::slice::from_ref(&r.delivery)).await {
+                        tracing::warn!(error = %e, "could not hand back a message; the rescuer will");
+                    }
+                    drop((r, slot));
+                });
             }
         }
     }

@@ -193,6 +193,8 @@ fn transient_sqlstate(code: &str) -> bool {
                 | "55P03" // lock not available
                 | "57014" // statement timeout
                 | "25P03" // idle-in-transaction timeout
+                | "25006" // read-only transaction: a standby, or a primary just demoted (failover)
+                | "58030" // I/O error on the server
         )
 }
 
@@ -284,18 +286,39 @@ fn lenient_col<T: serde::de::DeserializeOwned>(
     Ok(read_json(s.as_deref(), what, unreadable))
 }
 
-fn count_col(row: &PgRow, idx: usize, what: &str) -> sqlx::Result<u32> {
-    let n: i64 = row.try_get(idx)?;
-    u32::try_from(n).map_err(|e| corrupt(what, e))
+/// A counter column, decoded leniently (see [`read_u32`]); unreadable shows as 0.
+fn count_col(
+    row: &PgRow,
+    idx: usize,
+    what: &str,
+    unreadable: &mut Vec<String>,
+) -> sqlx::Result<u32> {
+    let n: Option<i64> = row.try_get(idx)?;
+    Ok(read_u32(n, what, unreadable).unwrap_or(0))
 }
 
 fn parse_state(s: &str) -> sqlx::Result<JobState> {
     s.parse().map_err(|e| corrupt("state", e))
 }
 
+/// A job row, decoded so that no stored value fails it: JSON columns, counters, the epoch and
+/// the state that cannot be decoded are shown as null/zero/`queued` and named in
+/// [`Job::unreadable`] (see [`crate::transition::unreadable_reason`]).
 fn row_to_job(row: &PgRow) -> sqlx::Result<Job> {
-    let state: String = row.try_get(3)?;
+    let state: Option<String> = row.try_get(3)?;
     let mut bad = Vec::new();
+    let state = read_state(state.as_deref(), &mut bad);
+    let attempts = count_col(row, 7, "attempts", &mut bad)?;
+    let crashes = count_col(row, 8, "crashes", &mut bad)?;
+    let epoch = match u64::try_from(row.try_get::<i64, _>(9)?) {
+        Ok(n) => n,
+        Err(e) => {
+            bad.push(format!("epoch cannot be read: {e}"));
+            0
+        }
+    };
+    let max_retries = read_u32(row.try_get::<Option<i64>, _>(10)?, "max_retries", &mut bad);
+    let max_crashes = count_col(row, 11, "max_crashes", &mut bad)?;
     let args = lenient_col(row, 4, "args", &mut bad)?.unwrap_or(serde_json::Value::Null);
     let result = lenient_col(row, 5, "result", &mut bad)?;
     let retry_policy = lenient_col(row, 12, "retry_policy", &mut bad)?;
@@ -306,18 +329,15 @@ fn row_to_job(row: &PgRow) -> sqlx::Result<Job> {
         id: row.try_get(0)?,
         task: row.try_get(1)?,
         queue: row.try_get(2)?,
-        state: parse_state(&state)?,
+        state,
         args,
         result,
         error: row.try_get(6)?,
-        attempts: count_col(row, 7, "attempts")?,
-        crashes: count_col(row, 8, "crashes")?,
-        epoch: row.try_get::<i64, _>(9)? as u64,
-        max_retries: row
-            .try_get::<Option<i64>, _>(10)?
-            .map(|n| u32::try_from(n).map_err(|e| corrupt("max_retries", e)))
-            .transpose()?,
-        max_crashes: count_col(row, 11, "max_crashes")?,
+        attempts,
+        crashes,
+        epoch,
+        max_retries,
+        max_crashes,
         retry_policy,
         time_limit: row
             .try_get::<Option<i64>, _>(13)?
@@ -797,27 +817,57 @@ async fn transit(
 }
 
 /// The last resort for a job whose transition could not be written: `dead` with the reason and
-/// its `job.dead` event, by a statement that reads none of its JSON columns and writes no
-/// follow-up (a follow-up may be what could not be written). `fence` is the run's epoch for a
-/// completion, `None` for a start. Returns whether it applied.
+/// its `job.dead` event, by a statement that writes no follow-up (a follow-up may be what could
+/// not be written) and reads back only id, task, queue, worker and callback_url, decoding
+/// nothing else, so that it works on any row ([`buried_job`]). Returns whether it applied.
 async fn bury(
     pool: &PgPool,
     id: JobId,
-    fence: Option<u64>,
+    guard: BuryIf<'_>,
     reason: &str,
     now: Micros,
 ) -> sqlx::Result<bool> {
     let mut tx = pool.begin().await?;
-    let guard = match fence {
-        Some(epoch) => format!(" AND state = 'running' AND epoch = {}", epoch as i64),
-        None => " AND state IN ('queued', 'scheduled')".to_string(),
+    let sql_guard = match guard {
+        BuryIf::NotStarted => " AND state IN ('queued', 'scheduled')",
+        BuryIf::Fence(_) => " AND state = 'running' AND epoch = $4",
+        BuryIf::Owner(_) => " AND state = 'running' AND worker = $4",
     };
-    let done = write_change(&mut tx, id, &guard, &Change::dead(reason.to_string()), now).await?;
-    if done {
-        terminal_event(&mut tx, id, now).await?;
+    let sql = format!(
+        "UPDATE homing_jobs SET state = 'dead', error = $3, finished_at = $2, updated_at = $2 \
+         WHERE id = $1{sql_guard} RETURNING id, task, queue, worker, callback_url"
+    );
+    let reason = clean(reason);
+    let mut q = sqlx::query_as::<_, (JobId, String, String, Option<String>, Option<String>)>(&sql)
+        .bind(id)
+        .bind(now)
+        .bind(reason.as_ref());
+    match guard {
+        BuryIf::NotStarted => {}
+        BuryIf::Fence(epoch) => q = q.bind(epoch as i64),
+        BuryIf::Owner(worker) => q = q.bind(worker),
+    }
+    let Some((id, task, queue, worker, callback_url)) = q.fetch_optional(&mut *tx).await? else {
+        tx.commit().await?;
+        return Ok(false);
+    };
+    let job = buried_job(id, task, queue, worker, callback_url, &reason, now);
+    if let Some(ev) = NewEvent::for_terminal(&job) {
+        insert_event(&mut tx, &ev, now).await?;
     }
     tx.commit().await?;
-    Ok(done)
+    Ok(true)
+}
+
+/// Which rows [`bury`] may touch besides the id.
+#[derive(Clone, Copy)]
+enum BuryIf<'a> {
+    /// A start: only while the job has not started.
+    NotStarted,
+    /// A completion: only while this run (epoch) owns the job.
+    Fence(u64),
+    /// A lost worker's job: only while it runs under that worker.
+    Owner(&'a str),
 }
 
 async fn start_tx(
@@ -1119,7 +1169,10 @@ impl Store for PgStore {
             |id, e| async move {
                 let reason = transition::unstartable_reason(&e);
                 tracing::error!(job = %id, error = %e, "a job cannot be started; making it dead");
-                if self.call(bury(&self.pool, id, None, &reason, now)).await? {
+                if self
+                    .call(bury(&self.pool, id, BuryIf::NotStarted, &reason, now))
+                    .await?
+                {
                     return Ok(StartOutcome::Dead);
                 }
                 let state: Option<String> = self
@@ -1131,10 +1184,11 @@ impl Store for PgStore {
                     })
                     .await?;
                 Ok(match state {
-                    Some(st) => StartOutcome::Skip(parse_state(&st).map_err(|e| self.map_err(e))?),
+                    Some(st) => StartOutcome::Skip(read_state(Some(&st), &mut Vec::new())),
                     None => StartOutcome::Missing,
                 })
             },
+            |e| StartOutcome::Unstartable(e.to_string()),
         )
         .await
     }
@@ -1157,7 +1211,7 @@ impl Store for PgStore {
                 tracing::error!(job = %c.id, error = %e, "an outcome cannot be stored; making the job dead");
                 Ok(
                     if self
-                        .call(bury(&self.pool, c.id, Some(c.epoch), &reason, now))
+                        .call(bury(&self.pool, c.id, BuryIf::Fence(c.epoch), &reason, now))
                         .await?
                     {
                         Committed::Applied {
@@ -1169,12 +1223,39 @@ impl Store for PgStore {
                     },
                 )
             },
+            |e| Committed::Unstored(e.to_string()),
         )
         .await
     }
 
     async fn mark_lost(&self, id: JobId, worker: &str, now: Micros) -> Result<Lost> {
-        self.call(mark_lost_tx(&self.pool, id, worker, now)).await
+        match self.call(mark_lost_tx(&self.pool, id, worker, now)).await {
+            Err(e) if !e.is_transient() => {
+                // The last resort, as for a start: a job whose new state cannot be written
+                // (its follow-up refused, say) is made dead, or every sweep stops at it again.
+                let reason = transition::unreclaimable_reason(worker, &e);
+                tracing::error!(job = %id, %worker, error = %e, "a lost worker's job cannot be reclaimed; making it dead");
+                if self
+                    .call(bury(&self.pool, id, BuryIf::Owner(worker), &reason, now))
+                    .await?
+                {
+                    return Ok(Lost::Dead);
+                }
+                let state: Option<String> = self
+                    .call(async {
+                        sqlx::query_scalar("SELECT state FROM homing_jobs WHERE id = $1")
+                            .bind(id)
+                            .fetch_optional(&self.pool)
+                            .await
+                    })
+                    .await?;
+                Ok(match state {
+                    Some(st) => Lost::NotOwned(read_state(Some(&st), &mut Vec::new())),
+                    None => Lost::Missing,
+                })
+            }
+            other => other,
+        }
     }
 
     async fn claim_due(&self, now: Micros, limit: usize) -> Result<Vec<ToPublish>> {
@@ -1533,11 +1614,10 @@ impl Store for PgStore {
             for (info, last_seen, status) in rows {
                 let info: WorkerInfo =
                     serde_json::from_str(&info).map_err(|e| corrupt("worker", e))?;
-                let status = status.parse().map_err(|e| corrupt("worker", e))?;
                 out.push(WorkerRecord {
+                    status: WorkerStatus::read(&status, &info.id),
                     info,
                     last_seen,
-                    status,
                     running: Vec::new(),
                 });
             }
@@ -1708,5 +1788,22 @@ impl Store for PgStore {
                 .collect()
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failover leaves connections on a demoted primary (read-only transactions, 25006) and
+    /// I/O errors (58030) pass: both are retried, never taken for a job's bad data.
+    #[test]
+    fn failover_and_io_errors_are_transient() {
+        for code in ["25006", "58030", "40001", "08006", "57P01"] {
+            assert!(transient_sqlstate(code), "{code}");
+        }
+        for code in ["23505", "22P02", "42P01", "25001"] {
+            assert!(!transient_sqlstate(code), "{code}");
+        }
     }
 }
