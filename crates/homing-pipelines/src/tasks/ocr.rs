@@ -8,8 +8,8 @@ use serde::Deserialize;
 use std::time::Duration;
 
 use super::services;
-use crate::ocr::{self, ExtractError};
-use crate::state::Notification;
+use crate::ocr;
+use crate::state::{ExtractedText, Notification};
 use crate::Pipelines;
 use homing::{Context, JobState, RetryPolicy, Task, TaskError};
 
@@ -47,13 +47,16 @@ impl Task for Extract {
         tokio::fs::write(&path, &pdf).await?;
         let out = ocr::extract(&path, work.path(), &ctx.cancellation_token())
             .await
-            .map_err(|e| match e {
-                ExtractError::TooManyPages(_) => TaskError::fatal(e),
-                other => TaskError::retry(other),
+            .map_err(|e| {
+                if e.is_permanent() {
+                    TaskError::fatal(e)
+                } else {
+                    TaskError::retry(e)
+                }
             })?;
-        let pages = out.methods.len() as u32;
+        let pages = out.pages.len() as u32;
         let methods: Vec<String> = out
-            .methods
+            .methods()
             .iter()
             .map(|m| {
                 serde_json::to_value(m)
@@ -63,14 +66,33 @@ impl Task for Extract {
             .map(Option::unwrap_or_default)
             .collect();
         let chars = out.text.chars().count();
+        let low = out.low_confidence_pages();
+        if !low.is_empty() {
+            tracing::warn!(document = %doc.id, pages = ?low, threshold = ocr::LOW_CONFIDENCE, "pages recognised with low confidence");
+        }
         let current = s
             .state
-            .save_text(&doc.id, ctx.epoch(), out.text, pages, methods.clone())
+            .save_text(
+                &doc.id,
+                ctx.epoch(),
+                ExtractedText {
+                    text: out.text.clone(),
+                    pages,
+                    methods: methods.clone(),
+                    confidences: out.confidences(),
+                    low_confidence_pages: low.clone(),
+                },
+            )
             .await?;
         if !current {
             tracing::warn!(document = %doc.id, epoch = ctx.epoch(), "a newer OCR run saved its text first; discarding this one");
         }
-        Ok(serde_json::json!({ "pages": pages, "chars": chars, "methods": methods }))
+        Ok(serde_json::json!({
+            "pages": pages,
+            "chars": chars,
+            "methods": methods,
+            "low_confidence_pages": low,
+        }))
     }
 
     fn queue(&self) -> &str {
