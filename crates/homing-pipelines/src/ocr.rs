@@ -75,6 +75,9 @@ pub struct Recipe {
     /// Drop a "line" Tesseract found inside a taller, more confident line: the lower parts of
     /// large Hangul syllables, read a second time as a line of loose jamo.
     pub drop_nested_lines: bool,
+    /// The pass used instead when the first pass read straight across a gutter (two columns,
+    /// a table): one with Tesseract's own layout analysis, which finds columns.
+    pub columns: Option<Pass>,
     pub max_page_pixels: u64,
 }
 
@@ -92,6 +95,7 @@ impl Recipe {
             recheck_lang: None,
             doubt_below: 0.0,
             drop_nested_lines: false,
+            columns: None,
             max_page_pixels: MAX_PAGE_PIXELS,
         }
     }
@@ -113,8 +117,13 @@ impl Default for Recipe {
             }],
             good_enough: 90.0,
             recheck_lang: Some("kor".into()),
-            doubt_below: 85.0,
+            doubt_below: 93.0,
             drop_nested_lines: true,
+            columns: Some(Pass {
+                dpi: 300,
+                psm: None,
+                lang: "kor+eng".into(),
+            }),
             max_page_pixels: MAX_PAGE_PIXELS,
         }
     }
@@ -343,17 +352,23 @@ pub async fn extract_with(
             .iter()
             .find(|(p, _, _)| *p == page)
             .ok_or(ExtractError::NoPageSize(page))?;
+        let too_large = || ExtractError::PageTooLarge {
+            page,
+            width,
+            height,
+            max: recipe.max_page_pixels,
+        };
         let mut best: Option<(String, Page)> = None;
         for (i, pass) in recipe.passes.iter().enumerate() {
-            let dpi = capped_dpi(pass.dpi, width, height, recipe.max_page_pixels).ok_or(
-                ExtractError::PageTooLarge {
-                    page,
-                    width,
-                    height,
-                    max: recipe.max_page_pixels,
-                },
-            )?;
-            let (text, read) = recognise(pdf, work, page, dpi, pass, recipe, cancel).await?;
+            let dpi = capped_dpi(pass.dpi, width, height, recipe.max_page_pixels)
+                .ok_or_else(too_large)?;
+            let (mut text, mut read, gutter) =
+                recognise(pdf, work, page, dpi, pass, recipe, cancel).await?;
+            if let (true, Some(columns)) = (gutter, &recipe.columns) {
+                let dpi = capped_dpi(columns.dpi, width, height, recipe.max_page_pixels)
+                    .ok_or_else(too_large)?;
+                (text, read, _) = recognise(pdf, work, page, dpi, columns, recipe, cancel).await?;
+            }
             let better = match &best {
                 None => true,
                 Some((_, b)) => read.confidence.unwrap_or(-1.0) > b.confidence.unwrap_or(-1.0),
@@ -426,6 +441,7 @@ async fn tesseract(
 }
 
 /// Renders `page` at `dpi` and reads it with one pass; the rendered image is removed after.
+/// Also tells whether the reading crossed a gutter.
 async fn recognise(
     pdf: &Path,
     work: &Path,
@@ -434,7 +450,7 @@ async fn recognise(
     pass: &Pass,
     recipe: &Recipe,
     cancel: &CancellationToken,
-) -> Result<(String, Page), ExtractError> {
+) -> Result<(String, Page, bool), ExtractError> {
     let n = page.to_string();
     let r = dpi.to_string();
     let prefix = work.join(format!("page-{page}"));
@@ -482,6 +498,7 @@ async fn recognise(
                     dpi: Some(dpi),
                     pixels: Some(pixels),
                 },
+                false,
             ));
         }
         let mut read = words::parse(&tsv, &txt);
@@ -504,6 +521,7 @@ async fn recognise(
                 dpi: Some(dpi),
                 pixels: Some(pixels),
             },
+            words::crosses_a_gutter(&read),
         ))
     }
     .await;
