@@ -73,11 +73,20 @@ async fn main() {
         .cloned();
     corpus::need_tools();
     let dir = tempfile::tempdir().unwrap();
+    // BENCH_OCR_DIR keeps the generated pages for a look.
+    let keep = std::env::var_os("BENCH_OCR_DIR").map(std::path::PathBuf::from);
+    let out_dir = keep.as_deref().unwrap_or(dir.path());
     let cases: Vec<_> = corpus::all()
         .into_iter()
         .filter(|c| only.as_deref().is_none_or(|o| c.name.contains(o)))
         .collect();
 
+    if args.iter().any(|a| a == "--pages-only") {
+        for case in &cases {
+            eprintln!("{}", case.pdf(out_dir).display());
+        }
+        return;
+    }
     let mut recipes: Vec<(String, Recipe)> = vec![
         ("before".into(), Recipe::baseline()),
         ("after".into(), Recipe::default()),
@@ -100,7 +109,7 @@ async fn main() {
     let mut totals = vec![(0.0f64, 0.0f64, 0usize); recipes.len()];
     let mut rows = Vec::new();
     for case in &cases {
-        let pdf = case.pdf(dir.path());
+        let pdf = case.pdf(out_dir);
         let mut scores = Vec::new();
         for (i, (_, recipe)) in recipes.iter().enumerate() {
             let s = score(case, &pdf, recipe).await;

@@ -185,8 +185,15 @@ pub fn doubted(w: &Word, below: f32) -> bool {
     w.conf < below && !has_hangul(&w.text) && w.text.chars().any(char::is_alphabetic)
 }
 
+/// A Korean reading this confident replaces a doubted Latin one even when Tesseract scored the
+/// Latin junk higher: on the corpus a Korean word misread as Latin ("번호" as "HS") scores up to
+/// 92 in Latin and 89 in Korean, while Korean-only recognition of real Latin text yields digits
+/// and symbols, not Hangul, so it never qualifies.
+pub const KOREAN_SURE: f32 = 85.0;
+
 /// Replaces each doubted word of `base` with the Korean reading of the same place in `korean`
-/// when that reading is all Hangul words, covers most of the word, and is more confident.
+/// when that reading is all Hangul words, covers most of the word, and is more confident or
+/// at least [`KOREAN_SURE`].
 pub fn prefer_korean(base: Vec<Word>, korean: &[Word], below: f32) -> Vec<Word> {
     base.into_iter()
         .map(|w| {
@@ -207,7 +214,7 @@ pub fn prefer_korean(base: Vec<Word>, korean: &[Word], below: f32) -> Vec<Word> 
             let covered: i64 = inside.iter().map(|k| k.width).sum();
             let owned: Vec<Word> = inside.iter().map(|k| (*k).clone()).collect();
             let conf = mean_confidence(&owned).unwrap_or(0.0);
-            if covered * 10 < w.width * 6 || conf <= w.conf {
+            if covered * 10 < w.width * 6 || (conf <= w.conf && conf < KOREAN_SURE) {
                 return w;
             }
             let mut text = String::new();
@@ -348,6 +355,19 @@ mod tests {
         );
         let merged = prefer_korean(base, &korean, 85.0);
         assert_eq!(text(&merged), "은행 제출용 copy");
-        assert!((merged[1].conf - 91.0).abs() < 0.01);
+        // A confident Korean reading wins over a more confident Latin misreading…
+        let latin = |conf| {
+            parse(&format!("{HEAD}{}", row(1, 0, 0, 100, 40, conf, "HS")), "HS")
+        };
+        let hangul = |conf| {
+            parse(&format!("{HEAD}{}", row(1, 0, 0, 100, 40, conf, "번호")), "번호")
+        };
+        assert_eq!(text(&prefer_korean(latin(91.0), &hangul(89.0), 93.0)), "번호");
+        // …but a doubtful one only over a less confident Latin reading.
+        assert_eq!(text(&prefer_korean(latin(91.0), &hangul(60.0), 93.0)), "HS");
+        assert_eq!(text(&prefer_korean(latin(50.0), &hangul(60.0), 93.0)), "번호");
+        // A Latin word read confidently is not doubted at all.
+        assert_eq!(text(&prefer_korean(latin(96.0), &hangul(97.0), 93.0)), "HS");
+        assert!((merged[1].conf - 274.0 / 3.0).abs() < 0.01, "weighted by characters");
     }
 }
