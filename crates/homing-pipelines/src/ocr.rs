@@ -243,7 +243,10 @@ fn capped_dpi(wanted: u32, width: f64, height: f64, max_pixels: u64) -> Option<u
     if fits(wanted) {
         return Some(wanted);
     }
-    let mut dpi = (max_pixels as f64 / square_inches).sqrt().floor().min(f64::from(wanted)) as u32;
+    let mut dpi = (max_pixels as f64 / square_inches)
+        .sqrt()
+        .floor()
+        .min(f64::from(wanted)) as u32;
     while dpi >= MIN_DPI && !fits(dpi) {
         dpi -= 1;
     }
@@ -507,8 +510,7 @@ async fn recognise(
         }
         if let Some(lang) = &recipe.recheck_lang {
             if read.iter().any(|w| words::doubted(w, recipe.doubt_below)) {
-                let (txt, tsv) =
-                    tesseract(&image, work, page, dpi, lang, pass.psm, cancel).await?;
+                let (txt, tsv) = tesseract(&image, work, page, dpi, lang, pass.psm, cancel).await?;
                 let korean = words::parse(&tsv, &txt);
                 read = words::prefer_korean(read, &korean, recipe.doubt_below);
             }
@@ -543,7 +545,8 @@ mod tests {
 
     #[test]
     fn page_sizes_are_read_from_pdfinfo() {
-        let info = "Pages:          2\nPage    1 size: 595.276 x 841.89 pts (A4)\nPage    1 rot:  0\n\
+        let info =
+            "Pages:          2\nPage    1 size: 595.276 x 841.89 pts (A4)\nPage    1 rot:  0\n\
                     Page    2 size: 5000 x 5000 pts\nPage    3 size: nan x 3 pts\n";
         assert_eq!(
             page_sizes(info),

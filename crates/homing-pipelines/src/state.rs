@@ -645,7 +645,10 @@ mod tests {
             low_confidence_pages: low,
         };
         assert!(s.save_text("d", 3, run("new", 91.5, vec![])).await.unwrap());
-        assert!(!s.save_text("d", 2, run("old", 40.0, vec![1])).await.unwrap());
+        assert!(!s
+            .save_text("d", 2, run("old", 40.0, vec![1]))
+            .await
+            .unwrap());
         let d = s.document("d").await.unwrap().unwrap();
         assert_eq!(d.text.as_deref(), Some("new"));
         assert_eq!(d.confidences, Some(vec![Some(91.5)]));

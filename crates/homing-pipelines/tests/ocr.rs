@@ -88,7 +88,8 @@ async fn a_page_read_badly_is_flagged_not_passed_silently() {
             font: corpus::NANUM,
             size: 7.0,
             width: 451.0,
-            text: "본 문서는 신청인의 요청에 따라 발급되었으며 발급일로부터 삼십 일 동안 유효합니다.",
+            text:
+                "본 문서는 신청인의 요청에 따라 발급되었으며 발급일로부터 삼십 일 동안 유효합니다.",
         }],
         degrade: corpus::Degrade {
             angle: 2.5,
@@ -123,7 +124,13 @@ async fn a_page_read_badly_is_flagged_not_passed_silently() {
 /// A PDF of one `side` × `side` pt page with a black bar and no text, built by hand so the
 /// cross-reference offsets are right.
 fn huge_page_pdf(side: u32) -> Vec<u8> {
-    let content = format!("0 0 0 rg {} {} {} {} re f\n", side / 10, side / 2, side / 2, side / 20);
+    let content = format!(
+        "0 0 0 rg {} {} {} {} re f\n",
+        side / 10,
+        side / 2,
+        side / 2,
+        side / 20
+    );
     let objects = [
         "<< /Type /Catalog /Pages 2 0 R >>".to_string(),
         "<< /Type /Pages /Kids [3 0 R] /Count 1 >>".to_string(),
@@ -137,7 +144,9 @@ fn huge_page_pdf(side: u32) -> Vec<u8> {
         pdf.extend_from_slice(format!("{} 0 obj\n{o}\nendobj\n", i + 1).as_bytes());
     }
     let xref = pdf.len();
-    pdf.extend_from_slice(format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes());
+    pdf.extend_from_slice(
+        format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).as_bytes(),
+    );
     for o in offsets {
         pdf.extend_from_slice(format!("{o:010} 00000 n \n").as_bytes());
     }
@@ -164,7 +173,10 @@ async fn a_huge_page_is_rendered_within_the_pixel_cap() {
     let page = &out.pages[0];
     assert_eq!(page.method, Method::Ocr);
     let (dpi, pixels) = (page.dpi.unwrap(), page.pixels.unwrap());
-    assert!(pixels <= ocr::MAX_PAGE_PIXELS, "{pixels} pixels at {dpi} dpi");
+    assert!(
+        pixels <= ocr::MAX_PAGE_PIXELS,
+        "{pixels} pixels at {dpi} dpi"
+    );
     assert!((ocr::MIN_DPI..300).contains(&dpi), "{dpi} dpi");
 }
 
@@ -175,7 +187,10 @@ async fn a_page_too_large_even_at_the_lowest_resolution_is_refused_for_good() {
     let pdf = dir.path().join("enormous.pdf");
     std::fs::write(&pdf, huge_page_pdf(14_400)).unwrap();
     let e = extract(&pdf).await.unwrap_err();
-    assert!(matches!(e, ExtractError::PageTooLarge { page: 1, .. }), "{e}");
+    assert!(
+        matches!(e, ExtractError::PageTooLarge { page: 1, .. }),
+        "{e}"
+    );
     assert!(e.is_permanent(), "retrying cannot help: {e}");
     assert!(e.to_string().contains("page 1"), "{e}");
 }

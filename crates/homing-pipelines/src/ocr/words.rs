@@ -165,11 +165,7 @@ pub fn drop_nested_lines(words: Vec<Word>) -> Vec<Word> {
             let mh = m.bottom - m.top;
             let across = l.left.max(m.left) < l.right.min(m.right);
             let overlap = l.bottom.min(m.bottom) - l.top.max(m.top);
-            m.id != l.id
-                && across
-                && h * 10 < mh * 8
-                && overlap * 10 >= h * 7
-                && m.conf > l.conf
+            m.id != l.id && across && h * 10 < mh * 8 && overlap * 10 >= h * 7 && m.conf > l.conf
         })
     };
     let drop: Vec<(u32, u32, u32)> = ls.iter().filter(|l| nested(l)).map(|l| l.id).collect();
@@ -357,17 +353,32 @@ mod tests {
         assert_eq!(text(&merged), "은행 제출용 copy");
         // A confident Korean reading wins over a more confident Latin misreading…
         let latin = |conf| {
-            parse(&format!("{HEAD}{}", row(1, 0, 0, 100, 40, conf, "HS")), "HS")
+            parse(
+                &format!("{HEAD}{}", row(1, 0, 0, 100, 40, conf, "HS")),
+                "HS",
+            )
         };
         let hangul = |conf| {
-            parse(&format!("{HEAD}{}", row(1, 0, 0, 100, 40, conf, "번호")), "번호")
+            parse(
+                &format!("{HEAD}{}", row(1, 0, 0, 100, 40, conf, "번호")),
+                "번호",
+            )
         };
-        assert_eq!(text(&prefer_korean(latin(91.0), &hangul(89.0), 93.0)), "번호");
+        assert_eq!(
+            text(&prefer_korean(latin(91.0), &hangul(89.0), 93.0)),
+            "번호"
+        );
         // …but a doubtful one only over a less confident Latin reading.
         assert_eq!(text(&prefer_korean(latin(91.0), &hangul(60.0), 93.0)), "HS");
-        assert_eq!(text(&prefer_korean(latin(50.0), &hangul(60.0), 93.0)), "번호");
+        assert_eq!(
+            text(&prefer_korean(latin(50.0), &hangul(60.0), 93.0)),
+            "번호"
+        );
         // A Latin word read confidently is not doubted at all.
         assert_eq!(text(&prefer_korean(latin(96.0), &hangul(97.0), 93.0)), "HS");
-        assert!((merged[1].conf - 274.0 / 3.0).abs() < 0.01, "weighted by characters");
+        assert!(
+            (merged[1].conf - 274.0 / 3.0).abs() < 0.01,
+            "weighted by characters"
+        );
     }
 }

@@ -48,7 +48,10 @@ pub fn need_tools() {
         .output()
         .expect("fc-list (Debian package fontconfig)");
     let fonts = String::from_utf8_lossy(&fonts.stdout);
-    for (font, package) in [("NanumGothic", "fonts-nanum"), ("DejaVu Sans", "fonts-dejavu-core")] {
+    for (font, package) in [
+        ("NanumGothic", "fonts-nanum"),
+        ("DejaVu Sans", "fonts-dejavu-core"),
+    ] {
         assert!(
             fonts.contains(font),
             "the font {font} is missing: install the Debian package {package}"
@@ -99,7 +102,11 @@ impl Block {
     fn expected(&self) -> String {
         match self {
             Block::Text { text, .. } => text.to_string(),
-            Block::Columns(cs) => cs.iter().map(Block::expected).collect::<Vec<_>>().join("\n"),
+            Block::Columns(cs) => cs
+                .iter()
+                .map(Block::expected)
+                .collect::<Vec<_>>()
+                .join("\n"),
             Block::Table { rows, .. } => rows
                 .iter()
                 .map(|r| r.join(" "))
@@ -138,7 +145,10 @@ impl Degrade {
     }
 
     pub fn is_clean(&self) -> bool {
-        self.angle == 0.0 && !self.blur && self.noise == 0.0 && self.specks == 0.0
+        self.angle == 0.0
+            && !self.blur
+            && self.noise == 0.0
+            && self.specks == 0.0
             && self.jpeg.is_none()
             && self.paper == 255
             && self.ink == 0
@@ -263,7 +273,14 @@ impl Case {
                         .iter()
                         .enumerate()
                         .map(|(c, t)| {
-                            self.typeset(dir, &format!("{tag}-{r}-{c}"), font, *size, column - 10.0, t)
+                            self.typeset(
+                                dir,
+                                &format!("{tag}-{r}-{c}"),
+                                font,
+                                *size,
+                                column - 10.0,
+                                t,
+                            )
                         })
                         .collect();
                     let rh = cells.iter().map(|c| c.height()).max().unwrap_or(0) + 2 * pad;
@@ -337,8 +354,9 @@ fn rule(page: &mut GrayImage, x: u32, y: u32, w: u32, h: u32) {
 }
 
 fn seed(name: &str) -> u64 {
-    name.bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// Applies `d` to a clean page; the same seed gives the same page.
@@ -433,17 +451,22 @@ const TITLE_KO: &str = "문서 발급 확인서";
 const SEED_EN: &str = "The document was issued and stored on 2024-03-15.";
 const SEED_MIXED: &str = "발급 번호 HOM-2024 은행 제출용 copy";
 
-const BODY_KO: &str = "본 문서는 신청인의 요청에 따라 발급되었으며 발급일로부터 삼십 일 동안 유효합니다. \
+const BODY_KO: &str =
+    "본 문서는 신청인의 요청에 따라 발급되었으며 발급일로부터 삼십 일 동안 유효합니다. \
 제출처에서 진위 여부를 확인할 수 있도록 발급 번호와 확인 코드를 함께 기재하였습니다. \
 문의 사항이 있으시면 민원 안내 창구로 연락하시기 바랍니다.";
-const BODY_EN: &str = "This certificate confirms that the applicant has completed the registration \
+const BODY_EN: &str =
+    "This certificate confirms that the applicant has completed the registration \
 process. The record was verified against the original documents and will be kept for five \
 years. Please keep this page with your other papers and present it when asked.";
-const BODY_MIXED: &str = "주문 번호 ORD-7731 의 배송 상태는 Delivered 입니다. 담당자 Kim Minsoo 에게 \
+const BODY_MIXED: &str =
+    "주문 번호 ORD-7731 의 배송 상태는 Delivered 입니다. 담당자 Kim Minsoo 에게 \
 문의하시거나 고객센터 02-1234-5678 로 전화해 주십시오. Tracking code 는 KR55 입니다.";
-const COL_LEFT: &str = "회의 결과 요약: 다음 분기 예산은 원안대로 승인되었습니다. The budget review \
+const COL_LEFT: &str =
+    "회의 결과 요약: 다음 분기 예산은 원안대로 승인되었습니다. The budget review \
 meeting approved the plan without changes.";
-const COL_RIGHT: &str = "후속 조치로 각 부서는 다음 주까지 세부 계획을 제출합니다. Each team sends \
+const COL_RIGHT: &str =
+    "후속 조치로 각 부서는 다음 주까지 세부 계획을 제출합니다. Each team sends \
 its detailed plan by next Friday.";
 
 /// The issue's page: a large Korean title, an English line and a small mixed line.
@@ -586,9 +609,21 @@ pub fn all() -> Vec<Case> {
         seed_degraded_case(),
         case("ko-letter-worn", "ko", 300, &letter_ko, worn(-3.0, 45)),
         case("en-letter-worn", "en", 200, &letter_en, worn(1.5, 50)),
-        case("ko-letter-150dpi-worn", "ko", 150, &letter_ko, worn(-1.0, 70)),
+        case(
+            "ko-letter-150dpi-worn",
+            "ko",
+            150,
+            &letter_ko,
+            worn(-1.0, 70),
+        ),
         case("mixed-notice-worn", "mixed", 200, &mixed, worn(3.0, 55)),
-        case("mixed-two-columns-worn", "mixed", 300, &columns, worn(-2.0, 50)),
+        case(
+            "mixed-two-columns-worn",
+            "mixed",
+            300,
+            &columns,
+            worn(-2.0, 50),
+        ),
         case("mixed-table-worn", "mixed", 200, &table, worn(1.0, 60)),
     ]
 }
@@ -602,6 +637,9 @@ mod tests {
         assert_eq!(cer("문서 발급", "문서  발급\n"), 0.0);
         assert_eq!(cer("abcd", "abxd"), 0.25);
         assert_eq!(cer("ab", ""), 1.0);
-        assert_eq!(edit_distance(&normalise("kitten"), &normalise("sitting")), 3);
+        assert_eq!(
+            edit_distance(&normalise("kitten"), &normalise("sitting")),
+            3
+        );
     }
 }
