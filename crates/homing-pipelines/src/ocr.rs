@@ -558,7 +558,7 @@ mod tests {
     fn a_huge_page_is_rendered_at_a_lower_resolution_or_refused() {
         assert_eq!(capped_dpi(400, 595.0, 842.0, MAX_PAGE_PIXELS), Some(400));
         let dpi = capped_dpi(400, 5000.0, 5000.0, MAX_PAGE_PIXELS).unwrap();
-        assert!(dpi < 400 && dpi >= MIN_DPI, "{dpi}");
+        assert!((MIN_DPI..400).contains(&dpi), "{dpi}");
         let side = (5000.0 / 72.0 * f64::from(dpi)).ceil() + 1.0;
         assert!(side * side <= MAX_PAGE_PIXELS as f64);
         assert_eq!(capped_dpi(400, 14400.0, 100_000.0, MAX_PAGE_PIXELS), None);

@@ -90,11 +90,8 @@ pub fn text(words: &[Word]) -> String {
     for w in words {
         match prev {
             None => {}
-            Some(p) if p == w.line => {
-                if w.space_before {
-                    out.push(' ');
-                }
-            }
+            Some(p) if p == w.line && w.space_before => out.push(' '),
+            Some(p) if p == w.line => {}
             Some(p) if (p.0, p.1) == (w.line.0, w.line.1) => out.push('\n'),
             Some(_) => out.push_str("\n\n"),
         }
@@ -128,7 +125,7 @@ struct Line {
 
 fn lines(words: &[Word]) -> Vec<Line> {
     let mut out: Vec<Line> = Vec::new();
-    for (i, w) in words.iter().enumerate() {
+    for w in words {
         match out.last_mut() {
             Some(l) if l.id == w.line => {
                 l.left = l.left.min(w.left);
@@ -145,7 +142,6 @@ fn lines(words: &[Word]) -> Vec<Line> {
                 conf: 0.0,
             }),
         }
-        let _ = i;
     }
     for l in &mut out {
         let on: Vec<Word> = words.iter().filter(|w| w.line == l.id).cloned().collect();
@@ -313,8 +309,8 @@ mod tests {
 
     #[test]
     fn a_reading_across_two_columns_is_told_from_one_column() {
-        let mut two = format!("{HEAD}");
-        let mut one = format!("{HEAD}");
+        let mut two = HEAD.to_string();
+        let mut one = HEAD.to_string();
         for line in 1..=4 {
             let top = i64::from(line) * 50;
             two += &row(line, 0, top, 300, 40, 95.0, "left");
