@@ -22,6 +22,7 @@ use std::time::Duration;
 use crate::tools::{self, ToolError};
 use homing::CancellationToken;
 
+mod deskew;
 mod words;
 
 /// A page with fewer visible characters than this in its text layer is treated as a scan.
@@ -75,6 +76,8 @@ pub struct Recipe {
     /// Drop a "line" Tesseract found inside a taller, more confident line: the lower parts of
     /// large Hangul syllables, read a second time as a line of loose jamo.
     pub drop_nested_lines: bool,
+    /// Straighten a page scanned askew (up to 4°) before reading it.
+    pub deskew: bool,
     /// The pass used instead when the first pass read straight across a gutter (two columns,
     /// a table): one with Tesseract's own layout analysis, which finds columns.
     pub columns: Option<Pass>,
@@ -95,6 +98,7 @@ impl Recipe {
             recheck_lang: None,
             doubt_below: 0.0,
             drop_nested_lines: false,
+            deskew: false,
             columns: None,
             max_page_pixels: MAX_PAGE_PIXELS,
         }
@@ -119,6 +123,7 @@ impl Default for Recipe {
             recheck_lang: Some("kor".into()),
             doubt_below: 93.0,
             drop_nested_lines: true,
+            deskew: true,
             columns: Some(Pass {
                 dpi: 300,
                 psm: None,
@@ -490,6 +495,13 @@ async fn recognise(
                 height: f64::from(h) * 72.0 / f64::from(dpi),
                 max: recipe.max_page_pixels,
             });
+        }
+        if recipe.deskew {
+            let path = image.clone();
+            tokio::task::spawn_blocking(move || deskew::straighten(&path))
+                .await
+                .map_err(std::io::Error::other)?
+                .map_err(|e| std::io::Error::other(format!("cannot straighten the page: {e}")))?;
         }
         let (txt, tsv) = tesseract(&image, work, page, dpi, &pass.lang, pass.psm, cancel).await?;
         if !recipe.rebuilds() {
