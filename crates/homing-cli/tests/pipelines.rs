@@ -556,6 +556,9 @@ async fn text_and_scanned_pdfs_come_back_as_text_in_page_order() {
         .await;
     let text = d["text"].as_str().unwrap();
     assert_eq!(d["methods"], serde_json::json!(["text", "text"]), "{d}");
+    // A text layer is not recognised, so it has no confidence and is never flagged.
+    assert_eq!(d["page_confidence"], serde_json::json!([null, null]), "{d}");
+    assert_eq!(d["low_confidence_pages"], serde_json::json!([]), "{d}");
     for w in [
         "첫째",
         "발급",
@@ -582,6 +585,16 @@ async fn text_and_scanned_pdfs_come_back_as_text_in_page_order() {
         .await;
     let text = d["text"].as_str().unwrap();
     assert_eq!(d["methods"], serde_json::json!(["ocr", "ocr"]), "{d}");
+    // Both scans read cleanly: a confidence per page, none below the threshold.
+    let confidences = d["page_confidence"].as_array().expect("page_confidence");
+    assert_eq!(confidences.len(), 2, "{d}");
+    assert!(
+        confidences.iter().all(|c| c
+            .as_f64()
+            .is_some_and(|c| c >= f64::from(homing_pipelines::ocr::LOW_CONFIDENCE))),
+        "{d}"
+    );
+    assert_eq!(d["low_confidence_pages"], serde_json::json!([]), "{d}");
     for w in ["발급", "문서", "HOMING", "결과", "보고서", "REPORT"] {
         assert!(text.contains(w), "{w:?} not recognised: {text:?}");
     }

@@ -25,6 +25,10 @@ CREATE TABLE IF NOT EXISTS documents (
     text         TEXT,
     pages        INTEGER,
     methods      TEXT,
+    -- per page: Tesseract's mean word confidence, null for a text-layer page (a JSON array)
+    confidences  TEXT,
+    -- the 1-based pages read with low confidence (a JSON array), see ocr::LOW_CONFIDENCE
+    low_confidence_pages TEXT,
     -- the epoch of the OCR run that wrote `text`: an older run cannot overwrite a newer one
     ocr_epoch    INTEGER NOT NULL DEFAULT 0,
     created_at   INTEGER NOT NULL,
@@ -120,8 +124,22 @@ pub struct Document {
     pub text: Option<String>,
     pub pages: Option<u32>,
     pub methods: Option<Vec<String>>,
+    /// Per page, the OCR's mean word confidence (0–100); `None` for a page with a text layer.
+    pub confidences: Option<Vec<Option<f32>>>,
+    /// The 1-based pages whose recognition is doubtful (see [`crate::ocr::LOW_CONFIDENCE`]).
+    pub low_confidence_pages: Option<Vec<u32>>,
     pub created_at: i64,
     pub extracted_at: Option<i64>,
+}
+
+/// What one OCR run found, as saved on the document.
+#[derive(Debug, Clone, Default)]
+pub struct ExtractedText {
+    pub text: String,
+    pub pages: u32,
+    pub methods: Vec<String>,
+    pub confidences: Vec<Option<f32>>,
+    pub low_confidence_pages: Vec<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -164,6 +182,27 @@ pub struct NewTrack {
     pub image_key: String,
 }
 
+/// Columns added after the first release: a database made before them gets them on open.
+const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
+    ("documents", "confidences", "TEXT"),
+    ("documents", "low_confidence_pages", "TEXT"),
+];
+
+fn add_missing_columns(conn: &Connection) -> rusqlite::Result<()> {
+    for (table, column, ty) in ADDED_COLUMNS {
+        let present: bool = conn.query_row(
+            "SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2",
+            params![table, column],
+            |r| r.get(0),
+        )?;
+        if !present {
+            // Names come from the constant above, never from input.
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {ty}"))?;
+        }
+    }
+    Ok(())
+}
+
 impl State {
     pub fn open(path: &Path) -> Result<State> {
         if let Some(dir) = path.parent() {
@@ -177,6 +216,7 @@ impl State {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.execute_batch(SCHEMA)?;
+        add_missing_columns(&conn)?;
         Ok(State {
             conn: Arc::new(Mutex::new(conn)),
         })
@@ -232,10 +272,13 @@ impl State {
         self.with(move |c| {
             c.query_row(
                 "SELECT id, filename, size, object_key, callback_url, ocr_job, text, pages, methods, \
-                 created_at, extracted_at FROM documents WHERE id = ?1",
+                 created_at, extracted_at, confidences, low_confidence_pages FROM documents \
+                 WHERE id = ?1",
                 [id],
                 |r| {
                     let methods: Option<String> = r.get(8)?;
+                    let confidences: Option<String> = r.get(11)?;
+                    let low: Option<String> = r.get(12)?;
                     Ok(Document {
                         id: r.get(0)?,
                         filename: r.get(1)?,
@@ -248,6 +291,8 @@ impl State {
                         methods: methods.and_then(|m| serde_json::from_str(&m).ok()),
                         created_at: r.get(9)?,
                         extracted_at: r.get(10)?,
+                        confidences: confidences.and_then(|c| serde_json::from_str(&c).ok()),
+                        low_confidence_pages: low.and_then(|l| serde_json::from_str(&l).ok()),
                     })
                 },
             )
@@ -257,21 +302,26 @@ impl State {
     }
 
     /// Saves extracted text if no newer OCR run saved its own; `false` when this run is stale.
-    pub async fn save_text(
-        &self,
-        id: &str,
-        epoch: u64,
-        text: String,
-        pages: u32,
-        methods: Vec<String>,
-    ) -> Result<bool> {
+    pub async fn save_text(&self, id: &str, epoch: u64, t: ExtractedText) -> Result<bool> {
         let id = id.to_string();
-        let methods = serde_json::to_string(&methods).unwrap_or_default();
+        let methods = serde_json::to_string(&t.methods).unwrap_or_default();
+        let confidences = serde_json::to_string(&t.confidences).unwrap_or_default();
+        let low = serde_json::to_string(&t.low_confidence_pages).unwrap_or_default();
         self.with(move |c| {
             c.execute(
                 "UPDATE documents SET text = ?2, pages = ?3, methods = ?4, ocr_epoch = ?5, \
-                 extracted_at = ?6 WHERE id = ?1 AND ocr_epoch <= ?5",
-                params![id, text, pages, methods, epoch as i64, now()],
+                 extracted_at = ?6, confidences = ?7, low_confidence_pages = ?8 \
+                 WHERE id = ?1 AND ocr_epoch <= ?5",
+                params![
+                    id,
+                    t.text,
+                    t.pages,
+                    methods,
+                    epoch as i64,
+                    now(),
+                    confidences,
+                    low
+                ],
             )
             .map(|n| n == 1)
         })
@@ -584,16 +634,67 @@ mod tests {
             text: None,
             pages: None,
             methods: None,
+            confidences: None,
+            low_confidence_pages: None,
             created_at: 0,
             extracted_at: None,
         })
         .await
         .unwrap();
-        assert!(s.save_text("d", 3, "new".into(), 1, vec![]).await.unwrap());
-        assert!(!s.save_text("d", 2, "old".into(), 1, vec![]).await.unwrap());
+        let run = |text: &str, confidence: f32, low: Vec<u32>| ExtractedText {
+            text: text.into(),
+            pages: 1,
+            methods: vec!["ocr".into()],
+            confidences: vec![Some(confidence)],
+            low_confidence_pages: low,
+        };
+        assert!(s.save_text("d", 3, run("new", 91.5, vec![])).await.unwrap());
+        assert!(!s
+            .save_text("d", 2, run("old", 40.0, vec![1]))
+            .await
+            .unwrap());
+        let d = s.document("d").await.unwrap().unwrap();
+        assert_eq!(d.text.as_deref(), Some("new"));
+        assert_eq!(d.confidences, Some(vec![Some(91.5)]));
+        assert_eq!(d.low_confidence_pages, Some(vec![]));
+    }
+
+    #[tokio::test]
+    async fn a_database_from_before_the_confidence_columns_gets_them_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pipelines.db");
+        let old = Connection::open(&path).unwrap();
+        old.execute_batch(
+            "CREATE TABLE documents (id TEXT PRIMARY KEY, filename TEXT, size INTEGER NOT NULL, \
+             object_key TEXT NOT NULL, callback_url TEXT, ocr_job TEXT, text TEXT, pages INTEGER, \
+             methods TEXT, ocr_epoch INTEGER NOT NULL DEFAULT 0, created_at INTEGER NOT NULL, \
+             extracted_at INTEGER); \
+             INSERT INTO documents (id, size, object_key, text, created_at) \
+             VALUES ('d', 1, 'k', 'kept', 0);",
+        )
+        .unwrap();
+        drop(old);
+        let s = State::open(&path).unwrap();
+        let d = s.document("d").await.unwrap().unwrap();
+        assert_eq!(d.text.as_deref(), Some("kept"));
+        assert_eq!(d.low_confidence_pages, None);
+        assert!(s.save_text("d", 1, run_of("again")).await.unwrap());
+        // Opening again finds the columns present and changes nothing.
+        drop(s);
+        let s = State::open(&path).unwrap();
         assert_eq!(
-            s.document("d").await.unwrap().unwrap().text.as_deref(),
-            Some("new")
+            s.document("d").await.unwrap().unwrap().low_confidence_pages,
+            Some(vec![1])
         );
+    }
+
+    fn run_of(text: &str) -> ExtractedText {
+        ExtractedText {
+            text: text.into(),
+            pages: 1,
+            methods: vec!["ocr".into()],
+            confidences: vec![Some(12.0)],
+            low_confidence_pages: vec![1],
+        }
     }
 }

@@ -87,6 +87,8 @@ pub async fn create(
             text: None,
             pages: None,
             methods: None,
+            confidences: None,
+            low_confidence_pages: None,
             created_at: homing::time::now(),
             extracted_at: None,
         })
@@ -168,6 +170,10 @@ pub async fn get(
         "text": doc.text,
         "pages": doc.pages,
         "methods": doc.methods,
+        // Per page: the OCR's mean word confidence (null for a text layer), and the pages
+        // below ocr::LOW_CONFIDENCE, which a person should check.
+        "page_confidence": doc.confidences,
+        "low_confidence_pages": doc.low_confidence_pages,
         "filename": doc.filename,
         "size": doc.size,
         "file_url": format!("/v1/documents/{id}/file"),

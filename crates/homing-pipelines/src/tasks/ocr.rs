@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use super::services;
 use crate::ocr::{self, ExtractError};
-use crate::state::Notification;
-use crate::tools::ToolError;
+use crate::state::{ExtractedText, Notification};
 use crate::Pipelines;
 use homing::{Context, JobState, RetryPolicy, Task, TaskError};
 
@@ -49,9 +48,9 @@ impl Task for Extract {
         let out = ocr::extract(&path, work.path(), &ctx.cancellation_token())
             .await
             .map_err(classify)?;
-        let pages = out.methods.len() as u32;
+        let pages = out.pages.len() as u32;
         let methods: Vec<String> = out
-            .methods
+            .methods()
             .iter()
             .map(|m| {
                 serde_json::to_value(m)
@@ -61,14 +60,33 @@ impl Task for Extract {
             .map(Option::unwrap_or_default)
             .collect();
         let chars = out.text.chars().count();
+        let low = out.low_confidence_pages();
+        if !low.is_empty() {
+            tracing::warn!(document = %doc.id, pages = ?low, threshold = ocr::LOW_CONFIDENCE, "pages recognised with low confidence");
+        }
         let current = s
             .state
-            .save_text(&doc.id, ctx.epoch(), out.text, pages, methods.clone())
+            .save_text(
+                &doc.id,
+                ctx.epoch(),
+                ExtractedText {
+                    text: out.text.clone(),
+                    pages,
+                    methods: methods.clone(),
+                    confidences: out.confidences(),
+                    low_confidence_pages: low.clone(),
+                },
+            )
             .await?;
         if !current {
             tracing::warn!(document = %doc.id, epoch = ctx.epoch(), "a newer OCR run saved its text first; discarding this one");
         }
-        Ok(serde_json::json!({ "pages": pages, "chars": chars, "methods": methods }))
+        Ok(serde_json::json!({
+            "pages": pages,
+            "chars": chars,
+            "methods": methods,
+            "low_confidence_pages": low,
+        }))
     }
 
     fn queue(&self) -> &str {
@@ -93,20 +111,10 @@ impl Task for Extract {
 /// they are retried; so is a tool killed outright (SIGKILL: the kernel's out-of-memory killer or
 /// an operator), which says more about the machine's load than about the file.
 fn classify(e: ExtractError) -> TaskError {
-    match &e {
-        ExtractError::Tool(ToolError::Failed { status, .. }) if status.contains("SIGKILL") => {
-            TaskError::retry(e)
-        }
-        ExtractError::TooManyPages(_)
-        | ExtractError::NoPageCount
-        | ExtractError::Tool(ToolError::Failed { .. }) => TaskError::fatal(e),
-        ExtractError::Tool(
-            ToolError::TimedOut { .. }
-            | ToolError::Cancelled { .. }
-            | ToolError::Missing { .. }
-            | ToolError::Io { .. },
-        )
-        | ExtractError::Io(_) => TaskError::retry(e),
+    if e.is_permanent() {
+        TaskError::fatal(e)
+    } else {
+        TaskError::retry(e)
     }
 }
 
@@ -214,6 +222,7 @@ impl Task for Notify {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::ToolError;
 
     fn failed(status: &str) -> ExtractError {
         ExtractError::Tool(ToolError::Failed {
