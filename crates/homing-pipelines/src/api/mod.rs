@@ -43,14 +43,17 @@ pub fn router<S: Clone + Send + Sync + 'static>(state: ApiState) -> Router<S> {
             "/v1/documents",
             post(documents::create).layer(DefaultBodyLimit::max(PDF_LIMIT + OVERHEAD)),
         )
-        .route("/v1/documents/:id", get(documents::get))
-        .route("/v1/documents/:id/file", get(documents::file))
+        .route("/v1/documents/{id}", get(documents::get))
+        .route("/v1/documents/{id}/file", get(documents::file))
         .route(
             "/v1/exhibitions",
             post(exhibitions::create).layer(DefaultBodyLimit::max(3 * IMAGE_LIMIT + OVERHEAD)),
         )
-        .route("/v1/exhibitions/:id", get(exhibitions::get))
-        .route("/v1/exhibitions/:id/tracks/:index", get(exhibitions::track))
+        .route("/v1/exhibitions/{id}", get(exhibitions::get))
+        .route(
+            "/v1/exhibitions/{id}/tracks/{index}",
+            get(exhibitions::track),
+        )
         .with_state(state)
 }
 

@@ -18,7 +18,9 @@ mod migrations;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{PgConnection, Row};
+// `AssertSqlSafe`: the SQL built with `format!` here joins constant column lists and `$n`
+// placeholders only; every value is bound.
+use sqlx::{AssertSqlSafe, PgConnection, Row};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -331,7 +333,7 @@ async fn get_job(conn: &mut PgConnection, id: JobId, lock: bool) -> sqlx::Result
         columns(""),
         if lock { " FOR UPDATE" } else { "" }
     );
-    sqlx::query(&sql)
+    sqlx::query(AssertSqlSafe(sql))
         .bind(id)
         .fetch_optional(conn)
         .await?
@@ -346,7 +348,7 @@ async fn lock_jobs(conn: &mut PgConnection, ids: &[JobId]) -> sqlx::Result<HashM
         "SELECT {} FROM homing_jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
         columns("")
     );
-    let rows = sqlx::query(&sql)
+    let rows = sqlx::query(AssertSqlSafe(sql))
         .bind(lock_order(ids))
         .fetch_all(conn)
         .await?;
@@ -589,7 +591,7 @@ async fn fan_out_tx(
         "SELECT {EVENT_COLUMNS} FROM homing_events WHERE dispatched_at IS NULL \
          ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
     );
-    let events = sqlx::query(&sql)
+    let events = sqlx::query(AssertSqlSafe(sql))
         .bind(limit.min(i64::MAX as usize) as i64)
         .fetch_all(&mut *tx)
         .await?
@@ -726,7 +728,7 @@ async fn start_tx(
              started_at = $3, dispatched = true, updated_at = $3 WHERE id = ANY($1) RETURNING {}",
             columns("")
         );
-        for r in sqlx::query(&sql)
+        for r in sqlx::query(AssertSqlSafe(sql))
             .bind(&to_run)
             .bind(worker)
             .bind(now)
@@ -1179,7 +1181,7 @@ impl Store for PgStore {
                 "SELECT {} FROM homing_jobs WHERE idempotency_key = $1",
                 columns("")
             );
-            sqlx::query(&sql)
+            sqlx::query(AssertSqlSafe(sql))
                 .bind(key)
                 .fetch_optional(&self.pool)
                 .await?
@@ -1221,7 +1223,7 @@ impl Store for PgStore {
                 sql += &format!(" AND id < ${}", texts.len() + 1);
             }
             sql += &format!(" ORDER BY id DESC LIMIT {}", limit + 1);
-            let mut q = sqlx::query(&sql);
+            let mut q = sqlx::query(AssertSqlSafe(sql));
             for t in &texts {
                 q = q.bind(t);
             }
@@ -1565,7 +1567,7 @@ impl Store for PgStore {
             let sql = format!(
                 "SELECT {EVENT_COLUMNS} FROM homing_events WHERE id > $1 ORDER BY id LIMIT $2"
             );
-            sqlx::query(&sql)
+            sqlx::query(AssertSqlSafe(sql))
                 .bind(after)
                 .bind(limit.min(i64::MAX as usize) as i64)
                 .fetch_all(&self.pool)
