@@ -35,6 +35,7 @@ fn main() -> std::process::ExitCode {
         _ => "info",
     };
     init_tracing(&cli.global.log_format, default);
+    homing::tls::install_crypto_provider();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

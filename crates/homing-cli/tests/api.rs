@@ -31,7 +31,7 @@ async fn start_up(env: &Env) -> (Proc, String) {
     ];
     let proc = env.spawn("up", &args);
     let base = format!("http://{listen}");
-    let http = reqwest::Client::new();
+    let http = http_client();
     eventually(Duration::from_secs(20), "homing up to answer", || async {
         http.get(format!("{base}/healthz"))
             .send()
@@ -85,7 +85,7 @@ async fn error_code(resp: reqwest::Response) -> (u16, String) {
 async fn job_lifecycle_over_http() {
     let env = Env::sqlite();
     let (_up, base) = start_up(&env).await;
-    let http = reqwest::Client::new();
+    let http = http_client();
 
     let resp = http
         .post(format!("{base}/v1/jobs"))
@@ -280,6 +280,7 @@ async fn bad_requests_get_clear_4xx_errors() {
     let env = Env::sqlite();
     let (_up, base) = start_up(&env).await;
     // No pooled connections: after refusing a request the server may close its connection.
+    homing::tls::install_crypto_provider();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .build()
@@ -387,6 +388,7 @@ async fn hostile_bodies_are_refused_and_nothing_is_stored() {
     use serde_json::json;
     let env = Env::sqlite();
     let (_up, base) = start_up(&env).await;
+    homing::tls::install_crypto_provider();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .build()

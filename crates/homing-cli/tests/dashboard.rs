@@ -43,7 +43,7 @@ impl Browser {
             .expect("start chromedriver");
         let driver = Proc::adopt(child, log, "chromedriver");
         let base = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::new();
+        let http = http_client();
         eventually(
             Duration::from_secs(20),
             "chromedriver to answer",
@@ -217,7 +217,7 @@ fn base64_decode(s: &str) -> Vec<u8> {
 }
 
 async fn enqueue(base: &str, token: &str, body: serde_json::Value) -> String {
-    let r = reqwest::Client::new()
+    let r = http_client()
         .post(format!("{base}/v1/jobs"))
         .header("authorization", format!("Bearer {token}"))
         .json(&body)

@@ -24,7 +24,7 @@ async fn up_with(env: &Env, extra: &[&str], vars: &[(&str, &str)]) -> (Proc, Str
     args.extend_from_slice(extra);
     let proc = env.spawn_with_env("up", &args, vars);
     let base = format!("http://{listen}");
-    let http = reqwest::Client::new();
+    let http = http_client();
     eventually(Duration::from_secs(30), "homing up to answer", || async {
         http.get(format!("{base}/healthz"))
             .send()
@@ -160,6 +160,7 @@ async fn slow_and_idle_clients_are_cut_off_and_healthz_still_answers() {
     }
     // More slow sockets than the cap are open: the server still answers, on a new connection.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    homing::tls::install_crypto_provider();
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(20))
         .build()
@@ -304,7 +305,7 @@ async fn a_damaged_database_file_refuses_to_start() {
 async fn queue_names_are_bounded_and_the_list_is_paged() {
     let env = Env::sqlite();
     let (_up, base) = up_with(&env, &[], &[("HOMING_MAX_QUEUES", "4")]).await;
-    let http = reqwest::Client::new();
+    let http = http_client();
     let post = |queue: String| {
         let http = http.clone();
         let base = base.clone();
@@ -398,7 +399,7 @@ async fn redirector(to: String) -> std::net::SocketAddr {
 }
 
 async fn wait_finished(base: &str, id: &str) -> serde_json::Value {
-    let http = reqwest::Client::new();
+    let http = http_client();
     eventually(Duration::from_secs(60), "the job to finish", || async {
         let j: serde_json::Value = http
             .get(format!("{base}/v1/jobs/{id}"))
@@ -414,7 +415,7 @@ async fn wait_finished(base: &str, id: &str) -> serde_json::Value {
 }
 
 async fn http_job(base: &str, url: &str) -> serde_json::Value {
-    let r = reqwest::Client::new()
+    let r = http_client()
         .post(format!("{base}/v1/jobs"))
         .json(&serde_json::json!({"task": "builtin.http", "args": {"url": url}, "max_retries": 3}))
         .send()
@@ -477,7 +478,7 @@ async fn outgoing_http_obeys_the_egress_policy() {
     assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0);
 
     // Webhook deliveries obey the same policy: refused, failed without retries.
-    let http = reqwest::Client::new();
+    let http = http_client();
     let delivery = eventually(Duration::from_secs(60), "the refused delivery", || async {
         let page: serde_json::Value = http
             .get(format!("{base}/v1/jobs?task=builtin.webhook&state=failed"))
@@ -497,7 +498,7 @@ async fn outgoing_http_obeys_the_egress_policy() {
     assert_eq!(delivery["attempts"], 1, "{delivery}");
 
     // Callback URLs are checked at enqueue.
-    let r = reqwest::Client::new()
+    let r = http_client()
         .post(format!("{base}/v1/jobs"))
         .json(&serde_json::json!({"task": "builtin.noop",
                                   "callback_url": "http://169.254.169.254/latest/meta-data/"}))
@@ -544,7 +545,7 @@ async fn loopback_is_allowed_only_when_configured() {
     let child = cmd.spawn().expect("spawn up");
     let _default = Proc::adopt(child, env.path().join("up.log"), "up-default");
     let base = format!("http://{listen}");
-    let http = reqwest::Client::new();
+    let http = http_client();
     eventually(Duration::from_secs(30), "homing up to answer", || async {
         http.get(format!("{base}/healthz"))
             .send()

@@ -30,6 +30,7 @@ async fn healthz_reports_a_lost_store_and_failing_loops_then_recovers() {
         ],
     );
     let base = format!("http://{listen}");
+    homing::tls::install_crypto_provider();
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(20))
         .build()

@@ -44,7 +44,7 @@ async fn every_route_but_healthz_needs_a_token() {
         ],
     )
     .await;
-    let http = reqwest::Client::new();
+    let http = http_client();
     let doc: serde_json::Value = http
         .get(format!("{base}/v1/openapi.json"))
         .header("authorization", bearer("first-token-123"))
@@ -170,7 +170,7 @@ fn sample(m: &Samples, name: &str, labels: &[(&str, &str)]) -> f64 {
 async fn metrics_parse_and_count_what_happened() {
     let env = Env::sqlite();
     let (_up, base) = start_up(&env, &[]).await;
-    let http = reqwest::Client::new();
+    let http = http_client();
     let mut ids = Vec::new();
     let enqueue = |body: serde_json::Value| {
         let http = http.clone();
@@ -305,7 +305,7 @@ async fn metrics_parse_and_count_what_happened() {
 async fn job_events_stream_until_terminal() {
     let env = Env::sqlite();
     let (_up, base) = start_up(&env, &[]).await;
-    let http = reqwest::Client::new();
+    let http = http_client();
     let job: serde_json::Value = http
         .post(format!("{base}/v1/jobs"))
         .json(&serde_json::json!({"task": "builtin.sleep", "args": {"ms": 1200}}))
@@ -475,7 +475,7 @@ async fn worker_alerts_reach_discord_exactly_once() {
         &[("HOMING_WEBHOOKS", &webhooks)],
     );
     let client = env.client().await;
-    let http = reqwest::Client::new();
+    let http = http_client();
     let base = format!("http://{listen}");
     eventually(Duration::from_secs(30), "server to answer", || async {
         http.get(format!("{base}/healthz")).send().await.ok()

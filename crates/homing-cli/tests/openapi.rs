@@ -86,7 +86,7 @@ async fn api_conforms_to_its_openapi_document() {
     let env = Env::sqlite();
     let token = "fuzz-token-0123456789";
     let (mut up, base) = start_up(&env, &[("HOMING_API_TOKEN", token)]).await;
-    let http = reqwest::Client::new();
+    let http = http_client();
     let doc: serde_json::Value = http
         .get(format!("{base}/v1/openapi.json"))
         .header("authorization", format!("Bearer {token}"))

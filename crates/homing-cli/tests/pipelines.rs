@@ -180,7 +180,7 @@ impl Service {
         Service {
             proc,
             base,
-            http: reqwest::Client::new(),
+            http: http_client(),
         }
     }
 
@@ -702,17 +702,21 @@ async fn bad_uploads_get_clear_client_errors() {
     )
     .await;
     assert_eq!(s, 413, "{b}");
-    let r = reqwest::get(format!("{}/v1/documents/not-an-id", svc.base))
+    let r = http_client()
+        .get(format!("{}/v1/documents/not-an-id", svc.base))
+        .send()
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 400);
-    let r = reqwest::get(format!(
-        "{}/v1/exhibitions/{}",
-        svc.base,
-        homing::job::new_job_id()
-    ))
-    .await
-    .unwrap();
+    let r = http_client()
+        .get(format!(
+            "{}/v1/exhibitions/{}",
+            svc.base,
+            homing::job::new_job_id()
+        ))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 404);
 }
 

@@ -170,7 +170,7 @@ async fn two_schedulers_dispatch_each_due_job_once() {
     let mut env = Env::sqlite_broker_postgres_store().await;
     env.broker = server.url(&unique_prefix("sched"));
     let client = env.client().await;
-    let http = reqwest::Client::new();
+    let http = http_client();
     let mut servers = Vec::new();
     for i in 0..2 {
         let port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -371,7 +371,7 @@ async fn many_processes_share_one_sqlite_file() {
         .map(|i| env.worker(&format!("w{i}"), "shared", &["--concurrency", "4"]))
         .collect();
     wait_workers(&client, "shared", 3, Duration::from_secs(20)).await;
-    let http = reqwest::Client::new();
+    let http = http_client();
     eventually(Duration::from_secs(20), "the server to answer", || async {
         http.get(format!("http://{listen}/healthz"))
             .send()

@@ -94,6 +94,7 @@ impl Pipelines {
                 tokio::task::spawn_blocking(move || -> anyhow::Result<Arc<Services>> {
                     let objects = objects::Objects::open(&settings.objects)?;
                     let state = state::State::open(&settings.data_dir.join("pipelines.db"))?;
+                    homing::tls::install_crypto_provider();
                     let http = reqwest::Client::builder()
                         .connect_timeout(std::time::Duration::from_secs(10))
                         .build()?;

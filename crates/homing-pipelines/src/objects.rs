@@ -4,7 +4,7 @@
 //! existence of an object as a fact ("this track is done"), so a write must be all or nothing.
 
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use std::sync::Arc;
 
 use crate::settings::ObjectsConfig;

@@ -273,6 +273,8 @@ const MAX_REDIRECTS: usize = 10;
 /// An HTTP client whose every connection and redirect passes `policy`. Requests must still be
 /// checked with [`Policy::check_url`] first: a literal address is connected to without DNS.
 pub fn client(policy: Arc<Policy>, builder: reqwest::ClientBuilder) -> reqwest::Client {
+    // reqwest builds its TLS on the process's rustls provider, which must exist first.
+    crate::tls::install_crypto_provider();
     let hops = policy.clone();
     builder
         .no_proxy()

@@ -73,6 +73,8 @@ pub mod sqlite;
 pub mod store;
 pub mod task;
 pub mod time;
+#[cfg(any(feature = "http", feature = "redis"))]
+pub mod tls;
 pub mod transition;
 pub mod validate;
 pub mod worker;

@@ -39,9 +39,9 @@ struct RawPg(PgStore);
 #[homing::async_trait]
 impl Tamper for RawPg {
     async fn set_job_text(&self, id: JobId, column: &str, text: &str) {
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE homing_jobs SET {column} = $2 WHERE id = $1"
-        ))
+        )))
         .bind(id)
         .bind(text)
         .execute(self.0.pool())
@@ -66,23 +66,23 @@ impl Tamper for RawPg {
     async fn refuse_job_key(&self, key: &str) {
         let name = homing::conformance::unique_queue("refuse").replace('-', "_");
         let key = key.replace('\'', "''");
-        sqlx::raw_sql(&format!(
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
                IF NEW.idempotency_key = '{key}' THEN \
                  RAISE EXCEPTION 'this key is refused by the test'; \
                END IF; RETURN NEW; END $$; \
              CREATE TRIGGER {name} BEFORE INSERT ON homing_jobs \
                FOR EACH ROW EXECUTE FUNCTION {name}();"
-        ))
+        )))
         .execute(self.0.pool())
         .await
         .unwrap();
     }
 
     async fn set_job_int(&self, id: JobId, column: &str, value: i64) {
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE homing_jobs SET {column} = $2 WHERE id = $1"
-        ))
+        )))
         .bind(id)
         .bind(value)
         .execute(self.0.pool())
@@ -92,14 +92,14 @@ impl Tamper for RawPg {
 
     async fn refuse_job_updates(&self, id: JobId) {
         let name = homing::conformance::unique_queue("refuse_update").replace('-', "_");
-        sqlx::raw_sql(&format!(
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
                IF OLD.id = '{id}' THEN \
                  RAISE EXCEPTION 'updates of this job are refused by the test'; \
                END IF; RETURN NEW; END $$; \
              CREATE TRIGGER {name} BEFORE UPDATE ON homing_jobs \
                FOR EACH ROW EXECUTE FUNCTION {name}();"
-        ))
+        )))
         .execute(self.0.pool())
         .await
         .unwrap();

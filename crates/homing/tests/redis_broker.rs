@@ -281,6 +281,28 @@ async fn a_waiting_reservation_picks_up_a_requeued_message() {
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
 }
 
+/// A blocked `XREADGROUP` legitimately stays unanswered for a whole `BLOCK` slice, longer than
+/// redis-rs's default response timeout (500 ms since 1.0): the reader's own connection must not
+/// give up on it, or a quiet queue turns every wait into an `Unavailable` error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_waits_on_a_quiet_queue_without_timing_out() {
+    let b = open(&shared().url(&unique_prefix("quiet"))).await;
+    let q = unique_queue("quiet");
+    let id = homing::job::new_job_id();
+    let (b2, q2) = (b.clone(), q.clone());
+    let publisher = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        b2.publish(&[ToPublish { id, queue: q2 }]).await.unwrap();
+    });
+    let got = b
+        .reserve("c", std::slice::from_ref(&q), 1, Duration::from_secs(30))
+        .await
+        .expect("a long wait on a quiet queue is not an error");
+    publisher.await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].job, Ok(id));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushall_is_detected_and_the_store_re_dispatches() {
     let server = RedisServer::unix();

@@ -15,6 +15,13 @@ use std::time::{Duration, Instant};
 
 use homing::{Backends, Client, Job, JobId, JobState};
 
+/// An HTTP client for talking to the processes under test. reqwest needs the process's TLS
+/// provider chosen before it builds a client (see `homing::tls`).
+pub fn http_client() -> reqwest::Client {
+    homing::tls::install_crypto_provider();
+    reqwest::Client::new()
+}
+
 pub fn homing_bin() -> &'static str {
     env!("CARGO_BIN_EXE_homing")
 }
@@ -586,7 +593,7 @@ pub async fn start_up(env: &Env, envs: &[(&str, &str)]) -> (Proc, String) {
     ];
     let proc = env.spawn_with_env("up", &args, envs);
     let base = format!("http://{listen}");
-    let http = reqwest::Client::new();
+    let http = http_client();
     eventually(Duration::from_secs(30), "homing up to answer", || async {
         http.get(format!("{base}/healthz"))
             .send()

@@ -50,14 +50,17 @@ pub fn router<S: Clone + Send + Sync + 'static>(state: ApiState) -> Router<S> {
             "/v1/documents",
             upload(post(documents::create), DOCUMENT_BODY_LIMIT),
         )
-        .route("/v1/documents/:id", get(documents::get))
-        .route("/v1/documents/:id/file", get(documents::file))
+        .route("/v1/documents/{id}", get(documents::get))
+        .route("/v1/documents/{id}/file", get(documents::file))
         .route(
             "/v1/exhibitions",
             upload(post(exhibitions::create), EXHIBITION_BODY_LIMIT),
         )
-        .route("/v1/exhibitions/:id", get(exhibitions::get))
-        .route("/v1/exhibitions/:id/tracks/:index", get(exhibitions::track))
+        .route("/v1/exhibitions/{id}", get(exhibitions::get))
+        .route(
+            "/v1/exhibitions/{id}/tracks/{index}",
+            get(exhibitions::track),
+        )
         .with_state(state)
 }
 

@@ -40,6 +40,7 @@ pub struct HttpArgs {
 fn client() -> &'static reqwest::Client {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
     CLIENT.get_or_init(|| {
+        crate::tls::install_crypto_provider();
         egress::client(
             egress::policy(),
             reqwest::Client::builder().connect_timeout(egress::CONNECT_TIMEOUT),

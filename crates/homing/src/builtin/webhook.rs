@@ -42,6 +42,7 @@ pub struct WebhookArgs {
 fn client() -> &'static reqwest::Client {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
     CLIENT.get_or_init(|| {
+        crate::tls::install_crypto_provider();
         crate::egress::client(
             crate::egress::policy(),
             reqwest::Client::builder()

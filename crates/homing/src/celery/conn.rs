@@ -42,7 +42,7 @@ fn normalise(url: &str) -> String {
 impl Conn {
     /// Parses the URL; connects on first use, so a server that is not up yet is not an error.
     pub fn open(url: &str) -> Result<Self> {
-        let mut info = normalise(url)
+        let info = normalise(url)
             .as_str()
             .into_connection_info()
             .map_err(|e| {
@@ -51,13 +51,20 @@ impl Conn {
                     redact_url(url)
                 ))
             })?;
-        info.redis.protocol = ProtocolVersion::RESP2;
-        let display = match &info.addr {
-            ConnectionAddr::Tcp(h, p) => format!("redis://{h}:{p}/{}", info.redis.db),
+        let redis = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP2);
+        let info = info.set_redis_settings(redis);
+        let db = info.redis_settings().db();
+        let display = match info.addr() {
+            ConnectionAddr::Tcp(h, p) => format!("redis://{h}:{p}/{db}"),
             ConnectionAddr::TcpTls { host, port, .. } => {
-                format!("rediss://{host}:{port}/{}", info.redis.db)
+                format!("rediss://{host}:{port}/{db}")
             }
-            ConnectionAddr::Unix(p) => format!("redis+unix://{}?db={}", p.display(), info.redis.db),
+            ConnectionAddr::Unix(p) => format!("redis+unix://{}?db={db}", p.display()),
+            // A new transport in a later redis-rs: name it without details rather than guess.
+            _ => format!("redis (db {db})"),
         };
         let client = ::redis::Client::open(info)
             .map_err(|e| Error::Invalid(format!("invalid Celery Redis URL {display}: {e}")))?;
@@ -72,8 +79,8 @@ impl Conn {
         self.manager
             .get_or_try_init(|| async {
                 let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(CONNECT_TIMEOUT)
-                    .set_response_timeout(RESPONSE_TIMEOUT)
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT))
                     .set_number_of_retries(0);
                 ConnectionManager::new_with_config(self.client.clone(), config)
                     .await

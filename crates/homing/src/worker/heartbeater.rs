@@ -37,7 +37,7 @@ pub(crate) async fn run(s: Arc<Session>, stop: CancellationToken) {
             }
         }
         beats += 1;
-        if beats % SEEN_EVERY == 0 {
+        if beats.is_multiple_of(SEEN_EVERY) {
             if let Err(e) = s.store.worker_seen(&s.id, now()).await {
                 tracing::debug!(error = %e, "could not record the worker as seen");
             }

@@ -309,9 +309,12 @@ impl PgServer {
         let mut conn = sqlx::PgConnection::connect(&self.url("postgres"))
             .await
             .unwrap_or_else(|e| panic!("connect to the test server: {e}; log:\n{}", self.log()));
-        sqlx::Executor::execute(&mut conn, format!("CREATE DATABASE {name}").as_str())
-            .await
-            .expect("create a test database");
+        sqlx::Executor::execute(
+            &mut conn,
+            sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")),
+        )
+        .await
+        .expect("create a test database");
         let _ = conn.close().await;
         self.url(&name)
     }

@@ -29,7 +29,7 @@ mod scripts;
 mod url;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use ::redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script, Value};
+use ::redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -97,11 +97,13 @@ pub(crate) fn err(e: RedisError) -> Error {
         || e.is_connection_refusal()
         || matches!(
             e.kind(),
-            ErrorKind::BusyLoadingError
-                | ErrorKind::TryAgain
-                | ErrorKind::ClusterDown
-                | ErrorKind::MasterDown
-                | ErrorKind::ReadOnly
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+            )
         );
     if transient {
         Error::unavailable_from(BACKEND, e)
@@ -173,8 +175,8 @@ impl RedisBroker {
         self.manager
             .get_or_try_init(|| async {
                 let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(CONNECT_TIMEOUT)
-                    .set_response_timeout(RESPONSE_TIMEOUT)
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(RESPONSE_TIMEOUT))
                     // One connection attempt per reconnection: a caller waiting on it must get
                     // an `Unavailable` promptly and retry at its own pace (every loop does).
                     .set_number_of_retries(0);
@@ -254,7 +256,7 @@ impl RedisBroker {
         let mut c = self.manager().await?;
         match pipe.query_async::<Vec<Value>>(&mut c).await {
             // The server forgot its scripts (restart): load this one and run the batch again.
-            Err(e) if e.kind() == ErrorKind::NoScriptError => {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 script
                     .prepare_invoke()
                     .load_async(&mut c)
@@ -344,7 +346,11 @@ impl RedisBroker {
         block: Option<Duration>,
     ) -> std::result::Result<Vec<Delivery>, ReadFail> {
         if slot.is_none() {
-            let config = AsyncConnectionConfig::new().set_connection_timeout(CONNECT_TIMEOUT);
+            // No client-side response timeout (redis-rs's default, 500 ms, is shorter than a
+            // BLOCK): the read below bounds the wait itself.
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(None);
             let conn = self
                 .client
                 .get_multiplexed_async_connection_with_config(&config)

@@ -18,7 +18,9 @@ mod migrations;
 
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{PgConnection, Row};
+// `AssertSqlSafe`: the SQL built with `format!` here joins constant column lists and `$n`
+// placeholders only; every value is bound.
+use sqlx::{AssertSqlSafe, PgConnection, Row};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -385,7 +387,7 @@ async fn get_job(conn: &mut PgConnection, id: JobId, lock: bool) -> sqlx::Result
         columns(""),
         if lock { " FOR UPDATE" } else { "" }
     );
-    sqlx::query(&sql)
+    sqlx::query(AssertSqlSafe(sql))
         .bind(id)
         .fetch_optional(conn)
         .await?
@@ -400,7 +402,7 @@ async fn lock_jobs(conn: &mut PgConnection, ids: &[JobId]) -> sqlx::Result<HashM
         "SELECT {} FROM homing_jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
         columns("")
     );
-    let rows = sqlx::query(&sql)
+    let rows = sqlx::query(AssertSqlSafe(sql))
         .bind(lock_order(ids))
         .fetch_all(conn)
         .await?;
@@ -657,7 +659,7 @@ async fn fan_out_tx(
                 "SELECT {EVENT_COLUMNS} FROM homing_events WHERE dispatched_at IS NULL \
                  ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
             );
-            sqlx::query(&sql)
+            sqlx::query(AssertSqlSafe(sql))
                 .bind(limit.min(i64::MAX as usize) as i64)
                 .fetch_all(&mut *tx)
                 .await?
@@ -667,7 +669,10 @@ async fn fan_out_tx(
                 "SELECT {EVENT_COLUMNS} FROM homing_events WHERE dispatched_at IS NULL \
                  AND id = $1 FOR UPDATE SKIP LOCKED"
             );
-            sqlx::query(&sql).bind(id).fetch_all(&mut *tx).await?
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(id)
+                .fetch_all(&mut *tx)
+                .await?
         }
     };
     let mut events = Vec::with_capacity(rows.len());
@@ -784,7 +789,7 @@ async fn write_change(
     }
     sql += " WHERE id = $1";
     sql += guard;
-    let mut q = sqlx::query(&sql).bind(id).bind(now);
+    let mut q = sqlx::query(AssertSqlSafe(sql)).bind(id).bind(now);
     if let Some(e) = &error {
         q = q.bind(e.as_ref());
     }
@@ -838,10 +843,12 @@ async fn bury(
          WHERE id = $1{sql_guard} RETURNING id, task, queue, worker, callback_url"
     );
     let reason = clean(reason);
-    let mut q = sqlx::query_as::<_, (JobId, String, String, Option<String>, Option<String>)>(&sql)
-        .bind(id)
-        .bind(now)
-        .bind(reason.as_ref());
+    let mut q = sqlx::query_as::<_, (JobId, String, String, Option<String>, Option<String>)>(
+        AssertSqlSafe(sql),
+    )
+    .bind(id)
+    .bind(now)
+    .bind(reason.as_ref());
     match guard {
         BuryIf::NotStarted => {}
         BuryIf::Fence(epoch) => q = q.bind(epoch as i64),
@@ -916,7 +923,7 @@ async fn start_tx(
              started_at = $3, dispatched = true, updated_at = $3 WHERE id = ANY($1) RETURNING {}",
             columns("")
         );
-        for r in sqlx::query(&sql)
+        for r in sqlx::query(AssertSqlSafe(sql))
             .bind(&to_run)
             .bind(worker)
             .bind(now)
@@ -1352,7 +1359,7 @@ impl Store for PgStore {
                 "SELECT {} FROM homing_jobs WHERE idempotency_key = $1",
                 columns("")
             );
-            sqlx::query(&sql)
+            sqlx::query(AssertSqlSafe(sql))
                 .bind(key)
                 .fetch_optional(&self.pool)
                 .await?
@@ -1394,7 +1401,7 @@ impl Store for PgStore {
                 sql += &format!(" AND id < ${}", texts.len() + 1);
             }
             sql += &format!(" ORDER BY id DESC LIMIT {}", limit + 1);
-            let mut q = sqlx::query(&sql);
+            let mut q = sqlx::query(AssertSqlSafe(sql));
             for t in &texts {
                 q = q.bind(t);
             }
@@ -1778,7 +1785,7 @@ impl Store for PgStore {
             let sql = format!(
                 "SELECT {EVENT_COLUMNS} FROM homing_events WHERE id > $1 ORDER BY id LIMIT $2"
             );
-            sqlx::query(&sql)
+            sqlx::query(AssertSqlSafe(sql))
                 .bind(after)
                 .bind(limit.min(i64::MAX as usize) as i64)
                 .fetch_all(&self.pool)
