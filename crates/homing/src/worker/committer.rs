@@ -1,4 +1,4 @@
-//! Responsible for committing outcomes and only then acknowledging (late ack, DESIGN.md
+//! Responsible for committing outcomes and only then acknowledging (late ack, docs/design.md
 //! section 4, steps 4–5). Completions that arrive together are committed in one store
 //! transaction and acknowledged in one broker call: batching is what makes full state tracking
 //! cheap.
@@ -82,6 +82,10 @@ where
 
 async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
     let completions: Vec<Completion> = batch.iter().filter_map(|i| i.completion.clone()).collect();
+    // Whatever the store answered (applied, stale, unstored, or no answer at all), these jobs'
+    // outcomes are no longer on their way: a later delivery may find one still running here
+    // (unstored, or given up) and must then run it.
+    let _answered = Answered(s, completions.iter().map(|c| c.id).collect());
     let mut to_dispatch: Vec<ToPublish> = Vec::new();
     let mut unstored: Vec<Delivery> = Vec::new();
     if !completions.is_empty() {
@@ -139,6 +143,18 @@ async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
     })
     .await;
     drop(batch);
+}
+
+/// Unmarks a batch's jobs as committing when the batch is done with, on every path out.
+struct Answered<'a>(&'a Session, Vec<crate::job::JobId>);
+
+impl Drop for Answered<'_> {
+    fn drop(&mut self) {
+        let mut set = self.0.committing.lock().unwrap_or_else(|p| p.into_inner());
+        for id in &self.1 {
+            set.remove(id);
+        }
+    }
 }
 
 /// The counter a committed outcome adds to, from the state the store committed (a completion it

@@ -1,6 +1,6 @@
 //! Responsible for one delivery: the idempotency guard (`store.start`), running the handler with
 //! its time limit and cancellation, and turning how it ended into a fenced outcome for the
-//! committer (DESIGN.md section 4, steps 2–4).
+//! committer (docs/design.md section 4, steps 2–4).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -201,8 +201,9 @@ async fn pause(s: &Session, nap: Duration) {
     }
 }
 
-/// The job, if it is `running` under this very worker without a handler here: a start that
-/// committed although its caller saw an error. Anything else stays a duplicate to skip.
+/// The job, if it is `running` under this very worker without a handler here and without an
+/// outcome on its way: a start that committed although its caller saw an error. Anything else
+/// stays a duplicate to skip.
 async fn started_by_lost_answer(s: &Arc<Session>, id: JobId) -> Option<Job> {
     let job = s.store.get(id).await.ok()??;
     let ours = job.state == JobState::Running && job.worker.as_deref() == Some(s.id.as_str());
@@ -210,7 +211,11 @@ async fn started_by_lost_answer(s: &Arc<Session>, id: JobId) -> Option<Job> {
         .running
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .contains_key(&id);
+        .contains_key(&id)
+        || s.committing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&id);
     (ours && !here).then_some(job)
 }
 
@@ -315,6 +320,9 @@ async fn run(s: Arc<Session>, r: Reserved, job: Job, slot: OwnedSemaphorePermit)
         token.cancel();
         handle.abort();
     }
+    // Marked as committing before it stops counting as running, so that a duplicate delivery
+    // arriving before the commit is skipped, never run again (`started_by_lost_answer`).
+    committing(&s, job.id, true);
     s.running
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -330,7 +338,10 @@ async fn run(s: Arc<Session>, r: Reserved, job: Job, slot: OwnedSemaphorePermit)
     // that notices the cancellation and returns an error must not be retried.
     let outcome = match (ended, running.reason()) {
         // Presumed dead: the job belongs to the rescuer now. Commit nothing, ack nothing.
-        (_, Some(StopReason::Lost)) => return,
+        (_, Some(StopReason::Lost)) => {
+            committing(&s, job.id, false);
+            return;
+        }
         (Ended::Returned(Ok(Ok(value))), _) => match crate::validate::result(&value) {
             Ok(()) => Outcome::Succeeded(value),
             // Stored, it could not be read back (or not committed at all): fail the job instead.
@@ -363,7 +374,19 @@ async fn run(s: Arc<Session>, r: Reserved, job: Job, slot: OwnedSemaphorePermit)
     commit(&s, r, &job, outcome).await;
 }
 
+/// Marks (or unmarks) a job whose outcome is on its way to the committer, which unmarks it once
+/// the store has answered.
+fn committing(s: &Session, id: JobId, on: bool) {
+    let mut set = s.committing.lock().unwrap_or_else(|p| p.into_inner());
+    if on {
+        set.insert(id);
+    } else {
+        set.remove(&id);
+    }
+}
+
 async fn commit(s: &Arc<Session>, r: Reserved, job: &Job, outcome: Outcome) {
+    committing(s, job.id, true);
     let item = Item {
         delivery: r.delivery,
         completion: Some(Completion {

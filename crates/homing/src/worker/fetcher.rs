@@ -1,5 +1,5 @@
 //! Responsible for reserving messages: never more than the free reservations (prefetch), so a
-//! crash puts at risk only what this worker holds (DESIGN.md section 1, guarantee 8).
+//! crash puts at risk only what this worker holds (docs/design.md section 1, guarantee 8).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! The worker runtime: runs registered tasks from one or more queues with a concurrency limit,
-//! and carries out DESIGN.md section 4 for every delivery.
+//! and carries out docs/design.md section 4 for every delivery.
 //!
 //! A worker lives as a series of *sessions*, each under a fresh identity. A session ends when the
 //! worker is asked to stop (graceful shutdown) or when it finds it was presumed dead (its
@@ -16,7 +16,7 @@ mod executor;
 mod fetcher;
 mod heartbeater;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, Semaphore};
@@ -32,7 +32,7 @@ use crate::store::{Store, WorkerInfo, WorkerStatus};
 use crate::task::Registry;
 use crate::time::now;
 
-/// How a worker runs. `Default` gives homing's defaults (DESIGN.md section 6).
+/// How a worker runs. `Default` gives homing's defaults (docs/design.md section 6).
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     pub queues: Vec<String>,
@@ -116,6 +116,9 @@ pub(crate) struct Session {
     pub registry: Registry,
     pub config: WorkerConfig,
     pub running: Mutex<HashMap<JobId, Arc<RunningJob>>>,
+    /// Jobs whose handler has ended and whose outcome is on its way to the store: still
+    /// `running` there, but not to be run again by a duplicate delivery meanwhile.
+    pub committing: Mutex<HashSet<JobId>>,
     /// Free handler slots.
     pub slots: Arc<Semaphore>,
     /// Free reservations (prefetch).
@@ -204,7 +207,7 @@ impl Worker {
         }
     }
 
-    /// Runs until `shutdown` is cancelled, then shuts down gracefully (DESIGN.md section 4).
+    /// Runs until `shutdown` is cancelled, then shuts down gracefully (docs/design.md section 4).
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
         let maintenance = if self.config.maintenance {
             let mc = self.config.maintenance_config.clone().unwrap_or_else(|| {
@@ -288,6 +291,7 @@ impl Worker {
             registry: self.registry.clone(),
             config: self.config.clone(),
             running: Mutex::new(HashMap::new()),
+            committing: Mutex::new(HashSet::new()),
             slots: Arc::new(Semaphore::new(self.config.concurrency.max(1))),
             reservations: Arc::new(Semaphore::new(self.config.prefetch())),
             lost: CancellationToken::new(),
