@@ -8,39 +8,9 @@ use support::*;
 
 use homing::JobState;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn start_up(env: &Env) -> (Proc, String) {
-    let listen = format!("127.0.0.1:{}", free_port());
-    let args = [
-        "up",
-        "--listen",
-        listen.as_str(),
-        "--heartbeat-interval",
-        "200ms",
-        "--queue",
-        "default",
-        "--queue",
-        "api",
-    ];
-    let proc = env.spawn("up", &args);
-    let base = format!("http://{listen}");
-    let http = http_client();
-    eventually(Duration::from_secs(20), "homing up to answer", || async {
-        http.get(format!("{base}/healthz"))
-            .send()
-            .await
-            .ok()
-            .filter(|r| r.status().is_success())
-    })
-    .await;
-    (proc, base)
+/// `homing up` serving the queue these tests use besides `default`.
+async fn start_api(env: &Env) -> (Proc, String) {
+    start_up_with(env, &["--queue", "default", "--queue", "api"], &[]).await
 }
 
 /// Sends only a request's head and reads the answer: for limits the server enforces up front.
@@ -84,7 +54,7 @@ async fn error_code(resp: reqwest::Response) -> (u16, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn job_lifecycle_over_http() {
     let env = Env::sqlite();
-    let (_up, base) = start_up(&env).await;
+    let (_up, base) = start_api(&env).await;
     let http = http_client();
 
     let resp = http
@@ -278,7 +248,7 @@ async fn job_lifecycle_over_http() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_requests_get_clear_4xx_errors() {
     let env = Env::sqlite();
-    let (_up, base) = start_up(&env).await;
+    let (_up, base) = start_api(&env).await;
     // No pooled connections: after refusing a request the server may close its connection.
     homing::tls::install_crypto_provider();
     let http = reqwest::Client::builder()
@@ -387,7 +357,7 @@ async fn bad_requests_get_clear_4xx_errors() {
 async fn hostile_bodies_are_refused_and_nothing_is_stored() {
     use serde_json::json;
     let env = Env::sqlite();
-    let (_up, base) = start_up(&env).await;
+    let (_up, base) = start_api(&env).await;
     homing::tls::install_crypto_provider();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(0)

@@ -11,31 +11,6 @@ use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Starts `homing up` with extra arguments and environment on a free port; waits for `/healthz`.
-async fn up_with(env: &Env, extra: &[&str], vars: &[(&str, &str)]) -> (Proc, String) {
-    let listen = format!("127.0.0.1:{}", free_port());
-    let mut args = vec![
-        "up",
-        "--listen",
-        listen.as_str(),
-        "--heartbeat-interval",
-        "200ms",
-    ];
-    args.extend_from_slice(extra);
-    let proc = env.spawn_with_env("up", &args, vars);
-    let base = format!("http://{listen}");
-    let http = http_client();
-    eventually(Duration::from_secs(30), "homing up to answer", || async {
-        http.get(format!("{base}/healthz"))
-            .send()
-            .await
-            .ok()
-            .filter(|r| r.status().is_success())
-    })
-    .await;
-    (proc, base)
-}
-
 /// How one slow socket ended: whether the server closed it within the limit.
 #[derive(Debug)]
 struct Ended {
@@ -124,7 +99,7 @@ async fn idle_keep_alive(addr: &str, limit: Duration) -> Ended {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slow_and_idle_clients_are_cut_off_and_healthz_still_answers() {
     let env = Env::sqlite();
-    let (_up, base) = up_with(
+    let (_up, base) = start_up_with(
         &env,
         &[
             "--header-timeout",
@@ -304,7 +279,7 @@ async fn a_damaged_database_file_refuses_to_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn queue_names_are_bounded_and_the_list_is_paged() {
     let env = Env::sqlite();
-    let (_up, base) = up_with(&env, &[], &[("HOMING_MAX_QUEUES", "4")]).await;
+    let (_up, base) = start_up_with(&env, &[], &[("HOMING_MAX_QUEUES", "4")]).await;
     let http = http_client();
     let post = |queue: String| {
         let http = http.clone();
@@ -432,7 +407,7 @@ async fn outgoing_http_obeys_the_egress_policy() {
     // Only 127.0.0.1 is allowed: the rest of loopback stands in for an internal network.
     let hooks = r#"[{"name": "meta", "url": "http://169.254.169.254/hook", "format": "json",
                      "events": ["worker.ready"]}]"#;
-    let (_up, base) = up_with(
+    let (_up, base) = start_up_with(
         &env,
         &[],
         &[
@@ -521,7 +496,7 @@ async fn loopback_is_allowed_only_when_configured() {
     let env = Env::sqlite();
     let counter = Counter::start().await;
     // An empty allow list: loopback refused, by address and by name.
-    let (mut up, base) = up_with(&env, &[], &[("HOMING_HTTP_ALLOW", "")]).await;
+    let (mut up, base) = start_up_with(&env, &[], &[("HOMING_HTTP_ALLOW", "")]).await;
     let refused = http_job(&base, &counter.url("k=no")).await;
     assert_eq!(refused["state"], "failed", "{refused}");
     assert!(

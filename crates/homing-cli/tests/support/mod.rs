@@ -583,14 +583,20 @@ pub fn free_port() -> u16 {
 /// Starts `homing up` on a free port with a fast heartbeat and waits until it answers; returns
 /// the process and its base URL.
 pub async fn start_up(env: &Env, envs: &[(&str, &str)]) -> (Proc, String) {
+    start_up_with(env, &[], envs).await
+}
+
+/// [`start_up`] with extra arguments for `homing up`.
+pub async fn start_up_with(env: &Env, extra: &[&str], envs: &[(&str, &str)]) -> (Proc, String) {
     let listen = format!("127.0.0.1:{}", free_port());
-    let args = [
+    let mut args = vec![
         "up",
         "--listen",
         listen.as_str(),
         "--heartbeat-interval",
         "200ms",
     ];
+    args.extend_from_slice(extra);
     let proc = env.spawn_with_env("up", &args, envs);
     let base = format!("http://{listen}");
     let http = http_client();

@@ -95,7 +95,7 @@ async fn read_field(field: &mut Field<'_>, limit: usize, what: &str) -> Result<V
 /// A size as a person would say it: whole MiB when it is that, bytes otherwise.
 fn shown_size(bytes: usize) -> String {
     const MIB: usize = 1024 * 1024;
-    if bytes >= MIB && bytes % MIB == 0 {
+    if bytes >= MIB && bytes.is_multiple_of(MIB) {
         format!("{} MiB", bytes / MIB)
     } else {
         format!("{bytes} bytes")
