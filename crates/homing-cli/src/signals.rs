@@ -1,5 +1,5 @@
 //! Turns SIGTERM and SIGINT into a cancellation token, so every long-running command shuts down
-//! gracefully the same way (DESIGN.md section 4).
+//! gracefully the same way (docs/design.md section 4).
 
 use tokio_util::sync::CancellationToken;
 

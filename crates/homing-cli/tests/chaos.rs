@@ -1,4 +1,4 @@
-//! The short form of `homing chaos` that runs on every CI run (DESIGN.md section 10): a minute of
+//! The short form of `homing chaos` that runs on every CI run (docs/design.md section 10): a minute of
 //! load and faults on the embedded backend, and a minute on Redis + PostgreSQL with every fault
 //! kind, each failing the build on any violation of the guarantees. The long run and its report
 //! are in RELIABILITY.md.

@@ -1,4 +1,4 @@
-//! Crash tests with real processes (DESIGN.md section 10): workers are killed with SIGKILL in the
+//! Crash tests with real processes (docs/design.md section 10): workers are killed with SIGKILL in the
 //! middle of jobs, and the guarantees of section 1 are checked from the store and from an
 //! external counter of handler calls.
 

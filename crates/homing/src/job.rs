@@ -17,7 +17,7 @@ pub fn new_job_id() -> JobId {
     uuid::Uuid::now_v7()
 }
 
-/// Where a job is in its life (DESIGN.md section 3).
+/// Where a job is in its life (docs/design.md section 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
@@ -178,7 +178,7 @@ pub struct NewJob {
     pub run_at: Option<Micros>,
 }
 
-/// Default crash budget (DESIGN.md section 1, guarantee 6).
+/// Default crash budget (docs/design.md section 1, guarantee 6).
 pub const DEFAULT_MAX_CRASHES: u32 = 3;
 
 /// The job record.

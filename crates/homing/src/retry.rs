@@ -24,7 +24,7 @@ pub enum RetryPolicy {
 }
 
 impl Default for RetryPolicy {
-    /// 10 s × 2ⁿ ± 10 %, capped at 10 minutes (DESIGN.md section 6).
+    /// 10 s × 2ⁿ ± 10 %, capped at 10 minutes (docs/design.md section 6).
     fn default() -> Self {
         RetryPolicy::Exponential {
             base: Duration::from_secs(10),

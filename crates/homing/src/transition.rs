@@ -189,7 +189,7 @@ pub fn unreadable_reason(job: &Job) -> Option<String> {
     (!notes.is_empty()).then(|| notes.join("; "))
 }
 
-/// What [`start`] decided for one delivery (DESIGN.md section 4, step 2).
+/// What [`start`] decided for one delivery (docs/design.md section 4, step 2).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Start {
     /// Run it: `running` under the worker with `epoch + 1`, `started_at` = now, dispatched.

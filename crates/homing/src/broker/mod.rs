@@ -1,6 +1,6 @@
 //! The broker: moves messages that name jobs from producers to workers, and knows which workers
 //! are alive. It holds no job state: if it loses its data, the store's records let homing
-//! publish every unfinished job again (DESIGN.md section 1, guarantee 9).
+//! publish every unfinished job again (docs/design.md section 1, guarantee 9).
 //!
 //! A message is reserved by one consumer (a worker process) at a time and stays owned by it until
 //! acknowledged (late ack) or put back by the rescuer. Each method says what a crash in the middle

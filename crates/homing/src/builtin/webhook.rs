@@ -1,5 +1,5 @@
 //! `builtin.webhook`: delivers one event to one target, as a job, so a delivery is retried with
-//! backoff, honours `429 Retry-After`, and survives any crash (DESIGN.md section 6). The outbox
+//! backoff, honours `429 Retry-After`, and survives any crash (docs/design.md section 6). The outbox
 //! notifier creates these jobs; see [`crate::events`] for why.
 //!
 //! The job's args name the target (a subscription, or the callback URL of the job the event is

@@ -4,7 +4,7 @@
 //!
 //! - [`Ingress`] takes Celery protocol 2 messages from kombu's Redis lists (priority lists
 //!   included) and records each as a homing job whose id is the Celery task id; from then on it
-//!   is a normal homing job with every guarantee of DESIGN.md section 1.
+//!   is a normal homing job with every guarantee of docs/design.md section 1.
 //! - [`results`] writes terminal outcomes (and `RETRY`) to Celery's Redis result backend, through
 //!   a follow-up job committed with the terminal state, so `AsyncResult.get()` sees them.
 //! - [`CeleryClient`] publishes messages a stock Celery worker runs, and reads their results.

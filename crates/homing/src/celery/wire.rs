@@ -55,7 +55,7 @@ impl Malformed {
 
 impl Message {
     /// The homing job input: kwargs alone, or `{"args": [...], "kwargs": {...}}` when there are
-    /// positional arguments (DESIGN.md section 9).
+    /// positional arguments (docs/design.md section 9).
     pub fn input(&self) -> Value {
         if self.args.is_empty() {
             Value::Object(self.kwargs.clone())

@@ -1,4 +1,4 @@
-//! Rows that cannot be decoded or committed stay confined to their own job (DESIGN.md section
+//! Rows that cannot be decoded or committed stay confined to their own job (docs/design.md section
 //! 12, bad input): the store's second line of defence, for data already stored (by an older
 //! version, or by hand) that the checks at the door would refuse today. Each case writes a
 //! poisoned row with raw SQL through [`Tamper`] next to good jobs and checks that the good ones

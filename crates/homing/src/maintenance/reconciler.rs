@@ -1,5 +1,5 @@
 //! Responsible for making the broker agree with the store, the source of truth
-//! (DESIGN.md section 1, guarantee 9):
+//! (docs/design.md section 1, guarantee 9):
 //! - jobs the store lists as queued but undispatched (a producer or scheduler that crashed
 //!   between its store commit and its publish) are published;
 //! - a broker whose marker vanished has lost its data: every queued job is published again;

@@ -1,7 +1,7 @@
 //! Responsible for lost workers: every sweep it asks the broker which consumers hold messages
 //! without a live heartbeat, counts the crash of each job they were running (conditionally on
 //! the owner, so concurrent rescuers count it once), puts the messages back, and only then
-//! forgets the consumer (DESIGN.md section 1, guarantees 5 and 6).
+//! forgets the consumer (docs/design.md section 1, guarantees 5 and 6).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! Responsible for due dates: scheduled jobs (countdowns, retry delays, snoozes) are rows in the
-//! store, never timers in memory, so a delay survives every crash (DESIGN.md section 1,
+//! store, never timers in memory, so a delay survives every crash (docs/design.md section 1,
 //! guarantee 7). Each due job is claimed by exactly one scheduler and published.
 
 use std::sync::Arc;

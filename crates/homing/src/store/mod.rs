@@ -1,4 +1,4 @@
-//! The store: the source of truth for every job (DESIGN.md section 1, guarantee 9).
+//! The store: the source of truth for every job (docs/design.md section 1, guarantee 9).
 //!
 //! Every state change a job goes through is one call here, and each call is one transaction:
 //! either all of it is committed or none of it. Each method says what a crash in the middle
@@ -50,7 +50,7 @@ impl Inserted {
     }
 }
 
-/// The decision [`Store::start`] takes for one delivery (DESIGN.md section 4, step 2).
+/// The decision [`Store::start`] takes for one delivery (docs/design.md section 4, step 2).
 #[derive(Debug, Clone, PartialEq)]
 pub enum StartOutcome {
     /// Run it: the job is now `running` under this worker with a new epoch.
@@ -315,7 +315,7 @@ pub(crate) fn read_event_data(text: &str) -> std::result::Result<serde_json::Val
     serde_json::from_str(text).map_err(|e| format!("event data cannot be read: {e}"))
 }
 
-/// The second line of defence of batch calls (DESIGN.md section 12, bad input): `batch` runs
+/// The second line of defence of batch calls (docs/design.md section 12, bad input): `batch` runs
 /// everything in one transaction; when that fails for a reason other than the store being
 /// unavailable (so one item's data is at fault), each item runs alone in its own transaction,
 /// and an item that still fails is handed to `isolate` with its error, which confines it to
@@ -456,7 +456,7 @@ pub trait Store: Send + Sync + 'static {
     async fn redispatch_all(&self) -> Result<u64>;
 
     /// Decides, atomically, what to do with one delivery of `id` to `worker` at `now`
-    /// (DESIGN.md section 4, step 2). `Run` increments the epoch and sets `running`, `worker`,
+    /// (docs/design.md section 4, step 2). `Run` increments the epoch and sets `running`, `worker`,
     /// `started_at`.
     ///
     /// The decision is [`crate::transition::start`]'s; a job whose stored data cannot be

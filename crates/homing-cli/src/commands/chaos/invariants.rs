@@ -1,4 +1,4 @@
-//! Responsible for checking DESIGN.md section 1 after the run, from three independent sources:
+//! Responsible for checking docs/design.md section 1 after the run, from three independent sources:
 //! the store (every job's final record), the counter (every handler call, per idempotency key)
 //! and the workers' logs (every commit the store applied, every zombie write it rejected).
 //!

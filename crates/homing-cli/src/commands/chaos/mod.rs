@@ -1,4 +1,4 @@
-//! `homing chaos`: proves the guarantees of DESIGN.md section 1 on a real deployment instead of
+//! `homing chaos`: proves the guarantees of docs/design.md section 1 on a real deployment instead of
 //! asserting them. It starts a server and worker processes on this machine (and its own
 //! redis-server and PostgreSQL in the distributed modes), pushes a steady load of jobs that call
 //! an external counter with their idempotency key, injects faults on a seeded schedule, lets the

@@ -1,5 +1,5 @@
 //! The broker on Redis Streams (Redis ≥ 6.2 or Valkey), for deployments where workers run on
-//! several machines. DESIGN.md section 5 is the brief; the choices that follow from it:
+//! several machines. docs/design.md section 5 is the brief; the choices that follow from it:
 //!
 //! - One stream per queue with one consumer group. A message is an entry with a field `job`; a
 //!   reservation is `XREADGROUP … >`, which puts the entry in the group's pending list under the

@@ -1,5 +1,5 @@
 //! The store on PostgreSQL: the same contract as the SQLite store, for a system that spans
-//! several machines (DESIGN.md section 5). Servers and workers on different hosts share one
+//! several machines (docs/design.md section 5). Servers and workers on different hosts share one
 //! database, so every place where processes compete takes row locks instead of relying on one
 //! writer:
 //! - `start`, `complete`, `mark_lost`, `mark_dead`, `retry` and `cancel` lock the rows they decide
@@ -590,7 +590,7 @@ async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> sqlx::Result<V
 }
 
 /// Writes the event of a terminal transition just made to job `id`, inside that transition's
-/// transaction (DESIGN.md section 1, guarantee 9: follow-up work commits with its cause). The job
+/// transaction (docs/design.md section 1, guarantee 9: follow-up work commits with its cause). The job
 /// is read back so the event carries it exactly as committed, as the SQLite store's does.
 async fn terminal_event(conn: &mut PgConnection, id: JobId, now: Micros) -> sqlx::Result<()> {
     if let Some(ev) = get_job(conn, id, false)
