@@ -431,18 +431,44 @@ fn bury(
 
 /// Starts a batch in the caller's transaction, deciding each job by [`transition::start`].
 ///
-/// The common case costs one statement: the fast path's WHERE clause is the rule's `Run`
+/// The common case costs one statement per job: the fast path's WHERE clause is the rule's `Run`
 /// condition for a readable row (`crashes < max_crashes` and queued, or scheduled and due),
-/// which `fast_path_matches_the_start_rule` below checks against the rule for every state. A
-/// row it starts whose data then turns out unreadable has that start undone (a savepoint) and is
-/// made dead by the rule's next clause, in the same transaction, so the result is the rule's. Rows the fast path does not match are
-/// read and decided one by one.
+/// which `fast_path_matches_the_start_rule` below checks against the rule for every state. The
+/// fast path starts a row before it can read it, so the batch runs under one savepoint: if a row
+/// it started turns out unreadable, the batch is undone and started again job by job, each
+/// under a savepoint of its own, so that row is made dead unstarted (epoch, worker and
+/// `started_at` as they were), exactly as the rule applied to the read row would. Rows the fast
+/// path does not match are read and decided one by one.
 fn start_in(
     tx: &Transaction<'_>,
     ids: &[String],
     worker: &str,
     now: Micros,
 ) -> rusqlite::Result<Vec<StartOutcome>> {
+    tx.execute_batch("SAVEPOINT batch_start")?;
+    let first = start_each(tx, ids, worker, now, false);
+    let careful = matches!(first, Ok(None));
+    if careful || first.is_err() {
+        tx.execute_batch("ROLLBACK TO batch_start")?;
+    }
+    tx.execute_batch("RELEASE batch_start")?;
+    match first? {
+        Some(out) => Ok(out),
+        None => start_each(tx, ids, worker, now, true)
+            .map(|out| out.expect("job by job, every row is decided")),
+    }
+}
+
+/// [`start_in`]'s pass over the batch. Without `careful`, it gives up (`None`) at the first row
+/// the fast path started whose data is unreadable; with it, each fast start runs under its own
+/// savepoint, undone for such a row before it is made dead.
+fn start_each(
+    tx: &Transaction<'_>,
+    ids: &[String],
+    worker: &str,
+    now: Micros,
+    careful: bool,
+) -> rusqlite::Result<Option<Vec<StartOutcome>>> {
     let mut out = Vec::with_capacity(ids.len());
     let mut fast = tx.prepare_cached(&format!(
         "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
@@ -450,26 +476,30 @@ fn start_in(
          RETURNING {COLUMNS}"
     ))?;
     for id in ids {
-        // The fast path starts before it can read the row; a savepoint undoes that start for a
-        // row that turns out unreadable, so it is made dead unstarted (epoch, worker and
-        // started_at as they were), exactly as the rule applied to the read row would.
-        tx.execute_batch("SAVEPOINT fast_start")?;
+        if careful {
+            tx.execute_batch("SAVEPOINT fast_start")?;
+        }
         let started = fast
             .query_row(params![id, worker, now], row_to_job)
             .optional();
         let started = match started {
             Ok(s) => s,
             Err(e) => {
-                tx.execute_batch("ROLLBACK TO fast_start; RELEASE fast_start")?;
+                if careful {
+                    tx.execute_batch("ROLLBACK TO fast_start; RELEASE fast_start")?;
+                }
                 return Err(e);
             }
         };
         if let Some(job) = started {
             match transition::unreadable_reason(&job) {
                 None => {
-                    tx.execute_batch("RELEASE fast_start")?;
+                    if careful {
+                        tx.execute_batch("RELEASE fast_start")?;
+                    }
                     out.push(StartOutcome::Run(Box::new(job)));
                 }
+                Some(_) if !careful => return Ok(None),
                 Some(reason) => {
                     tx.execute_batch("ROLLBACK TO fast_start; RELEASE fast_start")?;
                     transit(tx, id, Guard::Any, &Change::dead(reason), now)?;
@@ -478,7 +508,9 @@ fn start_in(
             }
             continue;
         }
-        tx.execute_batch("RELEASE fast_start")?;
+        if careful {
+            tx.execute_batch("RELEASE fast_start")?;
+        }
         let Some(job) = get_job(tx, id)? else {
             out.push(StartOutcome::Missing);
             continue;
@@ -502,7 +534,7 @@ fn start_in(
             }
         });
     }
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// [`transition::start`]'s `Run` for a readable row, as SQL (`?3` is now).
