@@ -144,6 +144,20 @@ impl PgStore {
     /// Runs one store call with a deadline, so a server that stops answering (a network cut
     /// without a reset) makes the call `Unavailable` instead of hanging it. The statement
     /// timeout normally fires first; this is the backstop.
+    /// A job's state alone, read leniently: what deciding needs when the rest of its row may
+    /// not decode.
+    async fn state_of(&self, id: JobId) -> Result<Option<JobState>> {
+        let state: Option<String> = self
+            .call(async {
+                sqlx::query_scalar("SELECT state FROM homing_jobs WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(&self.pool)
+                    .await
+            })
+            .await?;
+        Ok(state.map(|st| read_state(Some(&st), &mut Vec::new())))
+    }
+
     async fn call<T>(&self, fut: impl Future<Output = sqlx::Result<T>>) -> Result<T> {
         let limit =
             self.options.acquire_timeout + self.options.statement_timeout + Duration::from_secs(5);
@@ -1182,16 +1196,8 @@ impl Store for PgStore {
                 {
                     return Ok(StartOutcome::Dead);
                 }
-                let state: Option<String> = self
-                    .call(async {
-                        sqlx::query_scalar("SELECT state FROM homing_jobs WHERE id = $1")
-                            .bind(id)
-                            .fetch_optional(&self.pool)
-                            .await
-                    })
-                    .await?;
-                Ok(match state {
-                    Some(st) => StartOutcome::Skip(read_state(Some(&st), &mut Vec::new())),
+                Ok(match self.state_of(id).await? {
+                    Some(state) => StartOutcome::Skip(state),
                     None => StartOutcome::Missing,
                 })
             },
@@ -1248,16 +1254,8 @@ impl Store for PgStore {
                 {
                     return Ok(Lost::Dead);
                 }
-                let state: Option<String> = self
-                    .call(async {
-                        sqlx::query_scalar("SELECT state FROM homing_jobs WHERE id = $1")
-                            .bind(id)
-                            .fetch_optional(&self.pool)
-                            .await
-                    })
-                    .await?;
-                Ok(match state {
-                    Some(st) => Lost::NotOwned(read_state(Some(&st), &mut Vec::new())),
+                Ok(match self.state_of(id).await? {
+                    Some(state) => Lost::NotOwned(state),
                     None => Lost::Missing,
                 })
             }
