@@ -23,6 +23,8 @@ use crate::tools::{self, ToolError};
 use homing::CancellationToken;
 
 mod deskew;
+/// The page rotation deskewing applies, also used by the tests' scan simulator.
+pub use deskew::rotate;
 mod words;
 
 /// A page with fewer visible characters than this in its text layer is treated as a scan.

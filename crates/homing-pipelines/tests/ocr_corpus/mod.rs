@@ -362,7 +362,7 @@ fn seed(name: &str) -> u64 {
 /// Applies `d` to a clean page; the same seed gives the same page.
 pub fn degrade(page: GrayImage, d: &Degrade, seed: u64) -> GrayImage {
     let mut img = if d.angle != 0.0 {
-        rotate(&page, d.angle)
+        homing_pipelines::ocr::rotate(&page, d.angle)
     } else {
         page
     };
@@ -385,33 +385,6 @@ pub fn degrade(page: GrayImage, d: &Degrade, seed: u64) -> GrayImage {
         p.0[0] = v.clamp(0.0, 255.0).round() as u8;
     }
     img
-}
-
-/// Rotates about the centre by `degrees`, bilinear, filling the corners with white.
-fn rotate(src: &GrayImage, degrees: f32) -> GrayImage {
-    let (w, h) = src.dimensions();
-    let (s, c) = degrees.to_radians().sin_cos();
-    let (cx, cy) = (w as f32 / 2.0, h as f32 / 2.0);
-    let at = |x: i64, y: i64| -> f32 {
-        if x < 0 || y < 0 || x >= w as i64 || y >= h as i64 {
-            255.0
-        } else {
-            f32::from(src.get_pixel(x as u32, y as u32).0[0])
-        }
-    };
-    GrayImage::from_fn(w, h, |x, y| {
-        let (dx, dy) = (x as f32 - cx, y as f32 - cy);
-        let sx = c * dx - s * dy + cx;
-        let sy = s * dx + c * dy + cy;
-        let (x0, y0) = (sx.floor(), sy.floor());
-        let (fx, fy) = (sx - x0, sy - y0);
-        let (x0, y0) = (x0 as i64, y0 as i64);
-        let v = at(x0, y0) * (1.0 - fx) * (1.0 - fy)
-            + at(x0 + 1, y0) * fx * (1.0 - fy)
-            + at(x0, y0 + 1) * (1.0 - fx) * fy
-            + at(x0 + 1, y0 + 1) * fx * fy;
-        Luma([v.round().clamp(0.0, 255.0) as u8])
-    })
 }
 
 /// Whitespace runs become one space; leading and trailing whitespace goes.
