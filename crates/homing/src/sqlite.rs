@@ -90,6 +90,12 @@ fn open_conn(path: &Path) -> rusqlite::Result<Connection> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "OFF")?;
+    // One plan per statement, whatever is bound to it. Since SQLite 3.47 a cached statement
+    // whose plan looked at a bound value (a `LIMIT ?`, a `LIKE ?`, a partial index matched
+    // through a parameter) is compiled again each time that value changes: the reservation's
+    // `LIMIT ?` alone made about half of a worker's statement executions re-prepare. homing's
+    // queries name their partial indexes' conditions literally, so no plan needs the values.
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     Ok(conn)
 }
 
@@ -364,6 +370,27 @@ mod tests {
         ] {
             assert!(!fail(code).is_transient(), "{code}");
         }
+    }
+
+    /// A cached statement is compiled once, whatever is bound to it: with SQLite's default,
+    /// each new `LIMIT ?` value (the reservation's free slots) compiled the statement again.
+    #[test]
+    fn bound_values_never_recompile_a_statement() {
+        use rusqlite::StatementStatus;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        Db::open(&path).unwrap();
+        let conn = open_conn(&path).unwrap();
+        let mut st = conn
+            .prepare(
+                "UPDATE messages SET consumer = ?1 WHERE id IN (SELECT id FROM messages \
+                 WHERE queue = ?2 AND consumer IS NULL ORDER BY id LIMIT ?3)",
+            )
+            .unwrap();
+        for limit in 1..=5i64 {
+            st.execute(rusqlite::params!["w", "q", limit]).unwrap();
+        }
+        assert_eq!(st.get_status(StatementStatus::RePrepare), 0);
     }
 
     #[test]
