@@ -155,12 +155,16 @@ fn row_to_job(row: &Row<'_>) -> rusqlite::Result<Job> {
 }
 
 fn get_job(tx: &rusqlite::Connection, id: &str) -> rusqlite::Result<Option<Job>> {
-    tx.query_row(
-        &format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"),
-        [id],
-        row_to_job,
-    )
-    .optional()
+    // Cached: compiling this 25-column SELECT costs more than running it.
+    tx.prepare_cached(&format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"))?
+        .query_row([id], row_to_job)
+        .optional()
+}
+
+/// Runs one statement without a result (a savepoint command) through the statement cache;
+/// `execute_batch` would compile it again on every call.
+fn exec_cached(tx: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
+    tx.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> String {
@@ -170,17 +174,14 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
 fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result<Inserted> {
     if let Some(key) = &job.options.idempotency_key {
         let existing = tx
-            .query_row(
-                "SELECT id, queue, state FROM jobs WHERE idempotency_key = ?1",
-                [key],
-                |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, String>(2)?,
-                    ))
-                },
-            )
+            .prepare_cached("SELECT id, queue, state FROM jobs WHERE idempotency_key = ?1")?
+            .query_row([key], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            })
             .optional()?;
         if let Some((id, queue, state)) = existing {
             return Ok(Inserted {
@@ -445,13 +446,13 @@ fn start_in(
     worker: &str,
     now: Micros,
 ) -> rusqlite::Result<Vec<StartOutcome>> {
-    tx.execute_batch("SAVEPOINT batch_start")?;
+    exec_cached(tx, "SAVEPOINT batch_start")?;
     let first = start_each(tx, ids, worker, now, false);
     let careful = matches!(first, Ok(None));
     if careful || first.is_err() {
-        tx.execute_batch("ROLLBACK TO batch_start")?;
+        exec_cached(tx, "ROLLBACK TO batch_start")?;
     }
-    tx.execute_batch("RELEASE batch_start")?;
+    exec_cached(tx, "RELEASE batch_start")?;
     match first? {
         Some(out) => Ok(out),
         None => start_each(tx, ids, worker, now, true)
