@@ -10,8 +10,13 @@
 //! a transaction-scoped advisory lock on PostgreSQL, taken only when a batch brings a new name),
 //! so processes enqueueing at once cannot overshoot the limit together. Only producers' enqueues
 //! are bounded: follow-up jobs and webhook deliveries go to queues chosen by code, not input.
+//!
+//! Names are never removed from the table, so each store also remembers in memory the names it
+//! has seen committed there ([`KnownQueues`]): a batch whose names are all known skips the
+//! lookup, and the usual enqueue costs no statement for its queue.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
 
 use crate::job::NewJob;
 
@@ -44,6 +49,31 @@ fn names(jobs: &[NewJob]) -> Vec<String> {
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect()
+}
+
+/// The queue names a store has seen in its table (after the insert that admitted or found them
+/// committed), shared by the store's clones. It holds at most what the table holds, and a name
+/// in it stays valid because the table never loses one.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KnownQueues(Arc<Mutex<HashSet<String>>>);
+
+impl KnownQueues {
+    /// The batch's names when one of them is not known yet (the insert must admit them), or
+    /// `None` when every one is.
+    pub(crate) fn to_admit(&self, jobs: &[NewJob]) -> Option<Vec<String>> {
+        let known = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        jobs.iter()
+            .any(|j| !known.contains(&j.queue))
+            .then(|| names(jobs))
+    }
+
+    /// Remembers names after the transaction that admitted them committed.
+    pub(crate) fn remember(&self, names: Vec<String>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(names);
+    }
 }
 
 /// Registers the batch's queues inside the insert's write transaction, or refuses the batch.

@@ -19,6 +19,7 @@ pub struct SqliteStore {
     db: Arc<Db>,
     /// Distinct queue names enqueue accepts (`store::queues`).
     max_queues: u64,
+    known_queues: super::queues::KnownQueues,
 }
 
 impl SqliteStore {
@@ -26,6 +27,7 @@ impl SqliteStore {
         Self {
             db,
             max_queues: super::queues::DEFAULT_MAX_QUEUES,
+            known_queues: Default::default(),
         }
     }
 
@@ -675,12 +677,21 @@ impl Store for SqliteStore {
 
     async fn insert(&self, jobs: Vec<NewJob>) -> Result<Vec<Inserted>> {
         let max_queues = self.max_queues;
-        self.db
+        let to_admit = self.known_queues.to_admit(&jobs);
+        let admit = to_admit.is_some();
+        let out = self
+            .db
             .write(move |tx| {
-                super::queues::admit_sqlite(tx, &jobs, max_queues, crate::time::now())?;
+                if admit {
+                    super::queues::admit_sqlite(tx, &jobs, max_queues, crate::time::now())?;
+                }
                 jobs.iter().map(|j| insert_one(tx, j)).collect()
             })
-            .await
+            .await?;
+        if let Some(names) = to_admit {
+            self.known_queues.remember(names);
+        }
+        Ok(out)
     }
 
     async fn mark_dispatched(&self, ids: &[JobId]) -> Result<()> {
@@ -1375,6 +1386,25 @@ mod poison_tests {
         let bid = bad.id.to_string();
         db.write(move |tx| tx.execute(sql, [bid])).await.unwrap();
         (s, good.id, bad.id)
+    }
+
+    /// A queue this store has admitted costs no lookup again: with the queue table gone, jobs
+    /// still go to the known queue, while a new name, which must be counted, cannot.
+    #[tokio::test]
+    async fn a_known_queue_is_not_looked_up_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path().join("h.db")).unwrap();
+        let s = SqliteStore::new(db.clone());
+        s.insert(vec![job("q")]).await.expect("first insert");
+        db.write(|tx| tx.execute_batch("ALTER TABLE queues RENAME TO queues_gone"))
+            .await
+            .unwrap();
+        s.insert(vec![job("q"), job("q")])
+            .await
+            .expect("a known queue needs no lookup");
+        assert!(s.insert(vec![job("q"), job("r")]).await.is_err());
+        // Another store (another process) has not seen the name: it looks it up.
+        assert!(SqliteStore::new(db).insert(vec![job("q")]).await.is_err());
     }
 
     /// Reads show the job with the column named; a start makes it dead and runs its neighbour.

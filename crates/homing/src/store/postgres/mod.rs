@@ -68,6 +68,7 @@ pub struct PgStore {
     target: String,
     /// Distinct queue names enqueue accepts (`store::queues`).
     max_queues: u64,
+    known_queues: crate::store::queues::KnownQueues,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -117,6 +118,7 @@ impl PgStore {
             options,
             target,
             max_queues: crate::store::queues::DEFAULT_MAX_QUEUES,
+            known_queues: Default::default(),
         })
     }
 
@@ -1091,15 +1093,28 @@ impl Store for PgStore {
     }
 
     async fn insert(&self, jobs: Vec<NewJob>) -> Result<Vec<Inserted>> {
-        self.call(async {
-            let mut tx = self.pool.begin().await?;
-            crate::store::queues::admit_pg(&mut tx, &jobs, self.max_queues, crate::time::now())
-                .await?;
-            let out = insert_jobs(&mut tx, &jobs).await?;
-            tx.commit().await?;
-            Ok(out)
-        })
-        .await
+        let to_admit = self.known_queues.to_admit(&jobs);
+        let out = self
+            .call(async {
+                let mut tx = self.pool.begin().await?;
+                if to_admit.is_some() {
+                    crate::store::queues::admit_pg(
+                        &mut tx,
+                        &jobs,
+                        self.max_queues,
+                        crate::time::now(),
+                    )
+                    .await?;
+                }
+                let out = insert_jobs(&mut tx, &jobs).await?;
+                tx.commit().await?;
+                Ok(out)
+            })
+            .await?;
+        if let Some(names) = to_admit {
+            self.known_queues.remember(names);
+        }
+        Ok(out)
     }
 
     async fn mark_dispatched(&self, ids: &[JobId]) -> Result<()> {
