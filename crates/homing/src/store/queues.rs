@@ -13,7 +13,9 @@
 //!
 //! Names are never removed from the table, so each store also remembers in memory the names it
 //! has seen committed there ([`KnownQueues`]): a batch whose names are all known skips the
-//! lookup, and the usual enqueue costs no statement for its queue.
+//! lookup, and the usual enqueue costs no statement for its queue. (A database restored from an
+//! older backup under running processes may lack names they remember: those processes keep
+//! enqueueing to such a queue without registering it again until they restart.)
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
