@@ -248,7 +248,7 @@ async function refresh() {
   clearTimeout(timer);
   try {
     const detailId = routeJob();
-    const [q, w, j, d, s] = await Promise.all([
+    const [q, w, j, d, sch] = await Promise.all([
       api('/v1/queues'), api('/v1/workers'), api(jobsQuery()),
       detailId ? api('/v1/jobs/' + detailId) : Promise.resolve(null),
       api('/v1/schedules'),
@@ -258,7 +258,7 @@ async function refresh() {
     $('#logout').hidden = !sessionStorage.getItem(TOKEN_KEY);
     renderQueues(q.queues || []);
     renderWorkers(w.workers || []);
-    renderSchedules(s.schedules || []);
+    renderSchedules(sch.schedules || []);
     renderJobs(j);
     renderDetail(d);
     const s = $('#status');
