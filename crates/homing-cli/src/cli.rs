@@ -110,7 +110,8 @@ pub struct Global {
 pub enum Command {
     /// Run everything in one process: API, dashboard, a worker and the rescuer, on the embedded default.
     Up(UpArgs),
-    /// Run the API, dashboard and maintenance loops (rescuer, scheduler, reconciler), no worker.
+    /// Run the API, dashboard and maintenance loops (rescuer, scheduler, periodic schedules,
+    /// reconciler), no worker.
     Server(ServerArgs),
     /// Run a worker on one or more queues.
     Worker(WorkerArgs),
@@ -207,8 +208,8 @@ pub struct HttpArgs {
     #[arg(long, env = "HOMING_MAX_CONNECTIONS", default_value_t = 512,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_connections: u32,
-    /// `/healthz` answers 503 once a background loop (rescuer, scheduler, reconciler, pruner,
-    /// notifier) has failed without a success for longer than this.
+    /// `/healthz` answers 503 once a background loop (rescuer, scheduler, periodic, reconciler,
+    /// pruner, notifier) has failed without a success for longer than this.
     #[arg(long, env = "HOMING_UNHEALTHY_AFTER", default_value = "30s", value_parser = duration_in(SECOND, DAY))]
     pub unhealthy_after: Duration,
 }

@@ -117,7 +117,10 @@ impl Config {
     /// keeps its progress, so every process may do this at every start; a schedule removed
     /// from the file stays until `homing schedules delete` (the store does not record where a
     /// schedule came from).
-    pub async fn reconcile_schedules(&self, store: &dyn homing::store::Store) -> anyhow::Result<()> {
+    pub async fn reconcile_schedules(
+        &self,
+        store: &dyn homing::store::Store,
+    ) -> anyhow::Result<()> {
         for def in &self.schedules {
             store
                 .put_schedule(def, homing::time::now())
@@ -125,7 +128,10 @@ impl Config {
                 .with_context(|| format!("setting schedule '{}' from HOMING_CONFIG", def.name))?;
         }
         if !self.schedules.is_empty() {
-            tracing::info!(schedules = self.schedules.len(), "schedules from HOMING_CONFIG set");
+            tracing::info!(
+                schedules = self.schedules.len(),
+                "schedules from HOMING_CONFIG set"
+            );
         }
         Ok(())
     }

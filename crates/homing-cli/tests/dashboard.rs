@@ -384,7 +384,10 @@ async fn dashboard_lists_schedules() {
     let (_up, base) = start_up(&env, &[("HOMING_API_TOKEN", token)]).await;
     let http = http_client();
     for (name, body) in [
-        ("heartbeat", serde_json::json!({"task": "builtin.noop", "every": "1s"})),
+        (
+            "heartbeat",
+            serde_json::json!({"task": "builtin.noop", "every": "1s"}),
+        ),
         (
             "nightly",
             serde_json::json!({"task": "builtin.noop", "cron": "0 3 * * *", "timezone": "Europe/Paris"}),

@@ -18,7 +18,10 @@ use homing::Client;
 const SECOND: Micros = 1_000_000;
 
 /// Every job of `schedule`: tick → how many jobs, and tick → the job's creation time.
-async fn ticks(client: &Client, schedule: &str) -> (BTreeMap<Micros, usize>, BTreeMap<Micros, Micros>) {
+async fn ticks(
+    client: &Client,
+    schedule: &str,
+) -> (BTreeMap<Micros, usize>, BTreeMap<Micros, Micros>) {
     let mut count = BTreeMap::new();
     let mut created = BTreeMap::new();
     let mut cursor: Option<String> = None;
@@ -47,8 +50,11 @@ async fn ticks(client: &Client, schedule: &str) -> (BTreeMap<Micros, usize>, BTr
 
 fn config_file(env: &Env, schedules: serde_json::Value) -> String {
     let path = env.path().join("config.json");
-    std::fs::write(&path, serde_json::json!({ "schedules": schedules }).to_string())
-        .expect("write config");
+    std::fs::write(
+        &path,
+        serde_json::json!({ "schedules": schedules }).to_string(),
+    )
+    .expect("write config");
     path.display().to_string()
 }
 
@@ -96,7 +102,10 @@ async fn one_job_per_tick_with_kills(env: Env) {
     assert!(dup.is_empty(), "ticks with more than one job: {dup:?}");
     let all: Vec<Micros> = count.keys().copied().collect();
     let gaps: Vec<_> = all.windows(2).filter(|w| w[1] - w[0] != SECOND).collect();
-    assert!(gaps.is_empty(), "ticks skipped while a server lived: {gaps:?}");
+    assert!(
+        gaps.is_empty(),
+        "ticks skipped while a server lived: {gaps:?}"
+    );
     let last = *all.last().expect("ticks");
     assert!(
         last >= killed_all_but_s4,
@@ -148,10 +157,14 @@ async fn missed_ticks_follow_each_policy() {
     tokio::time::sleep(Duration::from_secs(16)).await;
     let _s = server(&env, "after", &config);
     for name in ["m-skip", "m-latest", "m-all"] {
-        eventually(Duration::from_secs(30), "ticks after the restart", || async {
-            let (_, created) = ticks(&client, name).await;
-            (created.values().filter(|c| **c > down).count() >= 3).then_some(())
-        })
+        eventually(
+            Duration::from_secs(30),
+            "ticks after the restart",
+            || async {
+                let (_, created) = ticks(&client, name).await;
+                (created.values().filter(|c| **c > down).count() >= 3).then_some(())
+            },
+        )
         .await;
     }
     let mut first_after = BTreeMap::new();
@@ -177,8 +190,16 @@ async fn missed_ticks_follow_each_policy() {
         first_after.insert(name, after[0]);
     }
     let skip = first_after["m-skip"];
-    assert_eq!(first_after["m-latest"], skip - SECOND, "latest: one missed tick");
-    assert_eq!(first_after["m-all"], skip - 3 * SECOND, "all:3: three missed ticks");
+    assert_eq!(
+        first_after["m-latest"],
+        skip - SECOND,
+        "latest: one missed tick"
+    );
+    assert_eq!(
+        first_after["m-all"],
+        skip - 3 * SECOND,
+        "all:3: three missed ticks"
+    );
     // Skip really skipped: its first tick after the restart is well after the last before.
     let (_, created) = ticks(&client, "m-skip").await;
     let last_before = created
@@ -197,7 +218,14 @@ async fn pause_resume_and_errors() {
     let env = Env::sqlite();
     let (_up, base) = start_up(&env, &[]).await;
     let (code, out, err) = env.run(&[
-        "schedules", "set", "beat", "--task", "builtin.noop", "--every", "1s", "--args",
+        "schedules",
+        "set",
+        "beat",
+        "--task",
+        "builtin.noop",
+        "--every",
+        "1s",
+        "--args",
         r#"{"n": 7}"#,
     ]);
     assert_eq!(code, 0, "{out}{err}");
@@ -226,7 +254,11 @@ async fn pause_resume_and_errors() {
     let paused_at = homing::time::now();
     let n = ticks(&client, "beat").await.0.len();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(ticks(&client, "beat").await.0.len(), n, "no tick while paused");
+    assert_eq!(
+        ticks(&client, "beat").await.0.len(),
+        n,
+        "no tick while paused"
+    );
     let (code, _, _) = env.run(&["schedules", "resume", "beat"]);
     assert_eq!(code, 0);
     let resumed_at = homing::time::now();
@@ -244,11 +276,23 @@ async fn pause_resume_and_errors() {
     // The CLI: usage errors (exit 2) name the problem; the rest exit 1 with a reason.
     for (args, code_wanted, says) in [
         (vec!["--cron", "0 3 * *"], 2, "5 fields"),
-        (vec!["--cron", "0 3 * * *", "--timezone", "Mars/Olympus"], 2, "unknown time zone"),
+        (
+            vec!["--cron", "0 3 * * *", "--timezone", "Mars/Olympus"],
+            2,
+            "unknown time zone",
+        ),
         (vec!["--every", "0s"], 2, "out of range"),
         (vec!["--every", "1500ms"], 2, "whole number of seconds"),
-        (vec!["--every", "1s", "--missed", "all:0"], 2, "missed-tick policy"),
-        (vec!["--every", "1s", "--cron", "* * * * *"], 2, "cannot be used with"),
+        (
+            vec!["--every", "1s", "--missed", "all:0"],
+            2,
+            "missed-tick policy",
+        ),
+        (
+            vec!["--every", "1s", "--cron", "* * * * *"],
+            2,
+            "cannot be used with",
+        ),
         (vec![], 2, "required"),
         (vec!["--every", "1s", "--args", "[1"], 1, "not valid JSON"),
     ] {
@@ -260,7 +304,15 @@ async fn pause_resume_and_errors() {
     }
     let (code, _, err) = env.run(&["schedules", "set", "a b", "--task", "x", "--every", "1s"]);
     assert_eq!(code, 2, "{err}");
-    let (code, _, err) = env.run(&["schedules", "set", "w", "--task", "builtin.webhook", "--every", "1s"]);
+    let (code, _, err) = env.run(&[
+        "schedules",
+        "set",
+        "w",
+        "--task",
+        "builtin.webhook",
+        "--every",
+        "1s",
+    ]);
     assert_eq!(code, 1);
     assert!(err.contains("internal"), "{err}");
     let (code, _, err) = env.run(&["schedules", "delete", "nope"]);
@@ -277,20 +329,36 @@ async fn pause_resume_and_errors() {
         .unwrap();
     assert_eq!(r.status(), 400);
     let body: serde_json::Value = r.json().await.unwrap();
-    assert!(body["error"]["message"].as_str().unwrap().contains("cron"), "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("cron"),
+        "{body}"
+    );
     let r = http
         .put(format!("{base}/v1/schedules/api"))
-        .json(&serde_json::json!({"task": "builtin.noop", "cron": "0 3 * * *",
-                                  "timezone": "Asia/Seoul", "missed": "all:2"}))
+        .json(
+            &serde_json::json!({"task": "builtin.noop", "cron": "0 3 * * *",
+                                  "timezone": "Asia/Seoul", "missed": "all:2"}),
+        )
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
     let s: serde_json::Value = r.json().await.unwrap();
-    assert!(s["next_tick"].as_str().unwrap().ends_with("T18:00:00.000Z"), "{s}");
-    let r = http.post(format!("{base}/v1/schedules/nope/pause")).send().await.unwrap();
+    assert!(
+        s["next_tick"].as_str().unwrap().ends_with("T18:00:00.000Z"),
+        "{s}"
+    );
+    let r = http
+        .post(format!("{base}/v1/schedules/nope/pause"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
-    let r = http.delete(format!("{base}/v1/schedules/api")).send().await.unwrap();
+    let r = http
+        .delete(format!("{base}/v1/schedules/api"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 204);
     let all: serde_json::Value = http
         .get(format!("{base}/v1/schedules"))

@@ -25,6 +25,8 @@ pub const GRACE: Duration = Duration::from_secs(10);
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// The longest interval of an `every` schedule.
 pub const MAX_INTERVAL: Duration = Duration::from_secs(366 * 24 * 3600);
+/// The longest cron expression accepted (a real one is a few dozen bytes).
+pub const MAX_CRON_BYTES: usize = 256;
 /// The most missed ticks `all:N` may enqueue at once.
 pub const MAX_CATCH_UP: u32 = 1000;
 
@@ -198,6 +200,11 @@ pub fn tick_of(key: Option<&str>) -> (Option<String>, Option<Micros>) {
 
 /// A cron expression parsed and checked: 5 or 6 fields (or a `@daily`-style nickname).
 fn parse_cron(expr: &str) -> Result<croner::Cron, String> {
+    if expr.len() > MAX_CRON_BYTES {
+        return Err(format!(
+            "invalid cron expression: at most {MAX_CRON_BYTES} bytes"
+        ));
+    }
     let fields = expr.split_whitespace().count();
     let nickname = expr.trim_start().starts_with('@');
     if !nickname && !(5..=6).contains(&fields) {
@@ -268,14 +275,17 @@ pub fn check(def: &ScheduleDef) -> Result<(), String> {
 
 /// Where a schedule's ticks fall, ready to be walked.
 enum Ticks {
-    Cron(croner::Cron, jiff::tz::TimeZone),
+    // Boxed: a parsed pattern is large, and an interval is one number.
+    Cron(Box<(croner::Cron, jiff::tz::TimeZone)>),
     Every(Micros),
 }
 
 impl Ticks {
     fn new(spec: &Spec) -> Result<Self, String> {
         Ok(match spec {
-            Spec::Cron { expr, timezone } => Ticks::Cron(parse_cron(expr)?, parse_zone(timezone)?),
+            Spec::Cron { expr, timezone } => {
+                Ticks::Cron(Box::new((parse_cron(expr)?, parse_zone(timezone)?)))
+            }
             Spec::Every { interval } => {
                 let us = i64::try_from(interval.as_micros()).unwrap_or(i64::MAX);
                 Ticks::Every(us.max(SECOND))
@@ -289,14 +299,14 @@ impl Ticks {
     }
 
     fn micros(z: &jiff::Zoned) -> Micros {
-        let us = z.timestamp().as_microsecond();
-        i64::try_from(us).unwrap_or(i64::MAX)
+        z.timestamp().as_microsecond()
     }
 
     /// The first tick strictly after `t` (`anchor` is where an interval counts from).
     fn after(&self, t: Micros, anchor: Micros) -> Option<Micros> {
         match self {
-            Ticks::Cron(cron, tz) => {
+            Ticks::Cron(c) => {
+                let (cron, tz) = &**c;
                 let z = Self::zoned(t, tz)?;
                 cron.find_next_occurrence(&z, false)
                     .ok()
@@ -315,7 +325,8 @@ impl Ticks {
     /// The last tick at or before `t`, if it is after `floor`.
     fn at_or_before(&self, t: Micros, anchor: Micros, floor: Micros) -> Option<Micros> {
         let tick = match self {
-            Ticks::Cron(cron, tz) => {
+            Ticks::Cron(c) => {
+                let (cron, tz) = &**c;
                 let z = Self::zoned(t, tz)?;
                 Self::micros(&cron.find_previous_occurrence(&z, true).ok()?)
             }
@@ -542,12 +553,15 @@ mod tests {
             missed: Missed::Latest,
         };
         assert_eq!(check(&def), Ok(()));
+        // Valid but for its length: repeated minutes.
+        let long = format!("{} * * * *", vec!["1"; 200].join(","));
         for (expr, tz) in [
             ("0 3 * *", "UTC"),
             ("0 3 * * * * *", "UTC"),
             ("99 3 * * *", "UTC"),
             ("0 3 * * *", "Mars/Olympus"),
             ("", "UTC"),
+            (long.as_str(), "UTC"),
         ] {
             def.spec = cron(expr, tz);
             assert!(check(&def).is_err(), "{expr} {tz}");

@@ -96,7 +96,11 @@ pub async fn schedules_are_set_read_paused_and_deleted(s: Arc<dyn Store>) {
         schedule::whole_second(t0 + 20_000_000),
         "ticks that fell while paused are not owed"
     );
-    assert!(s.pause_schedule("no-such-schedule", true, t0).await.unwrap().is_none());
+    assert!(s
+        .pause_schedule("no-such-schedule", true, t0)
+        .await
+        .unwrap()
+        .is_none());
 
     assert!(s.delete_schedule(&name).await.unwrap());
     assert!(!s.delete_schedule(&name).await.unwrap());
@@ -116,7 +120,9 @@ pub async fn schedule_ticks_get_one_job_each(s: Arc<dyn Store>) {
     for _ in 0..8 {
         let s = s.clone();
         let f = firing(&d, c, &ticks);
-        racers.push(tokio::spawn(async move { s.fire_schedule(&f, now()).await }));
+        racers.push(tokio::spawn(
+            async move { s.fire_schedule(&f, now()).await },
+        ));
     }
     let mut wins = Vec::new();
     for r in racers {
@@ -146,11 +152,19 @@ pub async fn schedule_ticks_get_one_job_each(s: Arc<dyn Store>) {
     assert_eq!(after.last_job, Some(ins[1].id));
 
     // A stale decision (the old cursor) writes nothing.
-    assert!(s.fire_schedule(&firing(&d, c, &ticks), now()).await.unwrap().is_none());
+    assert!(s
+        .fire_schedule(&firing(&d, c, &ticks), now())
+        .await
+        .unwrap()
+        .is_none());
     // A paused schedule fires nothing.
     s.pause_schedule(&name, true, now()).await.unwrap();
     let next = [ticks[1] + 1_000_000];
-    assert!(s.fire_schedule(&firing(&d, ticks[1], &next), now()).await.unwrap().is_none());
+    assert!(s
+        .fire_schedule(&firing(&d, ticks[1], &next), now())
+        .await
+        .unwrap()
+        .is_none());
     // Recreated under the same name, an old tick's job is the existing one (its key).
     s.delete_schedule(&name).await.unwrap();
     let again = s.put_schedule(&d, now()).await.unwrap();
@@ -162,6 +176,9 @@ pub async fn schedule_ticks_get_one_job_each(s: Arc<dyn Store>) {
     assert!(replay[0].existed);
     assert_eq!(replay[0].id, ins[0].id);
     // A cursor may also move with no job (skipped ticks).
-    let skip = s.fire_schedule(&firing(&d, ticks[0], &[]), now()).await.unwrap();
+    let skip = s
+        .fire_schedule(&firing(&d, ticks[0], &[]), now())
+        .await
+        .unwrap();
     assert_eq!(skip.map(|v| v.len()), Some(0));
 }

@@ -76,14 +76,13 @@ pub(crate) mod sqlite {
     }
 
     pub(crate) fn get(c: &rusqlite::Connection, name: &str) -> rusqlite::Result<Option<Schedule>> {
-        Ok(c
-            .query_row(
-                &format!("SELECT {COLUMNS} FROM schedules WHERE name = ?1"),
-                [name],
-                row,
-            )
-            .optional()?
-            .and_then(Row::decode))
+        Ok(c.query_row(
+            &format!("SELECT {COLUMNS} FROM schedules WHERE name = ?1"),
+            [name],
+            row,
+        )
+        .optional()?
+        .and_then(Row::decode))
     }
 
     pub(crate) fn list(c: &rusqlite::Connection) -> rusqlite::Result<Vec<Schedule>> {
@@ -134,12 +133,7 @@ pub(crate) mod sqlite {
             "UPDATE schedules SET \
                cursor = CASE WHEN paused = 1 AND ?2 = 0 THEN ?3 ELSE cursor END, \
                paused = ?2, updated_at = ?4 WHERE name = ?1",
-            params![
-                name,
-                paused as i64,
-                crate::schedule::whole_second(now),
-                now
-            ],
+            params![name, paused as i64, crate::schedule::whole_second(now), now],
         )?;
         get(tx, name)
     }
@@ -153,12 +147,7 @@ pub(crate) mod sqlite {
         let moved = tx.execute(
             "UPDATE schedules SET cursor = ?3, updated_at = ?4 \
              WHERE name = ?1 AND cursor = ?2 AND paused = 0",
-            params![
-                firing.name,
-                firing.expected_cursor,
-                firing.new_cursor,
-                now
-            ],
+            params![firing.name, firing.expected_cursor, firing.new_cursor, now],
         )?;
         if moved == 0 {
             return Ok(None);

@@ -1314,7 +1314,11 @@ impl Store for SqliteStore {
         self.db
             .write(move |tx| super::schedules::sqlite::put(tx, &def, now))
             .await?
-            .ok_or_else(|| crate::error::Error::Invalid(format!("schedule '{name}' was set but cannot be read back")))
+            .ok_or_else(|| {
+                crate::error::Error::Invalid(format!(
+                    "schedule '{name}' was set but cannot be read back"
+                ))
+            })
     }
 
     async fn schedules(&self) -> Result<Vec<crate::schedule::Schedule>> {

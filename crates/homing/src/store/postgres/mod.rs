@@ -432,7 +432,10 @@ async fn lock_jobs(conn: &mut PgConnection, ids: &[JobId]) -> sqlx::Result<HashM
 /// Inserts a batch in one statement. Jobs whose idempotency key (or id: a batch retried after
 /// its commit's answer was lost) already exists are returned as that existing job; a key used
 /// twice in one batch resolves to its first job, as if they had been inserted one by one.
-pub(super) async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> sqlx::Result<Vec<Inserted>> {
+pub(super) async fn insert_jobs(
+    conn: &mut PgConnection,
+    jobs: &[NewJob],
+) -> sqlx::Result<Vec<Inserted>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
