@@ -319,6 +319,24 @@ async fn pause_resume_and_errors() {
     assert_eq!(code, 1);
     assert!(err.contains("no schedule named 'nope'"), "{err}");
 
+    // A bad schedule in the config file stops a process at start, naming it.
+    let config = config_file(
+        &env,
+        serde_json::json!([{"name": "broken", "task": "builtin.noop", "cron": "0 3 * * *",
+                            "timezone": "Nowhere/Land"}]),
+    );
+    let out = env
+        .command(&["worker", "--queue", "default"])
+        .env("HOMING_CONFIG", &config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("schedule 'broken'") && err.contains("unknown time zone"),
+        "{err}"
+    );
+
     // The API: 400 with the reason, 404 for an unknown name; the good schedule is untouched.
     let http = http_client();
     let r = http
