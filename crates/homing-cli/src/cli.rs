@@ -110,7 +110,8 @@ pub struct Global {
 pub enum Command {
     /// Run everything in one process: API, dashboard, a worker and the rescuer, on the embedded default.
     Up(UpArgs),
-    /// Run the API, dashboard and maintenance loops (rescuer, scheduler, reconciler), no worker.
+    /// Run the API, dashboard and maintenance loops (rescuer, scheduler, periodic schedules,
+    /// reconciler), no worker.
     Server(ServerArgs),
     /// Run a worker on one or more queues.
     Worker(WorkerArgs),
@@ -125,6 +126,12 @@ pub enum Command {
     Queues(OutputArgs),
     /// Show workers: live, stopped and lost, with what each is running.
     Workers(WorkersArgs),
+    /// Periodic schedules: a job per cron tick or per interval, exactly one per tick.
+    #[command(long_about = SCHEDULES_ABOUT)]
+    Schedules {
+        #[command(subcommand)]
+        command: SchedulesCommand,
+    },
     /// Measure throughput and latency: enqueue N no-op jobs and drain them with W worker processes.
     Bench(BenchArgs),
     /// Prove the guarantees: run a real deployment under load, inject faults, check every invariant.
@@ -201,8 +208,8 @@ pub struct HttpArgs {
     #[arg(long, env = "HOMING_MAX_CONNECTIONS", default_value_t = 512,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_connections: u32,
-    /// `/healthz` answers 503 once a background loop (rescuer, scheduler, reconciler, pruner,
-    /// notifier) has failed without a success for longer than this.
+    /// `/healthz` answers 503 once a background loop (rescuer, scheduler, periodic, reconciler,
+    /// pruner, notifier) has failed without a success for longer than this.
     #[arg(long, env = "HOMING_UNHEALTHY_AFTER", default_value = "30s", value_parser = duration_in(SECOND, DAY))]
     pub unhealthy_after: Duration,
 }
@@ -494,4 +501,108 @@ pub struct ChaosArgs {
     /// Keep the run's directory (logs, databases) instead of deleting it.
     #[arg(long)]
     pub keep: bool,
+}
+
+const SCHEDULES_ABOUT: &str = "Periodic schedules: a job per cron tick or per interval.\n\n\
+    Every `homing up`, `server` and `worker` (unless --no-maintenance) runs the schedules; \
+    however many run and whichever dies, each tick gets exactly one job, which carries \
+    `schedule` and `scheduled_tick` in its record. Ticks missed while nothing ran (more than 10s \
+    late) follow the schedule's --missed policy. Schedules can also be declared in the \
+    HOMING_CONFIG file (\"schedules\": [...]), set again at every start.";
+
+/// A schedule's name: the rules of task and queue names.
+fn schedule_name(s: &str) -> Result<String, String> {
+    homing::validate::name("schedule", s).map(|_| s.to_string())
+}
+
+fn missed_policy(s: &str) -> Result<homing::schedule::Missed, String> {
+    s.parse()
+}
+
+fn cron_expr(s: &str) -> Result<String, String> {
+    homing::schedule::check_cron(s).map(|_| s.to_string())
+}
+
+fn time_zone(s: &str) -> Result<String, String> {
+    homing::schedule::check_timezone(s).map(|_| s.to_string())
+}
+
+/// An interval: whole seconds, from 1s to 366d.
+fn interval(s: &str) -> Result<Duration, String> {
+    let d = homing::time::parse_duration_in(
+        s,
+        homing::schedule::MIN_INTERVAL,
+        homing::schedule::MAX_INTERVAL,
+    )?;
+    if d.subsec_nanos() != 0 {
+        return Err(format!("'{s}' must be a whole number of seconds"));
+    }
+    Ok(d)
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SchedulesCommand {
+    /// Create or replace a schedule. Setting it again with the same cron/interval keeps its
+    /// progress; a new cron/interval starts counting now.
+    Set(ScheduleSetArgs),
+    /// List schedules with their next tick, last tick and last job.
+    List(OutputArgs),
+    /// Stop enqueueing a schedule's ticks (it stays, with its progress).
+    Pause {
+        #[arg(value_parser = schedule_name)]
+        name: String,
+    },
+    /// Enqueue a paused schedule's ticks again, from now on (ticks that fell while it was
+    /// paused are not enqueued).
+    Resume {
+        #[arg(value_parser = schedule_name)]
+        name: String,
+    },
+    /// Delete a schedule. Its jobs stay.
+    Delete {
+        #[arg(value_parser = schedule_name)]
+        name: String,
+    },
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("when").required(true).args(["cron", "every"])))]
+pub struct ScheduleSetArgs {
+    /// The schedule's name: 1-128 letters, digits, '.', '_', '-', ':'.
+    #[arg(value_parser = schedule_name)]
+    pub name: String,
+    /// The task each tick's job runs, e.g. builtin.http.
+    #[arg(long)]
+    pub task: String,
+    /// The jobs' input as JSON; `@FILE` reads a file.
+    #[arg(long, default_value = "{}")]
+    pub args: String,
+    /// The jobs' queue.
+    #[arg(long, default_value = "default", value_parser = queue_name)]
+    pub queue: String,
+    /// A cron expression: 5 fields (minute hour day-of-month month day-of-week) or 6 (seconds
+    /// first), e.g. "0 3 * * *" or "*/10 * * * * *"; nicknames such as @hourly work too.
+    #[arg(long, value_parser = cron_expr, conflicts_with = "every")]
+    pub cron: Option<String>,
+    /// The IANA time zone the cron expression is read in (e.g. Europe/Paris); across daylight
+    /// saving changes it runs as cron does.
+    #[arg(long, default_value = "UTC", value_parser = time_zone)]
+    pub timezone: String,
+    /// A fixed interval instead of cron, counted from when the schedule is set: whole seconds
+    /// from 1s to 366d (e.g. 30s, 5m, 1h).
+    #[arg(long, value_parser = interval)]
+    pub every: Option<Duration>,
+    /// Ticks missed while nothing ran: `latest` enqueues the newest one once, `skip` none,
+    /// `all:N` each of the newest N (N from 1 to 1000).
+    #[arg(long, default_value = "latest", value_parser = missed_policy)]
+    pub missed: homing::schedule::Missed,
+    /// Retries after a handler error (default: the task's own, else 3; 0-10000).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=homing::validate::MAX_RETRIES as i64))]
+    pub max_retries: Option<u32>,
+    /// Cancel a tick's handler if it runs longer than this (1ms-366d).
+    #[arg(long, value_parser = duration_in(MS, homing::validate::MAX_DELAY))]
+    pub time_limit: Option<Duration>,
+    /// Print the schedule as JSON.
+    #[arg(long)]
+    pub json: bool,
 }

@@ -5,12 +5,17 @@
 //!
 //! Sources add up: `HOMING_API_TOKEN` plus the file's `api_tokens`; the file's `webhooks` plus
 //! `HOMING_WEBHOOKS` (a JSON array of subscriptions).
+//!
+//! The file may also declare periodic schedules (`"schedules": [{"name", "task", "cron" or
+//! "every", ...}]`, the body of `PUT /v1/schedules/{name}` plus its name), checked when the file
+//! is read and set in the store by every process at start ([`Config::reconcile_schedules`]).
 
 use anyhow::Context as _;
 use serde::Deserialize;
 use std::sync::Arc;
 
 use homing::events::{validate_all, Subscription};
+use homing::schedule::ScheduleDef;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -19,6 +24,24 @@ struct File {
     api_tokens: Vec<String>,
     #[serde(default)]
     webhooks: Vec<Subscription>,
+    #[serde(default)]
+    schedules: Vec<serde_json::Value>,
+}
+
+/// One schedule of the file: `{"name": …}` plus the fields of `PUT /v1/schedules/{name}`.
+fn schedule_from(mut v: serde_json::Value) -> Result<ScheduleDef, String> {
+    let name = v
+        .as_object_mut()
+        .and_then(|o| o.remove("name"))
+        .and_then(|n| n.as_str().map(String::from))
+        .ok_or("each schedule needs a \"name\"")?;
+    let body: crate::api::schedules::PutSchedule =
+        serde_json::from_value(v).map_err(|e| format!("schedule '{name}': {e}"))?;
+    let def = body
+        .into_def(name.clone())
+        .map_err(|e| format!("schedule '{name}': {e}"))?;
+    homing::client::check_schedule(&def).map_err(|e| format!("schedule '{name}': {e}"))?;
+    Ok(def)
 }
 
 /// The loaded configuration.
@@ -27,6 +50,8 @@ pub struct Config {
     /// Any of these tokens opens the API; empty means no authentication.
     pub api_tokens: Vec<Arc<str>>,
     pub webhooks: Arc<Vec<Subscription>>,
+    /// Schedules declared in the file, set at every start.
+    pub schedules: Vec<ScheduleDef>,
 }
 
 impl Config {
@@ -73,10 +98,42 @@ impl Config {
             }
         }
         validate_all(&webhooks).map_err(|e| anyhow::anyhow!("webhook configuration: {e}"))?;
+        let mut schedules = Vec::with_capacity(file.schedules.len());
+        for v in file.schedules {
+            let def = schedule_from(v).map_err(|e| anyhow::anyhow!("HOMING_CONFIG: {e}"))?;
+            if schedules.iter().any(|s: &ScheduleDef| s.name == def.name) {
+                anyhow::bail!("HOMING_CONFIG: schedule '{}' is declared twice", def.name);
+            }
+            schedules.push(def);
+        }
         Ok(Config {
             api_tokens: tokens.into_iter().map(Arc::from).collect(),
             webhooks: Arc::new(webhooks),
+            schedules,
         })
+    }
+
+    /// Sets the file's schedules in the store. A schedule whose cron or interval is unchanged
+    /// keeps its progress, so every process may do this at every start; a schedule removed
+    /// from the file stays until `homing schedules delete` (the store does not record where a
+    /// schedule came from).
+    pub async fn reconcile_schedules(
+        &self,
+        store: &dyn homing::store::Store,
+    ) -> anyhow::Result<()> {
+        for def in &self.schedules {
+            store
+                .put_schedule(def, homing::time::now())
+                .await
+                .with_context(|| format!("setting schedule '{}' from HOMING_CONFIG", def.name))?;
+        }
+        if !self.schedules.is_empty() {
+            tracing::info!(
+                schedules = self.schedules.len(),
+                "schedules from HOMING_CONFIG set"
+            );
+        }
+        Ok(())
     }
 
     pub fn subscribers(&self) -> Vec<homing::events::Subscriber> {

@@ -44,6 +44,11 @@ fn chaos(args: &[&str]) -> serde_json::Value {
         "{report}"
     );
     assert_eq!(report["hostile_violations"], 0, "{report}");
+    // The deployment's every-1s schedule: one job per tick, none missing, under every fault.
+    let ticks = &report["schedule"];
+    assert!(ticks["ticks"].as_u64().unwrap_or(0) >= 50, "{report}");
+    assert_eq!(ticks["duplicated"], 0, "{report}");
+    assert_eq!(ticks["missing"], 0, "{report}");
     for (kind, n) in report["faults"].as_object().expect("faults") {
         if kind != "unplanned_worker_exits" {
             assert!(

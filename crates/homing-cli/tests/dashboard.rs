@@ -374,3 +374,75 @@ async fn dashboard_shows_jobs_and_retries_a_failed_one() {
     eprintln!("screenshots: {} {}", overview.display(), job_page.display());
     browser.quit().await;
 }
+
+/// The schedules table: each schedule with its next tick, last tick and a link to its last job;
+/// a paused one says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dashboard_lists_schedules() {
+    let env = Env::sqlite();
+    let token = "dashboard-token-sched";
+    let (_up, base) = start_up(&env, &[("HOMING_API_TOKEN", token)]).await;
+    let http = http_client();
+    for (name, body) in [
+        (
+            "heartbeat",
+            serde_json::json!({"task": "builtin.noop", "every": "1s"}),
+        ),
+        (
+            "nightly",
+            serde_json::json!({"task": "builtin.noop", "cron": "0 3 * * *", "timezone": "Europe/Paris"}),
+        ),
+    ] {
+        let r = http
+            .put(format!("{base}/v1/schedules/{name}"))
+            .header("authorization", format!("Bearer {token}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let r = http
+        .post(format!("{base}/v1/schedules/nightly/pause"))
+        .header("authorization", format!("Bearer {token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    let browser = Browser::start(&env).await;
+    browser.goto(&format!("{base}/")).await;
+    browser
+        .wait_for(
+            "the token form",
+            "return !document.querySelector('#login').hidden;",
+        )
+        .await;
+    browser.type_into("#token-input", token).await;
+    browser.click("#token-submit").await;
+    let last_job = browser
+        .wait_for(
+            "the heartbeat schedule's last job",
+            "const a = document.querySelector('#schedules tr[data-schedule=\"heartbeat\"] a[href^=\"#/jobs/\"]'); return a ? a.getAttribute('href').slice(7) : null;",
+        )
+        .await;
+    let last_job: homing::JobId = last_job.as_str().unwrap().parse().unwrap();
+    let job = env.client().await.get(last_job).await.unwrap();
+    assert_eq!(job.schedule.as_deref(), Some("heartbeat"));
+    let row = browser
+        .eval("return document.querySelector('#schedules tr[data-schedule=\"heartbeat\"]').textContent;")
+        .await;
+    let row = row.as_str().unwrap();
+    assert!(row.contains("every 1s") && row.contains("ago"), "{row}");
+    let nightly = browser
+        .eval("return document.querySelector('#schedules tr[data-schedule=\"nightly\"]').textContent;")
+        .await;
+    let nightly = nightly.as_str().unwrap();
+    assert!(
+        nightly.contains("0 3 * * * (Europe/Paris)") && nightly.contains("paused"),
+        "{nightly}"
+    );
+    let shot = browser.screenshot("dashboard-schedules.png").await;
+    eprintln!("screenshot: {}", shot.display());
+    browser.quit().await;
+}

@@ -79,6 +79,13 @@ pub fn validate_request(req: &EnqueueRequest) -> Result<()> {
     }
     if let Some(k) = &o.idempotency_key {
         checks.push(v::idempotency_key(k));
+        if k.starts_with(crate::schedule::KEY_PREFIX) {
+            // Such a key names a schedule's tick (the job's `schedule`/`scheduled_tick`).
+            checks.push(Err(format!(
+                "idempotency_key may not start with '{}': it is reserved for periodic schedules' ticks",
+                crate::schedule::KEY_PREFIX
+            )));
+        }
     }
     if let Some(u) = &o.callback_url {
         checks.push(crate::job::validate_callback_url(u));
@@ -107,6 +114,24 @@ pub fn validate_request(req: &EnqueueRequest) -> Result<()> {
         .into_iter()
         .collect::<std::result::Result<(), String>>()
         .map_err(Error::Invalid)
+}
+
+/// Checks a schedule's definition: the rules of an enqueue for its task, args, queue and job
+/// options, and those of [`crate::schedule::check`] for its spec and policy.
+pub fn check_schedule(def: &crate::schedule::ScheduleDef) -> Result<()> {
+    crate::schedule::check(def).map_err(Error::Invalid)?;
+    let mut options = def.options.clone();
+    options.queue = Some(def.queue.clone());
+    validate_request(&EnqueueRequest {
+        task: def.task.clone(),
+        args: def.args.clone(),
+        options,
+    })?;
+    #[cfg(feature = "http")]
+    if let Some(u) = &def.options.callback_url {
+        crate::egress::check_callback_url(u).map_err(Error::Invalid)?;
+    }
+    Ok(())
 }
 
 impl Client {
@@ -208,6 +233,16 @@ impl Client {
             tracing::warn!(error = %e, jobs = to_send.len(), "publish failed; the reconciler will publish these jobs later");
         }
         Ok(inserted)
+    }
+
+    /// Creates or replaces a periodic schedule after checking it as an enqueue is checked
+    /// (names, args, options) plus its spec ([`crate::schedule::check`]).
+    pub async fn set_schedule(
+        &self,
+        def: &crate::schedule::ScheduleDef,
+    ) -> Result<crate::schedule::Schedule> {
+        check_schedule(def)?;
+        self.store.put_schedule(def, now()).await
     }
 
     pub async fn get(&self, id: JobId) -> Result<Job> {

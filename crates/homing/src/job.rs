@@ -230,6 +230,17 @@ pub struct Job {
         serialize_with = "redacted_opt"
     )]
     pub callback_url: Option<String>,
+    /// The periodic schedule that enqueued this job, and the tick it stands for (RFC 3339):
+    /// both read from its idempotency key, which only the periodic loop can give this form
+    /// (see [`crate::schedule::tick_key`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "time::opt_rfc3339"
+    )]
+    pub scheduled_tick: Option<Micros>,
     /// Stored columns that could not be decoded (`"args cannot be read: …"`), each shown as
     /// null/absent above; reads still show the job, so one bad row never fails a page. A job
     /// whose args, retry policy or follow-ups are among them is made `dead` instead of run (see

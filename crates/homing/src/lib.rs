@@ -67,6 +67,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod redact;
 pub mod retry;
+pub mod schedule;
 pub mod schema;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

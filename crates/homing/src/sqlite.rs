@@ -37,6 +37,12 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0003_queues",
         sql: include_str!("sqlite/migrations/0003_queues.sql"),
     },
+    // 0004 is another change's number (see docs/schedules.md); versions need only increase.
+    Migration {
+        version: 5,
+        name: "0005_schedules",
+        sql: include_str!("sqlite/migrations/0005_schedules.sql"),
+    },
 ];
 
 /// An open database file.

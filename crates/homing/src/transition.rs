@@ -388,6 +388,8 @@ pub(crate) fn sample_job(state: JobState) -> Job {
         on_failure: None,
         cancel_requested: false,
         callback_url: None,
+        schedule: None,
+        scheduled_tick: None,
         unreadable: Vec::new(),
     }
 }

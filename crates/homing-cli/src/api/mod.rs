@@ -6,6 +6,7 @@
 mod events;
 mod jobs;
 mod metrics;
+pub mod schedules;
 mod status;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -77,6 +78,15 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/v1/jobs/{id}/events", get(events::stream))
         .route("/v1/queues", get(status::queues))
         .route("/v1/workers", get(status::workers))
+        .route("/v1/schedules", get(schedules::list))
+        .route(
+            "/v1/schedules/{name}",
+            get(schedules::get)
+                .put(schedules::put)
+                .delete(schedules::delete),
+        )
+        .route("/v1/schedules/{name}/pause", post(schedules::pause))
+        .route("/v1/schedules/{name}/resume", post(schedules::resume))
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(middleware::from_fn_with_state(
             BODY_LIMIT,

@@ -7,6 +7,7 @@ mod enqueue;
 mod input;
 mod inspect;
 mod migrate;
+mod schedules;
 mod serve;
 
 use anyhow::Context as _;
@@ -57,6 +58,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Jobs { command } => inspect::jobs(&g, command).await,
         Command::Queues(a) => inspect::queues(&g, a).await,
         Command::Workers(a) => inspect::workers(&g, a).await,
+        Command::Schedules { command } => schedules::run(&g, command).await,
         Command::Bench(a) => bench::run(&g, a).await,
         Command::Chaos(a) => chaos::run(&g, a).await,
         Command::Migrate(a) => migrate::run(&g, a).await,

@@ -146,6 +146,31 @@ function renderWorkers(workers) {
   }), 'no workers in the last hour');
 }
 
+function when(spec) {
+  return spec.kind === 'cron' ? spec.expr + ' (' + spec.timezone + ')' : 'every ' + spec.interval;
+}
+
+function inOrAgo(iso) {
+  if (!iso) return '';
+  const s = (Date.parse(iso) - Date.now()) / 1000;
+  return s >= 0 ? 'in ' + secs(s) : secs(-s) + ' ago';
+}
+
+function renderSchedules(schedules) {
+  fill('schedules', schedules.map((s) => el('tr', { dataset: { schedule: s.name } },
+    el('td', {}, s.name),
+    el('td', {}, s.task),
+    el('td', {}, s.queue),
+    el('td', { class: 'mono' }, when(s.spec)),
+    el('td', { class: 'next', title: s.next_tick || '' },
+      s.paused ? el('span', { class: 'badge w-stopped' }, 'paused') : inOrAgo(s.next_tick)),
+    el('td', { class: 'last', title: s.last_tick || '' }, ago(s.last_tick)),
+    el('td', { class: 'mono' }, s.last_job
+      ? el('a', { href: '#/jobs/' + s.last_job }, s.last_job.slice(0, 8) + '…' + s.last_job.slice(-4))
+      : el('span', { class: 'muted' }, '—')),
+  )), 'no schedules');
+}
+
 function renderJobs(page) {
   nextCursor = page.next_cursor;
   $('#next-page').hidden = !nextCursor;
@@ -223,15 +248,17 @@ async function refresh() {
   clearTimeout(timer);
   try {
     const detailId = routeJob();
-    const [q, w, j, d] = await Promise.all([
+    const [q, w, j, d, sch] = await Promise.all([
       api('/v1/queues'), api('/v1/workers'), api(jobsQuery()),
       detailId ? api('/v1/jobs/' + detailId) : Promise.resolve(null),
+      api('/v1/schedules'),
     ]);
     $('#login').hidden = true;
     $('#app').hidden = false;
     $('#logout').hidden = !sessionStorage.getItem(TOKEN_KEY);
     renderQueues(q.queues || []);
     renderWorkers(w.workers || []);
+    renderSchedules(sch.schedules || []);
     renderJobs(j);
     renderDetail(d);
     const s = $('#status');

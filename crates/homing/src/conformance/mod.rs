@@ -8,6 +8,7 @@
 pub mod broker;
 pub mod poison;
 pub mod queues;
+pub mod schedules;
 pub mod store;
 
 pub use poison::{Poisonable, Tamper};

@@ -23,7 +23,8 @@ macro_rules! store_conformance {
             mark_dead_is_final, failed_transition_writes_one_event, stale_commit_writes_no_event,
             dead_transitions_write_events, callback_jobs_get_terminal_events,
             fan_out_inserts_each_delivery_once, worker_gone_reports_one_change, finished_since_counts,
-            batches_decide_as_one_by_one, purge_deletes_only_old_history
+            batches_decide_as_one_by_one, purge_deletes_only_old_history,
+            schedules_are_set_read_paused_and_deleted, schedule_ticks_get_one_job_each
         );
     };
 }
@@ -58,6 +59,10 @@ async fn run_one(s: &dyn Store, id: crate::job::JobId, worker: &str) -> crate::j
         other => panic!("expected Run, got {other:?}"),
     }
 }
+
+pub use super::schedules::{
+    schedule_ticks_get_one_job_each, schedules_are_set_read_paused_and_deleted,
+};
 
 pub async fn insert_and_get(s: Arc<dyn Store>) {
     let q = unique_queue("ins");

@@ -4,6 +4,7 @@
 //!
 //! - [`rescuer`]: puts back the messages of workers whose heartbeat expired, counting the crash.
 //! - [`scheduler`]: turns scheduled jobs whose time has come into queued ones.
+//! - [`periodic`]: enqueues periodic schedules' ticks, exactly one job per tick.
 //! - [`reconciler`]: publishes what the store lists as undispatched, notices a broker that lost
 //!   its data, and recovers running jobs whose worker and message are both gone.
 //! - [`pruner`]: deletes finished jobs, delivered events, departed workers and dead letters
@@ -12,6 +13,7 @@
 //!   the processes that hold the webhook configuration).
 
 pub mod notifier;
+pub mod periodic;
 pub mod pruner;
 pub mod reconciler;
 pub mod rescuer;
@@ -96,6 +98,13 @@ impl Maintenance {
                 broker.clone(),
                 store.clone(),
                 config.schedule_interval,
+                stop.clone(),
+            )),
+            tokio::spawn(periodic::run(
+                broker.clone(),
+                store.clone(),
+                // Ticks are whole seconds: four looks a second keep them under 250 ms late.
+                config.schedule_interval.max(Duration::from_millis(250)),
                 stop.clone(),
             )),
             tokio::spawn(reconciler::run(broker, store, config, stop.clone())),

@@ -12,6 +12,7 @@
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod queues;
+pub(crate) mod schedules;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod worker_status;
@@ -302,6 +303,8 @@ pub(crate) fn buried_job(
         on_failure: None,
         cancel_requested: false,
         callback_url,
+        schedule: None,
+        scheduled_tick: None,
         unreadable: vec![
             "made dead as a last resort: only id, task, queue, worker and callback_url were read"
                 .into(),
@@ -623,4 +626,51 @@ pub trait Store: Send + Sync + 'static {
     /// Crash contract: one transaction: a crash leaves all of one call's deletions or none, and
     /// calling again is harmless.
     async fn purge(&self, before: Micros, limit: usize) -> Result<Purged>;
+
+    /// Creates or replaces a schedule (docs/schedules.md). A new schedule, or one whose spec
+    /// changed, starts at the current second (its first tick is the spec's next one after it);
+    /// one set again with the same spec keeps its cursor, paused flag and last tick. The caller
+    /// checks the definition first ([`crate::schedule::check`]).
+    ///
+    /// Crash contract: one statement; a crash leaves the old definition or the new one.
+    async fn put_schedule(
+        &self,
+        def: &crate::schedule::ScheduleDef,
+        now: Micros,
+    ) -> Result<crate::schedule::Schedule>;
+
+    /// Every schedule, by name. A row whose definition cannot be read is left out (logged).
+    async fn schedules(&self) -> Result<Vec<crate::schedule::Schedule>>;
+
+    async fn schedule(&self, name: &str) -> Result<Option<crate::schedule::Schedule>>;
+
+    /// Deletes a schedule; `false` when there was none. Its jobs stay.
+    async fn delete_schedule(&self, name: &str) -> Result<bool>;
+
+    /// Pauses or resumes a schedule; `None` when there is none. Resuming a paused schedule
+    /// moves its cursor to the current second: ticks that fell while it was paused are not owed.
+    ///
+    /// Crash contract: one statement.
+    async fn pause_schedule(
+        &self,
+        name: &str,
+        paused: bool,
+        now: Micros,
+    ) -> Result<Option<crate::schedule::Schedule>>;
+
+    /// Applies one decision of [`crate::schedule::due`]: only if the schedule is not paused and
+    /// its cursor is still `expected_cursor`, moves it to `new_cursor`, inserts the ticks' jobs
+    /// (each with its tick's idempotency key) and records the last tick and its job. `None`:
+    /// another scheduler moved the cursor first (or the schedule is paused or gone), and
+    /// nothing was written.
+    ///
+    /// Crash contract: one transaction: the cursor moves with its ticks' jobs or not at all, so
+    /// no tick is enqueued twice (the compare-and-set, and the keys behind it) and none is
+    /// dropped by a crash (an uncommitted firing is decided again by the next pass). Inserted
+    /// queued jobs are undispatched until published, as with [`Store::insert`].
+    async fn fire_schedule(
+        &self,
+        firing: &crate::schedule::Firing,
+        now: Micros,
+    ) -> Result<Option<Vec<Inserted>>>;
 }

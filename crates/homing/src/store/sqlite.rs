@@ -125,7 +125,7 @@ fn row_to_job(row: &Row<'_>) -> rusqlite::Result<Job> {
     let progress = json_col(row, 15, "progress", &mut bad)?;
     let on_success = json_col(row, 22, "on_success", &mut bad)?;
     let on_failure = json_col(row, 23, "on_failure", &mut bad)?;
-    Ok(Job {
+    let mut job = Job {
         id: id.parse().map_err(|e| corrupt("job id", e))?,
         task: text_lossy(row, 1)?.unwrap_or_default(),
         queue: text_lossy(row, 2)?.unwrap_or_default(),
@@ -152,8 +152,12 @@ fn row_to_job(row: &Row<'_>) -> rusqlite::Result<Job> {
         on_success,
         on_failure,
         callback_url: row.get(24)?,
+        schedule: None,
+        scheduled_tick: None,
         unreadable: bad,
-    })
+    };
+    (job.schedule, job.scheduled_tick) = crate::schedule::tick_of(job.idempotency_key.as_deref());
+    Ok(job)
 }
 
 fn get_job(tx: &rusqlite::Connection, id: &str) -> rusqlite::Result<Option<Job>> {
@@ -173,7 +177,7 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_else(|_| "null".into())
 }
 
-fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result<Inserted> {
+pub(super) fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result<Inserted> {
     if let Some(key) = &job.options.idempotency_key {
         let existing = tx
             .prepare_cached("SELECT id, queue, state FROM jobs WHERE idempotency_key = ?1")?
@@ -1309,6 +1313,65 @@ impl Store for SqliteStore {
                 .map(|r| r.map(|(ev, _)| ev))
                 .collect()
             })
+            .await
+    }
+
+    async fn put_schedule(
+        &self,
+        def: &crate::schedule::ScheduleDef,
+        now: Micros,
+    ) -> Result<crate::schedule::Schedule> {
+        let def = def.clone();
+        let name = def.name.clone();
+        self.db
+            .write(move |tx| super::schedules::sqlite::put(tx, &def, now))
+            .await?
+            .ok_or_else(|| {
+                crate::error::Error::Invalid(format!(
+                    "schedule '{name}' was set but cannot be read back"
+                ))
+            })
+    }
+
+    async fn schedules(&self) -> Result<Vec<crate::schedule::Schedule>> {
+        self.db.read(super::schedules::sqlite::list).await
+    }
+
+    async fn schedule(&self, name: &str) -> Result<Option<crate::schedule::Schedule>> {
+        let name = name.to_string();
+        self.db
+            .read(move |c| super::schedules::sqlite::get(c, &name))
+            .await
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        let name = name.to_string();
+        self.db
+            .write(move |tx| super::schedules::sqlite::delete(tx, &name))
+            .await
+    }
+
+    async fn pause_schedule(
+        &self,
+        name: &str,
+        paused: bool,
+        now: Micros,
+    ) -> Result<Option<crate::schedule::Schedule>> {
+        let name = name.to_string();
+        self.db
+            .write(move |tx| super::schedules::sqlite::set_paused(tx, &name, paused, now))
+            .await
+    }
+
+    async fn fire_schedule(
+        &self,
+        firing: &crate::schedule::Firing,
+        now: Micros,
+    ) -> Result<Option<Vec<Inserted>>> {
+        let firing = firing.clone();
+        let max_queues = self.max_queues;
+        self.db
+            .write(move |tx| super::schedules::sqlite::fire(tx, &firing, max_queues, now))
             .await
     }
 }

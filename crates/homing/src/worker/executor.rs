@@ -451,6 +451,8 @@ mod tests {
             on_failure: None,
             cancel_requested: false,
             callback_url: None,
+            schedule: None,
+            scheduled_tick: None,
             unreadable: Vec::new(),
         }
     }

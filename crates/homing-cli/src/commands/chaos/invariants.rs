@@ -8,6 +8,9 @@
 //!   the job's final epoch, and its stored result answers a call made after its final start.
 //! - Duplicate handler calls are allowed only where a fault (or a worker presumed dead) falls
 //!   between the two calls; each is attributed to its cause.
+//! - Periodic schedules ([`check_ticks`]): the deployment's every-1s schedule, run by every
+//!   worker and the server while they are killed, paused and cut off, has exactly one job per
+//!   tick, and no tick is missing from its first to the end of the load.
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -267,4 +270,70 @@ pub fn check(
         }
     }
     f
+}
+
+/// The schedule every chaos deployment runs: every second, on a queue no worker takes (the
+/// jobs are counted, not run), catching up every missed tick so that a store outage skips none.
+pub const TICK_SCHEDULE: &str = "chaos-tick";
+pub const TICK_QUEUE: &str = "chaos-ticks";
+
+/// What the tick check found.
+#[derive(Debug, Default, Serialize)]
+pub struct Ticks {
+    /// Distinct ticks that got a job.
+    pub ticks: usize,
+    /// Ticks with more than one job (must be 0).
+    pub duplicated: usize,
+    /// Ticks between the first and `until` with no job (must be 0).
+    pub missing: usize,
+    #[serde(skip)]
+    pub violations: Vec<String>,
+}
+
+/// Exactly one job per tick of [`TICK_SCHEDULE`], and every whole second from its first tick to
+/// `until` (the end of the load, less a pass) has one: a server lived throughout.
+pub fn check_ticks(jobs: &[Job], until: Micros) -> Ticks {
+    const SECOND: Micros = 1_000_000;
+    let mut per_tick: BTreeMap<Micros, usize> = BTreeMap::new();
+    for j in jobs {
+        if j.schedule.as_deref() == Some(TICK_SCHEDULE) {
+            if let Some(t) = j.scheduled_tick {
+                *per_tick.entry(t).or_default() += 1;
+            }
+        }
+    }
+    let mut out = Ticks {
+        ticks: per_tick.len(),
+        ..Ticks::default()
+    };
+    for (t, n) in &per_tick {
+        if *n > 1 {
+            out.duplicated += 1;
+            if out.violations.len() < MAX_LISTED {
+                out.violations.push(format!(
+                    "schedule tick {} has {n} jobs",
+                    homing::time::rfc3339(*t)
+                ));
+            }
+        }
+    }
+    let Some(first) = per_tick.keys().next().copied() else {
+        out.violations
+            .push("the schedule enqueued no tick: the periodic loop never ran".into());
+        return out;
+    };
+    let mut t = first;
+    while t <= until {
+        if !per_tick.contains_key(&t) {
+            out.missing += 1;
+            if out.violations.len() < MAX_LISTED {
+                out.violations.push(format!(
+                    "schedule tick {} has no job although the server lived",
+                    homing::time::rfc3339(t)
+                ));
+            }
+        }
+        t += SECOND;
+    }
+    out
 }

@@ -151,6 +151,21 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     let client = Client::new(b.broker.clone(), b.store.clone());
     let counter = counter::Counter::start().await?;
     d.wait_ready(&b, Duration::from_secs(60)).await?;
+    // The schedule every process of the deployment runs, checked by `invariants::check_ticks`.
+    client
+        .set_schedule(&homing::schedule::ScheduleDef {
+            name: invariants::TICK_SCHEDULE.into(),
+            task: "builtin.noop".into(),
+            args: serde_json::json!({}),
+            queue: invariants::TICK_QUEUE.into(),
+            options: homing::JobOptions::default(),
+            spec: homing::schedule::Spec::Every {
+                interval: Duration::from_secs(1),
+            },
+            missed: homing::schedule::Missed::All(homing::schedule::MAX_CATCH_UP),
+        })
+        .await
+        .context("cannot set the deployment's schedule")?;
 
     let ttl = a.heartbeat_interval * 3;
     let mut kinds = faults::applicable(d.redis.is_some(), d.pg.is_some());
@@ -212,6 +227,8 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stop_load.cancel();
+    // Every tick up to a second before now must have its job once the deployment settles.
+    let ticks_until = homing::time::now() - 1_000_000;
     let _ = load_task.await;
     let _ = hostile_task.await;
     let load_s = t0.elapsed().as_secs_f64();
@@ -233,7 +250,13 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     }
     d.stop_homing();
     let jobs = all_jobs(&client, Some(&queue)).await?;
-    let hostile_stored = hostile::stored(&all_jobs(&client, None).await?, &queue);
+    let every_job = all_jobs(&client, None).await?;
+    let ticks = invariants::check_ticks(&every_job, ticks_until);
+    let not_ticks: Vec<homing::Job> = every_job
+        .into_iter()
+        .filter(|j| j.schedule.as_deref() != Some(invariants::TICK_SCHEDULE))
+        .collect();
+    let hostile_stored = hostile::stored(&not_ticks, &queue);
     let mut logs = d.worker_logs.clone();
     logs.push(d.dir.join("server.log"));
     let facts = invariants::read_logs(&logs);
@@ -277,6 +300,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     let hostile = std::mem::take(&mut *hostile_out.lock().unwrap_or_else(|p| p.into_inner()));
     violations.extend(hostile.violations.iter().take(20).cloned());
     violations.extend(hostile_stored.iter().take(20).cloned());
+    violations.extend(ticks.violations.iter().take(20).cloned());
     if a.hostile_rate > 0.0 && hostile.sent == 0 {
         violations.push("no hostile request was sent: the hostile load never ran".into());
     }
@@ -322,6 +346,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         presumed_dead_events: facts.presumed_dead.len(),
         recovery_s: report::summary(f.recovery.iter().map(|(_, s)| *s).collect()),
         drain_s: (drain_s * 10.0).round() / 10.0,
+        schedule: ticks,
         violations,
         kept_dir: None,
     };

@@ -68,6 +68,8 @@ pub struct Report {
     pub presumed_dead_events: usize,
     pub recovery_s: Summary,
     pub drain_s: f64,
+    /// The deployment's every-1s schedule: ticks, and ticks with two jobs or none (must be 0).
+    pub schedule: super::invariants::Ticks,
     pub violations: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kept_dir: Option<String>,
@@ -122,6 +124,13 @@ impl Report {
                 vec![
                     "completed twice (must be 0)".into(),
                     self.completed_twice.to_string(),
+                ],
+                vec![
+                    "schedule ticks (duplicated, missing: must be 0)".into(),
+                    format!(
+                        "{} ({}, {})",
+                        self.schedule.ticks, self.schedule.duplicated, self.schedule.missing
+                    ),
                 ],
                 vec![
                     "zombie writes rejected".into(),

@@ -343,7 +343,7 @@ fn row_to_job(row: &PgRow) -> sqlx::Result<Job> {
     let progress = lenient_col(row, 15, "progress", &mut bad)?;
     let on_success = lenient_col(row, 22, "on_success", &mut bad)?;
     let on_failure = lenient_col(row, 23, "on_failure", &mut bad)?;
-    Ok(Job {
+    let mut job = Job {
         id: row.try_get(0)?,
         task: row.try_get(1)?,
         queue: row.try_get(2)?,
@@ -371,8 +371,12 @@ fn row_to_job(row: &PgRow) -> sqlx::Result<Job> {
         on_success,
         on_failure,
         callback_url: row.try_get(24)?,
+        schedule: None,
+        scheduled_tick: None,
         unreadable: bad,
-    })
+    };
+    (job.schedule, job.scheduled_tick) = crate::schedule::tick_of(job.idempotency_key.as_deref());
+    Ok(job)
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> String {
@@ -430,7 +434,10 @@ async fn lock_jobs(conn: &mut PgConnection, ids: &[JobId]) -> sqlx::Result<HashM
 /// Inserts a batch in one statement. Jobs whose idempotency key (or id: a batch retried after
 /// its commit's answer was lost) already exists are returned as that existing job; a key used
 /// twice in one batch resolves to its first job, as if they had been inserted one by one.
-async fn insert_jobs(conn: &mut PgConnection, jobs: &[NewJob]) -> sqlx::Result<Vec<Inserted>> {
+pub(super) async fn insert_jobs(
+    conn: &mut PgConnection,
+    jobs: &[NewJob],
+) -> sqlx::Result<Vec<Inserted>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
@@ -1806,6 +1813,79 @@ impl Store for PgStore {
                 .iter()
                 .map(|r| row_to_event(r).map(|(ev, _)| ev))
                 .collect()
+        })
+        .await
+    }
+
+    async fn put_schedule(
+        &self,
+        def: &crate::schedule::ScheduleDef,
+        now: Micros,
+    ) -> Result<crate::schedule::Schedule> {
+        let put = self
+            .call(async {
+                let mut c = self.pool.acquire().await?;
+                super::schedules::postgres::put(&mut c, def, now).await
+            })
+            .await?;
+        put.ok_or_else(|| {
+            Error::Invalid(format!(
+                "schedule '{}' was set but cannot be read back",
+                def.name
+            ))
+        })
+    }
+
+    async fn schedules(&self) -> Result<Vec<crate::schedule::Schedule>> {
+        self.call(async {
+            let mut c = self.pool.acquire().await?;
+            super::schedules::postgres::list(&mut c).await
+        })
+        .await
+    }
+
+    async fn schedule(&self, name: &str) -> Result<Option<crate::schedule::Schedule>> {
+        self.call(async {
+            let mut c = self.pool.acquire().await?;
+            super::schedules::postgres::get(&mut c, name).await
+        })
+        .await
+    }
+
+    async fn delete_schedule(&self, name: &str) -> Result<bool> {
+        self.call(async {
+            let mut c = self.pool.acquire().await?;
+            super::schedules::postgres::delete(&mut c, name).await
+        })
+        .await
+    }
+
+    async fn pause_schedule(
+        &self,
+        name: &str,
+        paused: bool,
+        now: Micros,
+    ) -> Result<Option<crate::schedule::Schedule>> {
+        self.call(async {
+            let mut c = self.pool.acquire().await?;
+            super::schedules::postgres::set_paused(&mut c, name, paused, now).await
+        })
+        .await
+    }
+
+    async fn fire_schedule(
+        &self,
+        firing: &crate::schedule::Firing,
+        now: Micros,
+    ) -> Result<Option<Vec<Inserted>>> {
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            let out =
+                super::schedules::postgres::fire(&mut tx, firing, self.max_queues, now).await?;
+            if out.is_some() {
+                tx.commit().await?;
+            }
+            Ok(out)
         })
         .await
     }

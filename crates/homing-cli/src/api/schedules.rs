@@ -1,0 +1,168 @@
+//! `/v1/schedules`: periodic schedules (docs/schedules.md). A schedule is set whole with `PUT`
+//! (create or replace, idempotent), read, listed, paused, resumed and deleted. Bodies are checked
+//! by `homing::client::check_schedule`, the same rules as the CLI's: a bad name, cron expression,
+//! time zone, interval or policy is a 400 with the reason.
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use std::time::Duration;
+
+use super::{ApiError, AppState};
+use homing::job::opt_duration;
+use homing::schedule::{Missed, ScheduleDef, ScheduleView, Spec};
+use homing::time::now;
+use homing::{FollowUp, JobOptions, RetryPolicy};
+
+/// The body of `PUT /v1/schedules/{name}`: exactly one of `cron` and `every`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutSchedule {
+    pub task: String,
+    #[serde(default)]
+    pub args: serde_json::Value,
+    pub queue: Option<String>,
+    pub cron: Option<String>,
+    pub timezone: Option<String>,
+    pub every: Option<String>,
+    pub missed: Option<String>,
+    pub max_retries: Option<u32>,
+    pub retry_policy: Option<RetryPolicy>,
+    pub max_crashes: Option<u32>,
+    #[serde(default, with = "opt_duration")]
+    pub time_limit: Option<Duration>,
+    pub on_success: Option<FollowUp>,
+    pub on_failure: Option<FollowUp>,
+    pub callback_url: Option<String>,
+}
+
+impl PutSchedule {
+    /// The definition, or the reason it is not one. Shared with the config file's schedules.
+    pub fn into_def(self, name: String) -> Result<ScheduleDef, String> {
+        let spec = match (self.cron, self.every) {
+            (Some(expr), None) => Spec::Cron {
+                expr,
+                timezone: self.timezone.unwrap_or_else(|| "UTC".into()),
+            },
+            (None, Some(every)) => {
+                if self.timezone.is_some() {
+                    return Err("timezone applies to cron schedules only".into());
+                }
+                let interval = homing::time::parse_duration_in(
+                    &every,
+                    homing::schedule::MIN_INTERVAL,
+                    homing::schedule::MAX_INTERVAL,
+                )
+                .map_err(|e| format!("every: {e}"))?;
+                Spec::Every { interval }
+            }
+            _ => return Err("give exactly one of \"cron\" and \"every\"".into()),
+        };
+        let missed = match self.missed {
+            Some(m) => m.parse::<Missed>()?,
+            None => Missed::default(),
+        };
+        Ok(ScheduleDef {
+            name,
+            task: self.task,
+            args: if self.args.is_null() {
+                serde_json::json!({})
+            } else {
+                self.args
+            },
+            queue: self.queue.unwrap_or_else(|| "default".into()),
+            options: JobOptions {
+                max_retries: self.max_retries,
+                retry_policy: self.retry_policy,
+                max_crashes: self.max_crashes,
+                time_limit: self.time_limit,
+                on_success: self.on_success,
+                on_failure: self.on_failure,
+                callback_url: self.callback_url,
+                ..JobOptions::default()
+            },
+            spec,
+            missed,
+        })
+    }
+}
+
+fn not_found(name: &str) -> ApiError {
+    ApiError::not_found(format!("no schedule named '{name}'"))
+}
+
+fn checked_name(name: &str) -> Result<(), ApiError> {
+    homing::validate::name("schedule", name).map_err(ApiError::bad_request)
+}
+
+pub async fn put(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    body: Result<Json<PutSchedule>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    checked_name(&name)?;
+    let Json(body) = body?;
+    let def = body.into_def(name).map_err(ApiError::bad_request)?;
+    let s = state.client.set_schedule(&def).await?;
+    Ok(Json(ScheduleView::from(s)).into_response())
+}
+
+pub async fn list(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let all: Vec<ScheduleView> = state
+        .backends
+        .store
+        .schedules()
+        .await?
+        .into_iter()
+        .map(ScheduleView::from)
+        .collect();
+    Ok(Json(serde_json::json!({ "schedules": all })).into_response())
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    checked_name(&name)?;
+    let s = state.backends.store.schedule(&name).await?;
+    let s = s.ok_or_else(|| not_found(&name))?;
+    Ok(Json(ScheduleView::from(s)).into_response())
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    checked_name(&name)?;
+    if !state.backends.store.delete_schedule(&name).await? {
+        return Err(not_found(&name));
+    }
+    Ok(axum::http::StatusCode::NO_CONTENT.into_response())
+}
+
+async fn set_paused(state: AppState, name: String, paused: bool) -> Result<Response, ApiError> {
+    checked_name(&name)?;
+    let s = state
+        .backends
+        .store
+        .pause_schedule(&name, paused, now())
+        .await?;
+    let s = s.ok_or_else(|| not_found(&name))?;
+    Ok(Json(ScheduleView::from(s)).into_response())
+}
+
+pub async fn pause(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    set_paused(state, name, true).await
+}
+
+pub async fn resume(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    set_paused(state, name, false).await
+}

@@ -1,0 +1,122 @@
+//! `homing schedules …`: set, list, pause, resume and delete periodic schedules
+//! (docs/schedules.md). Flags are checked by clap (names, cron, time zone, interval, policy);
+//! what only the whole definition can tell is checked by `homing::client::check_schedule`, the
+//! same rules as the HTTP API's.
+
+use anyhow::Context as _;
+use std::process::ExitCode;
+
+use super::open;
+use crate::cli::{Global, ScheduleSetArgs, SchedulesCommand};
+use crate::output;
+use homing::schedule::{ScheduleDef, ScheduleView, Spec};
+use homing::time::{now, rfc3339};
+use homing::JobOptions;
+
+pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> {
+    let b = open(g, false).await?;
+    let store = b.store.clone();
+    match cmd {
+        SchedulesCommand::Set(a) => {
+            let json = a.json;
+            let def = definition(a)?;
+            homing::client::check_schedule(&def)?;
+            let s = store.put_schedule(&def, now()).await?;
+            if json {
+                output::json(&ScheduleView::from(s));
+            } else {
+                println!("{}", s.def.name);
+            }
+        }
+        SchedulesCommand::List(out) => {
+            let all: Vec<ScheduleView> = store
+                .schedules()
+                .await?
+                .into_iter()
+                .map(ScheduleView::from)
+                .collect();
+            if out.json {
+                output::json(&all);
+            } else {
+                output::table(
+                    &[
+                        "name", "task", "queue", "when", "missed", "state", "next", "last", "job",
+                    ],
+                    all.iter().map(row).collect(),
+                );
+            }
+        }
+        SchedulesCommand::Pause { name } => {
+            found(store.pause_schedule(&name, true, now()).await?, &name)?;
+            println!("paused {name}");
+        }
+        SchedulesCommand::Resume { name } => {
+            found(store.pause_schedule(&name, false, now()).await?, &name)?;
+            println!("resumed {name}");
+        }
+        SchedulesCommand::Delete { name } => {
+            if !store.delete_schedule(&name).await? {
+                anyhow::bail!("no schedule named '{name}'");
+            }
+            println!("deleted {name}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn found<T>(v: Option<T>, name: &str) -> anyhow::Result<T> {
+    v.ok_or_else(|| anyhow::anyhow!("no schedule named '{name}'"))
+}
+
+fn definition(a: ScheduleSetArgs) -> anyhow::Result<ScheduleDef> {
+    let args = super::input::read_args(&a.args).context("--args")?;
+    let spec = match (a.cron, a.every) {
+        (Some(expr), None) => Spec::Cron {
+            expr,
+            timezone: a.timezone,
+        },
+        (None, Some(interval)) => Spec::Every { interval },
+        // clap's group makes exactly one of them present.
+        _ => anyhow::bail!("give exactly one of --cron and --every"),
+    };
+    Ok(ScheduleDef {
+        name: a.name,
+        task: a.task,
+        args,
+        queue: a.queue,
+        options: JobOptions {
+            max_retries: a.max_retries,
+            time_limit: a.time_limit,
+            ..JobOptions::default()
+        },
+        spec,
+        missed: a.missed,
+    })
+}
+
+/// How a schedule's ticks fall, in a few words.
+pub fn when(spec: &Spec) -> String {
+    match spec {
+        Spec::Cron { expr, timezone } => format!("cron {expr} ({timezone})"),
+        Spec::Every { interval } => {
+            format!("every {}", homing::time::format_duration(*interval))
+        }
+    }
+}
+
+fn row(v: &ScheduleView) -> Vec<String> {
+    let s = &v.schedule;
+    vec![
+        s.def.name.clone(),
+        s.def.task.clone(),
+        s.def.queue.clone(),
+        when(&s.def.spec),
+        s.def.missed.to_string(),
+        if s.paused { "paused" } else { "active" }.into(),
+        v.next_tick.map(rfc3339).unwrap_or_else(|| "-".into()),
+        s.last_tick.map(rfc3339).unwrap_or_else(|| "-".into()),
+        s.last_job
+            .map(|j| j.to_string())
+            .unwrap_or_else(|| "-".into()),
+    ]
+}

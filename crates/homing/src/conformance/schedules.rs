@@ -1,0 +1,184 @@
+//! Periodic schedules in the store (docs/schedules.md), for every store: set/read/pause/delete,
+//! and the firing contract that makes "exactly one job per tick" hold: a compare-and-set of the
+//! cursor in the same transaction as the ticks' jobs, each keyed by its tick. The cases are part
+//! of [`store_conformance!`](crate::store_conformance).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::job::{new_job_id, JobOptions, NewJob};
+use crate::schedule::{self, Firing, Missed, ScheduleDef, Spec};
+use crate::store::Store;
+use crate::time::now;
+
+use super::unique_queue;
+
+fn def(name: &str, queue: &str, secs: u64) -> ScheduleDef {
+    ScheduleDef {
+        name: name.into(),
+        task: "builtin.noop".into(),
+        args: serde_json::json!({"from": "schedule"}),
+        queue: queue.into(),
+        options: JobOptions {
+            max_retries: Some(2),
+            ..JobOptions::default()
+        },
+        spec: Spec::Every {
+            interval: Duration::from_secs(secs),
+        },
+        missed: Missed::Latest,
+    }
+}
+
+fn firing(d: &ScheduleDef, cursor: i64, ticks: &[i64]) -> Firing {
+    Firing {
+        name: d.name.clone(),
+        expected_cursor: cursor,
+        new_cursor: *ticks.last().unwrap_or(&cursor),
+        jobs: ticks
+            .iter()
+            .map(|t| {
+                let job = NewJob {
+                    id: new_job_id(),
+                    task: d.task.clone(),
+                    queue: d.queue.clone(),
+                    args: d.args.clone(),
+                    options: JobOptions {
+                        queue: Some(d.queue.clone()),
+                        idempotency_key: Some(schedule::tick_key(&d.name, *t)),
+                        ..d.options.clone()
+                    },
+                    created_at: now(),
+                    run_at: None,
+                };
+                (*t, job)
+            })
+            .collect(),
+    }
+}
+
+pub async fn schedules_are_set_read_paused_and_deleted(s: Arc<dyn Store>) {
+    let name = unique_queue("sched");
+    let queue = unique_queue("sq");
+    let t0 = now();
+    let d = def(&name, &queue, 60);
+    let set = s.put_schedule(&d, t0).await.expect("put");
+    assert_eq!(set.def, d);
+    assert!(!set.paused);
+    assert_eq!(set.cursor, schedule::whole_second(t0));
+    assert_eq!((set.last_tick, set.last_job), (None, None));
+    assert_eq!(s.schedule(&name).await.unwrap().as_ref(), Some(&set));
+    assert!(s.schedules().await.unwrap().iter().any(|x| x == &set));
+
+    // Set again with the same spec (a config file at every start): the cursor stays.
+    let mut d2 = d.clone();
+    d2.args = serde_json::json!({"from": "config"});
+    let again = s.put_schedule(&d2, t0 + 5_000_000).await.unwrap();
+    assert_eq!(again.cursor, set.cursor, "same spec keeps the cursor");
+    assert_eq!(again.def.args, d2.args);
+    // A new spec starts now.
+    d2.spec = Spec::Every {
+        interval: Duration::from_secs(30),
+    };
+    let changed = s.put_schedule(&d2, t0 + 7_000_000).await.unwrap();
+    assert_eq!(changed.cursor, schedule::whole_second(t0 + 7_000_000));
+
+    let paused = s.pause_schedule(&name, true, t0 + 8_000_000).await.unwrap();
+    assert!(paused.unwrap().paused);
+    let resumed = s
+        .pause_schedule(&name, false, t0 + 20_000_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!resumed.paused);
+    assert_eq!(
+        resumed.cursor,
+        schedule::whole_second(t0 + 20_000_000),
+        "ticks that fell while paused are not owed"
+    );
+    assert!(s
+        .pause_schedule("no-such-schedule", true, t0)
+        .await
+        .unwrap()
+        .is_none());
+
+    assert!(s.delete_schedule(&name).await.unwrap());
+    assert!(!s.delete_schedule(&name).await.unwrap());
+    assert!(s.schedule(&name).await.unwrap().is_none());
+}
+
+pub async fn schedule_ticks_get_one_job_each(s: Arc<dyn Store>) {
+    let name = unique_queue("tick");
+    let queue = unique_queue("tq");
+    let d = def(&name, &queue, 1);
+    let set = s.put_schedule(&d, now()).await.unwrap();
+    let c = set.cursor;
+    let ticks = [c + 1_000_000, c + 2_000_000];
+
+    // Eight schedulers decide the same ticks at once: one wins, the others write nothing.
+    let mut racers = Vec::new();
+    for _ in 0..8 {
+        let s = s.clone();
+        let f = firing(&d, c, &ticks);
+        racers.push(tokio::spawn(
+            async move { s.fire_schedule(&f, now()).await },
+        ));
+    }
+    let mut wins = Vec::new();
+    for r in racers {
+        if let Some(ins) = r.await.unwrap().expect("fire") {
+            wins.push(ins);
+        }
+    }
+    assert_eq!(wins.len(), 1, "exactly one scheduler fires a tick");
+    let ins = &wins[0];
+    assert_eq!(ins.len(), 2);
+    assert!(ins.iter().all(|i| !i.existed && i.needs_dispatch()));
+
+    for (i, t) in ins.iter().zip(ticks) {
+        let job = s.get(i.id).await.unwrap().unwrap();
+        assert_eq!(job.schedule.as_deref(), Some(name.as_str()));
+        assert_eq!(job.scheduled_tick, Some(t));
+        assert_eq!(job.queue, queue);
+        assert_eq!(job.args, d.args);
+        assert_eq!(job.max_retries, Some(2));
+        let json = serde_json::to_value(&job).unwrap();
+        assert_eq!(json["schedule"], name.as_str());
+        assert_eq!(json["scheduled_tick"], crate::time::rfc3339(t).as_str());
+    }
+    let after = s.schedule(&name).await.unwrap().unwrap();
+    assert_eq!(after.cursor, ticks[1]);
+    assert_eq!(after.last_tick, Some(ticks[1]));
+    assert_eq!(after.last_job, Some(ins[1].id));
+
+    // A stale decision (the old cursor) writes nothing.
+    assert!(s
+        .fire_schedule(&firing(&d, c, &ticks), now())
+        .await
+        .unwrap()
+        .is_none());
+    // A paused schedule fires nothing.
+    s.pause_schedule(&name, true, now()).await.unwrap();
+    let next = [ticks[1] + 1_000_000];
+    assert!(s
+        .fire_schedule(&firing(&d, ticks[1], &next), now())
+        .await
+        .unwrap()
+        .is_none());
+    // Recreated under the same name, an old tick's job is the existing one (its key).
+    s.delete_schedule(&name).await.unwrap();
+    let again = s.put_schedule(&d, now()).await.unwrap();
+    let replay = s
+        .fire_schedule(&firing(&d, again.cursor, &[ticks[0]]), now())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(replay[0].existed);
+    assert_eq!(replay[0].id, ins[0].id);
+    // A cursor may also move with no job (skipped ticks).
+    let skip = s
+        .fire_schedule(&firing(&d, ticks[0], &[]), now())
+        .await
+        .unwrap();
+    assert_eq!(skip.map(|v| v.len()), Some(0));
+}

@@ -1,0 +1,110 @@
+//! Periodic schedules' loop (docs/schedules.md): every pass reads the schedules, asks
+//! [`crate::schedule::due`] which ticks are due for each, and applies the answer with
+//! [`Store::fire_schedule`], which moves the schedule's cursor and inserts the ticks' jobs in one
+//! transaction, only if no other scheduler moved the cursor first. Every worker and server runs
+//! this loop; however many run it at once and whichever of them dies, each tick gets exactly one
+//! job (the compare-and-set on the cursor, and behind it each tick's idempotency key), and a tick
+//! is late by at most one pass while any of them lives.
+//!
+//! Not to be confused with [`super::scheduler`], which publishes delayed jobs when they fall due.
+
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::Broker;
+use crate::client::publish;
+use crate::error::Result;
+use crate::job::{new_job_id, JobOptions, NewJob};
+use crate::schedule::{self, Firing, Schedule};
+use crate::store::{Store, ToPublish};
+use crate::time::{now, Micros};
+
+pub(crate) async fn run(
+    broker: Arc<dyn Broker>,
+    store: Arc<dyn Store>,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let mut pace = super::Pace::new("periodic", interval);
+    let mut wait = interval;
+    while super::tick(wait, &stop).await {
+        let outcome = fire_due(&*broker, &*store, now()).await;
+        wait = pace.after(&outcome);
+        if let Err(e) = outcome {
+            tracing::warn!(error = %e, retry_in = ?wait, "periodic schedules pass failed; will try again");
+        }
+    }
+}
+
+/// The job of one tick: the schedule's task, args, queue and options, with the tick's key.
+fn tick_job(s: &Schedule, tick: Micros, now: Micros) -> NewJob {
+    let options = JobOptions {
+        queue: Some(s.def.queue.clone()),
+        idempotency_key: Some(schedule::tick_key(&s.def.name, tick)),
+        countdown: None,
+        ..s.def.options.clone()
+    };
+    NewJob {
+        id: new_job_id(),
+        task: s.def.task.clone(),
+        queue: s.def.queue.clone(),
+        args: s.def.args.clone(),
+        options,
+        created_at: now,
+        run_at: None,
+    }
+}
+
+/// Enqueues every schedule's due ticks at `now`; returns how many jobs this call inserted.
+/// A schedule the store refuses for its own data (say, its queue is over the queue bound) is
+/// logged and passed over; the others go on. The pass fails only when the store is unavailable.
+pub async fn fire_due(broker: &dyn Broker, store: &dyn Store, now: Micros) -> Result<usize> {
+    let mut total = 0;
+    for s in store.schedules().await? {
+        if s.paused {
+            continue;
+        }
+        // An interval counts from the cursor, which is always one of its ticks (or its anchor).
+        let Some(due) = schedule::due(&s.def.spec, s.cursor, s.cursor, now, s.def.missed) else {
+            continue;
+        };
+        let firing = Firing {
+            name: s.def.name.clone(),
+            expected_cursor: s.cursor,
+            new_cursor: due.cursor,
+            jobs: due
+                .fire
+                .iter()
+                .map(|t| (*t, tick_job(&s, *t, now)))
+                .collect(),
+        };
+        let inserted = match store.fire_schedule(&firing, now).await {
+            Ok(Some(i)) => i,
+            // Another scheduler took these ticks first.
+            Ok(None) => continue,
+            Err(e) if e.is_transient() => return Err(e),
+            Err(e) => {
+                tracing::error!(schedule = %s.def.name, error = %e, "a schedule's ticks could not be enqueued; the other schedules go on");
+                continue;
+            }
+        };
+        let fresh: Vec<ToPublish> = inserted
+            .iter()
+            .filter(|i| i.needs_dispatch())
+            .map(|i| ToPublish {
+                id: i.id,
+                queue: i.queue.clone(),
+            })
+            .collect();
+        for i in inserted.iter().filter(|i| !i.existed) {
+            crate::metrics::count(crate::metrics::JOBS_ENQUEUED, &i.queue, &s.def.task);
+        }
+        total += fresh.len();
+        // Committed: a failed publish leaves them undispatched for the reconciler.
+        if let Err(e) = publish(broker, store, &fresh).await {
+            tracing::warn!(error = %e, "publishing a schedule's ticks failed; the reconciler will publish them");
+        }
+    }
+    Ok(total)
+}
