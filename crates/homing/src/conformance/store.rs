@@ -679,6 +679,7 @@ pub async fn workers_registry(s: Arc<dyn Store>) {
         concurrency: 4,
         tasks: vec![format!("{id}.task")],
         started_at: t,
+        remote: None,
     };
     s.register_worker(&info, t).await.unwrap();
     let q = unique_queue("wq");
@@ -858,6 +859,7 @@ pub async fn purge_deletes_only_old_history(s: Arc<dyn Store>) {
         concurrency: 1,
         tasks: vec![],
         started_at: now(),
+        remote: None,
     };
     s.register_worker(&info("gone"), now()).await.unwrap();
     s.register_worker(&info("alive"), now()).await.unwrap();
@@ -1175,6 +1177,7 @@ pub async fn worker_gone_reports_one_change(s: Arc<dyn Store>) {
         concurrency: 1,
         tasks: vec![],
         started_at: now(),
+        remote: None,
     };
     s.register_worker(&info, now()).await.unwrap();
     let mut tasks = Vec::new();
