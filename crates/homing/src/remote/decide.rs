@@ -123,16 +123,26 @@ pub fn unheld(
 }
 
 /// A lease: what acknowledging one delivery needs (its queue and broker tag), opaque to the
-/// worker. `<tag>@<queue>`: a tag never contains `@` (row ids and stream entry ids).
-pub fn lease(tag: &str, queue: &str) -> String {
-    format!("{tag}@{queue}")
+/// worker, and the job it was handed out for, so that a completion sent with another job's
+/// lease is refused instead of acknowledging that job's message. `<tag>@<job>@<queue>`: neither
+/// a tag (row ids, stream entry ids) nor a job id contains `@`.
+pub fn lease(tag: &str, job: JobId, queue: &str) -> String {
+    format!("{tag}@{job}@{queue}")
 }
 
-/// The queue and tag of a lease, or why it is not one.
-pub fn parse_lease(lease: &str) -> Result<(String, String), String> {
-    match lease.split_once('@') {
-        Some((tag, queue)) if !tag.is_empty() && !queue.is_empty() && tag.len() <= 128 => {
-            Ok((queue.to_string(), tag.to_string()))
+/// The queue and tag of a lease handed out for `job`, or why it is not one.
+pub fn parse_lease(lease: &str, job: JobId) -> Result<(String, String), String> {
+    let mut parts = lease.splitn(3, '@');
+    let (tag, id, queue) = (parts.next(), parts.next(), parts.next());
+    match (tag, id.map(str::parse::<JobId>), queue) {
+        (Some(tag), Some(Ok(id)), Some(queue))
+            if !tag.is_empty() && tag.len() <= 128 && !queue.is_empty() =>
+        {
+            if id == job {
+                Ok((queue.to_string(), tag.to_string()))
+            } else {
+                Err(format!("the lease was handed out for job {id}, not {job}"))
+            }
         }
         _ => Err(
             "lease is not one this server handed out (send it back exactly as reserve returned it)"
@@ -334,15 +344,28 @@ mod tests {
 
     #[test]
     fn leases_round_trip_and_garbage_is_refused() {
-        let l = lease("1700000000000-0", "ocr");
+        let job = crate::job::new_job_id();
+        let l = lease("1700000000000-0", job, "ocr");
         assert_eq!(
-            parse_lease(&l),
+            parse_lease(&l, job),
             Ok(("ocr".into(), "1700000000000-0".into()))
         );
-        // A queue name containing '@' still parses (split at the first one).
-        assert_eq!(parse_lease("7@a@b"), Ok(("a@b".into(), "7".into())));
-        for bad in ["", "@ocr", "7@", "nope"] {
-            assert!(parse_lease(bad).is_err(), "{bad}");
+        // Another job's lease is refused: acknowledging it would drop that job's message.
+        let other = crate::job::new_job_id();
+        assert!(parse_lease(&l, other)
+            .unwrap_err()
+            .contains("handed out for job"));
+        let bad = [
+            "".to_string(),
+            "@ocr".into(),
+            "7@".into(),
+            "nope".into(),
+            format!("7@{job}@"),
+            format!("@{job}@ocr"),
+            "7@x@ocr".into(),
+        ];
+        for b in bad {
+            assert!(parse_lease(&b, job).is_err(), "{b}");
         }
     }
 }

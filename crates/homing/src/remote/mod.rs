@@ -316,8 +316,13 @@ impl Gateway {
         } else {
             self.store.cancel_requested(&ids).await?
         };
-        self.housekeeping(session, &ids.into_iter().collect(), ttl)
-            .await?;
+        // The heartbeat itself is done: a failure here is tried again at the next one.
+        if let Err(e) = self
+            .housekeeping(session, &ids.into_iter().collect(), ttl)
+            .await
+        {
+            tracing::warn!(error = %e, worker = %session, "heartbeat housekeeping failed; the next heartbeat tries again");
+        }
         Ok(Beat {
             alive: true,
             ttl_ms: ttl.as_millis().min(u64::MAX as u128) as u64,
@@ -435,7 +440,7 @@ impl Gateway {
                     let defaults = decide::defaults(remote.declared(&job.task));
                     out.push(ReservedJob {
                         job_id: job.id,
-                        lease: decide::lease(&d.tag, &d.queue),
+                        lease: decide::lease(&d.tag, job.id, &d.queue),
                         task: job.task.clone(),
                         queue: job.queue.clone(),
                         epoch: job.epoch,
@@ -463,20 +468,27 @@ impl Gateway {
                     crate::metrics::count(crate::metrics::JOBS_DEAD, &d.queue, "unknown");
                     to_ack.push(d);
                 }
+                // From here on, jobs of this call are started: a broker failure must not lose
+                // them by failing the call. What it leaves reserved, the rescuer finds once the
+                // session ends.
                 StartOutcome::Missing => {
                     let reason = format!("message names job {id} which the store does not have");
-                    self.broker.dead_letter(&d, &reason).await?;
+                    if let Err(e) = self.broker.dead_letter(&d, &reason).await {
+                        tracing::warn!(error = %e, "could not dead-letter a message; the rescuer will find it");
+                    }
                 }
                 StartOutcome::Unstartable(reason) => {
                     tracing::error!(job = %id, %reason, "cannot start a job; handing its message back");
-                    self.broker
-                        .requeue(session, std::slice::from_ref(&d))
-                        .await?;
+                    if let Err(e) = self.broker.requeue(session, std::slice::from_ref(&d)).await {
+                        tracing::warn!(error = %e, "could not hand back a message; the rescuer will");
+                    }
                 }
             }
         }
         if !to_ack.is_empty() {
-            self.broker.ack(&to_ack).await?;
+            if let Err(e) = self.broker.ack(&to_ack).await {
+                tracing::warn!(error = %e, "could not acknowledge skipped messages; the rescuer will find them");
+            }
         }
         Ok(out)
     }
@@ -495,7 +507,7 @@ impl Gateway {
         }
         let mut leases = Vec::with_capacity(reports.len());
         for r in reports {
-            let (queue, tag) = decide::parse_lease(&r.lease).map_err(invalid)?;
+            let (queue, tag) = decide::parse_lease(&r.lease, r.job_id).map_err(invalid)?;
             check_delays(r).map_err(invalid)?;
             leases.push(Delivery {
                 tag,
