@@ -35,7 +35,8 @@ pub const MAX_TASKS: usize = 1_000;
 /// Most deliveries one `reserve` returns, and most items of one `complete` or heartbeat.
 pub const MAX_RESERVE: u32 = 1_000;
 pub const MAX_BATCH: usize = 1_000;
-pub const MAX_HELD: usize = 100_000;
+/// Most jobs one heartbeat lists (its body stays well under the 2 MiB limit).
+pub const MAX_HELD: usize = 20_000;
 /// The longest long poll: well below the API server's 60 s request timeout.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 /// Largest progress document (JSON).
