@@ -273,19 +273,14 @@ impl Gateway {
     /// The session's row, or why there is none.
     async fn session(&self, session: &str) -> Result<(WorkerInfo, RemoteWorker)> {
         check_session_id(session)?;
-        let info = self.store.worker_info(session).await?;
-        match info {
-            Some(WorkerInfo {
-                remote: Some(ref r),
-                ..
-            }) => {
-                let r = r.clone();
-                Ok((info.expect("matched"), r))
-            }
-            _ => Err(RemoteError::UnknownSession(format!(
+        let unknown = || {
+            RemoteError::UnknownSession(format!(
                 "no remote worker session '{session}' is registered; register one with POST /v1/remote/sessions"
-            ))),
-        }
+            ))
+        };
+        let info = self.store.worker_info(session).await?.ok_or_else(unknown)?;
+        let remote = info.remote.clone().ok_or_else(unknown)?;
+        Ok((info, remote))
     }
 
     fn expired(session: &str) -> RemoteError {
@@ -527,7 +522,6 @@ impl Gateway {
         };
         let at = now();
         let mut completions = Vec::with_capacity(reports.len());
-        let mut tasks = Vec::with_capacity(reports.len());
         for r in reports {
             let input = decide::ReportIn {
                 kind: r.outcome,
@@ -541,7 +535,6 @@ impl Gateway {
             } else {
                 None
             };
-            let task = job.as_ref().map(|j| j.task.clone()).unwrap_or_default();
             let outcome = decide::outcome(
                 &input,
                 job.as_ref(),
@@ -551,7 +544,6 @@ impl Gateway {
                     .and_then(|(w, j)| w.declared(&j.task)),
                 at,
             );
-            tasks.push(task);
             completions.push(Completion {
                 id: r.job_id,
                 epoch: r.epoch,
