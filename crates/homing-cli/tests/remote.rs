@@ -456,6 +456,11 @@ async fn remote_protocol_on_the_embedded_backend() {
     assert_eq!(s, StatusCode::GONE);
     assert!(metric(&api, "homing_remote_stale_total").await >= stale_before + 1.0);
     assert!(up.log_text().contains("job.zombie_write_rejected"));
+    // Remote outcomes count like a Rust worker's, labelled by queue and task.
+    let label = r#"{queue="py",task="py.work"}"#;
+    assert!(metric(&api, &format!("homing_jobs_succeeded_total{label}")).await >= 5.0);
+    assert!(metric(&api, &format!("homing_jobs_retried_total{label}")).await >= 1.0);
+    assert!(metric(&api, &format!("homing_remote_stale_total{label}")).await >= 1.0);
 
     // Validation at the door.
     for (path, body) in [

@@ -436,7 +436,7 @@ impl Gateway {
                     let defaults = decide::defaults(remote.declared(&job.task));
                     out.push(ReservedJob {
                         job_id: job.id,
-                        lease: decide::lease(&d.tag, job.id, &d.queue),
+                        lease: decide::lease(&d.tag, job.id, &d.queue, &job.task),
                         task: job.task.clone(),
                         queue: job.queue.clone(),
                         epoch: job.epoch,
@@ -502,12 +502,14 @@ impl Gateway {
             )));
         }
         let mut leases = Vec::with_capacity(reports.len());
+        let mut tasks = Vec::with_capacity(reports.len());
         for r in reports {
-            let (queue, tag) = decide::parse_lease(&r.lease, r.job_id).map_err(invalid)?;
+            let l = decide::parse_lease(&r.lease, r.job_id).map_err(invalid)?;
             check_delays(r).map_err(invalid)?;
+            tasks.push(l.task);
             leases.push(Delivery {
-                tag,
-                queue,
+                tag: l.tag,
+                queue: l.queue,
                 job: Ok(r.job_id),
             });
         }
@@ -554,11 +556,14 @@ impl Gateway {
         let mut out = Vec::with_capacity(reports.len());
         let mut to_ack = Vec::new();
         let mut to_publish = Vec::new();
-        for (((r, c), lease), result) in reports.iter().zip(&completions).zip(leases).zip(committed)
-        {
+        let items = reports.iter().zip(&completions).zip(leases).zip(tasks);
+        for ((((r, c), lease), task), result) in items.zip(committed) {
             match result {
                 Committed::Applied { state, dispatch } => {
                     log_applied(session, c, state);
+                    if let Some(name) = decide::outcome_metric(&c.outcome, state) {
+                        crate::metrics::count(name, &lease.queue, &task);
+                    }
                     to_publish.extend(dispatch);
                     to_ack.push(lease);
                     out.push(Completed {
@@ -587,11 +592,11 @@ impl Gateway {
                             });
                         }
                         decide::Refused::Stale => {
-                            let task = match self.store.get(r.job_id).await {
-                                Ok(Some(j)) => j.task,
-                                _ => "unknown".into(),
-                            };
-                            metrics::counter!(crate::metrics::REMOTE_STALE, "queue" => lease.queue.clone(), "task" => task.clone()).increment(1);
+                            crate::metrics::count(
+                                crate::metrics::REMOTE_STALE,
+                                &lease.queue,
+                                &task,
+                            );
                             tracing::warn!(
                                 event = "job.zombie_write_rejected",
                                 job = %r.job_id,
