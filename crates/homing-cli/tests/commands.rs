@@ -68,6 +68,7 @@ fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
     assert!(first.contains("applied 0001_init"), "{first}");
     assert!(first.contains("applied 0002_events"), "{first}");
     assert!(first.contains("applied 0003_queues"), "{first}");
+    assert!(first.contains("applied 0004_remote"), "{first}");
     assert!(first.contains("applied 0005_schedules"), "{first}");
     assert!(first.contains("schema at version 5"), "{first}");
 
@@ -93,7 +94,8 @@ fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
     assert_eq!((rows[0].0, rows[0].1.as_str()), (1, "0001_init"));
     assert_eq!((rows[1].0, rows[1].1.as_str()), (2, "0002_events"));
     assert_eq!((rows[2].0, rows[2].1.as_str()), (3, "0003_queues"));
-    assert_eq!((rows[3].0, rows[3].1.as_str()), (5, "0005_schedules"));
+    assert_eq!((rows[3].0, rows[3].1.as_str()), (4, "0004_remote"));
+    assert_eq!((rows[4].0, rows[4].1.as_str()), (5, "0005_schedules"));
     assert!(
         rows.iter().all(|r| r.2 > 0),
         "recorded with the time applied"
@@ -207,7 +209,13 @@ fn an_old_version_2_sqlite_store_gets_only_the_newer_migrations() {
         .unwrap();
     assert_eq!(
         names,
-        ["0001_init", "0002_events", "0003_queues", "0005_schedules"],
+        [
+            "0001_init",
+            "0002_events",
+            "0003_queues",
+            "0004_remote",
+            "0005_schedules"
+        ],
         "recorded as applied"
     );
 }

@@ -37,7 +37,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0003_queues",
         sql: include_str!("sqlite/migrations/0003_queues.sql"),
     },
-    // 0004 is another change's number (see docs/schedules.md); versions need only increase.
+    Migration {
+        version: 4,
+        name: "0004_remote",
+        sql: include_str!("sqlite/migrations/0004_remote.sql"),
+    },
     Migration {
         version: 5,
         name: "0005_schedules",
