@@ -37,6 +37,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0003_queues",
         sql: include_str!("sqlite/migrations/0003_queues.sql"),
     },
+    Migration {
+        version: 7,
+        name: "0007_workflows",
+        sql: include_str!("sqlite/migrations/0007_workflows.sql"),
+    },
 ];
 
 /// An open database file.

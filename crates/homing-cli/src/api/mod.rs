@@ -7,6 +7,7 @@ mod events;
 mod jobs;
 mod metrics;
 mod status;
+mod workflows;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
@@ -75,6 +76,9 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/v1/jobs/{id}/retry", post(jobs::retry))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(events::stream))
+        .route("/v1/workflows", post(workflows::create).get(workflows::list))
+        .route("/v1/workflows/{id}", get(workflows::get))
+        .route("/v1/workflows/{id}/cancel", post(workflows::cancel))
         .route("/v1/queues", get(status::queues))
         .route("/v1/workers", get(status::workers))
         .fallback(|| async { ApiError::not_found("no such route") })

@@ -9,6 +9,7 @@ pub mod broker;
 pub mod poison;
 pub mod queues;
 pub mod store;
+pub mod workflows;
 
 pub use poison::{Poisonable, Tamper};
 

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{new_job, unique_queue};
+pub use super::workflows::*;
 use crate::job::{FollowUp, JobState};
 use crate::store::*;
 use crate::time::{micros, now};
@@ -23,7 +24,11 @@ macro_rules! store_conformance {
             mark_dead_is_final, failed_transition_writes_one_event, stale_commit_writes_no_event,
             dead_transitions_write_events, callback_jobs_get_terminal_events,
             fan_out_inserts_each_delivery_once, worker_gone_reports_one_change, finished_since_counts,
-            batches_decide_as_one_by_one, purge_deletes_only_old_history
+            batches_decide_as_one_by_one, purge_deletes_only_old_history,
+            workflow_step_runs_once_after_its_parents,
+            workflow_failure_cancels_dependents_but_not_finalisers,
+            workflow_last_parents_racing_ready_the_step_once,
+            workflow_cancel_reaches_every_unfinished_step
         );
     };
 }

@@ -452,6 +452,8 @@ mod tests {
             cancel_requested: false,
             callback_url: None,
             unreadable: Vec::new(),
+            workflow: None,
+            parents: None,
         }
     }
 
