@@ -37,6 +37,9 @@ CREATE FUNCTION homing_enqueue(
     countdown       DOUBLE PRECISION DEFAULT NULL,
     idempotency_key TEXT DEFAULT NULL
 ) RETURNS UUID LANGUAGE plpgsql AS $fn$
+-- The arguments are named like columns (that is what callers write); unqualified names are
+-- columns, and the arguments are always written homing_enqueue.<name>.
+#variable_conflict use_column
 DECLARE
     v_now      BIGINT := floor(extract(epoch FROM clock_timestamp()) * 1000000)::BIGINT;
     v_args     TEXT;
