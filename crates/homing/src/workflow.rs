@@ -617,7 +617,7 @@ mod tests {
         }
         let mut big = WorkflowSpec::new("w");
         for i in 0..=MAX_STEPS {
-            big = big.step(format!("s{i}"), "t", serde_json::json!({}), "");
+            big = big.step(format!("s{i}"), "t", serde_json::json!({}), &[]);
         }
         assert!(planned(big).unwrap_err().contains("at most 200 steps"));
         let e = plan(spec(&[("a", "")]), 5, |_, _| Err("no such task".into())).unwrap_err();

@@ -1567,7 +1567,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(checked, 7 * 4 * 4);
+        assert_eq!(checked, JobState::ALL.len() * 4 * 4);
     }
 }
 
