@@ -71,8 +71,7 @@ async fn fan_in_through_kills(env: Env, servers: usize) {
             .await
             .unwrap();
         assert_eq!(r.status(), 202);
-        serde_json::from_value::<homing::client::CreatedWorkflow>(r.json().await.unwrap())
-            .unwrap()
+        serde_json::from_value::<homing::client::CreatedWorkflow>(r.json().await.unwrap()).unwrap()
     } else {
         client.create_workflow(spec).await.unwrap()
     };
@@ -91,10 +90,14 @@ async fn fan_in_through_kills(env: Env, servers: usize) {
         let client = client.clone();
         async move { client.workflow(id).await.unwrap() }
     };
-    let w = eventually(Duration::from_secs(120), "the workflow to finish", || async {
-        let w = read(created.id).await;
-        (w.state != WorkflowState::Running).then_some(w)
-    })
+    let w = eventually(
+        Duration::from_secs(120),
+        "the workflow to finish",
+        || async {
+            let w = read(created.id).await;
+            (w.state != WorkflowState::Running).then_some(w)
+        },
+    )
     .await;
     assert_eq!(w.state, WorkflowState::Succeeded, "{w:?}");
     if let Some(base) = bases.last() {
@@ -117,7 +120,10 @@ async fn fan_in_through_kills(env: Env, servers: usize) {
         "the final step's handler ran once"
     );
     assert_eq!(fin.epoch, 1, "the final step started once: {fin:?}");
-    let parents = fin.parents.as_ref().expect("the final step sees its parents");
+    let parents = fin
+        .parents
+        .as_ref()
+        .expect("the final step sees its parents");
     assert_eq!(parents.len(), PARENTS);
     let final_call = counter.calls(&final_id.to_string())[0].at;
     for n in &names {
@@ -171,10 +177,14 @@ async fn get(base: &str, path: &str) -> serde_json::Value {
 }
 
 async fn wait_workflow(base: &str, id: &str) -> serde_json::Value {
-    eventually(Duration::from_secs(60), "the workflow to finish", || async {
-        let w = get(base, &format!("/v1/workflows/{id}")).await;
-        (w["state"] != "running").then_some(w)
-    })
+    eventually(
+        Duration::from_secs(60),
+        "the workflow to finish",
+        || async {
+            let w = get(base, &format!("/v1/workflows/{id}")).await;
+            (w["state"] != "running").then_some(w)
+        },
+    )
     .await
 }
 
@@ -221,7 +231,11 @@ async fn failure_propagates_finalisers_run_and_bad_graphs_are_refused() {
         w["steps"]["child"]["error"],
         "cancelled: its parent step 'bad' is failed"
     );
-    let fin = get(&base, &format!("/v1/jobs/{}", created["steps"]["fin"].as_str().unwrap())).await;
+    let fin = get(
+        &base,
+        &format!("/v1/jobs/{}", created["steps"]["fin"].as_str().unwrap()),
+    )
+    .await;
     assert_eq!(fin["workflow"]["id"], json!(id));
     assert_eq!(fin["workflow"]["step"], "fin");
     assert_eq!(fin["parents"]["grandchild"]["state"], "cancelled", "{fin}");
@@ -252,7 +266,12 @@ async fn failure_propagates_finalisers_run_and_bad_graphs_are_refused() {
     let w = wait_workflow(&base, &cid).await;
     assert_eq!(w["state"], "cancelled", "{w}");
     assert_eq!(w["steps"]["slow"]["state"], "cancelled");
-    let (status, e) = post(&base, &format!("/v1/workflows/{}/cancel", homing::job::new_job_id()), json!({})).await;
+    let (status, e) = post(
+        &base,
+        &format!("/v1/workflows/{}/cancel", homing::job::new_job_id()),
+        json!({}),
+    )
+    .await;
     assert_eq!(status, 404, "{e}");
 
     // Bad graphs: a 400 with the reason, and nothing created.
@@ -264,16 +283,27 @@ async fn failure_propagates_finalisers_run_and_bad_graphs_are_refused() {
             json!({"a": {"task": "builtin.noop", "after": ["b"]}, "b": {"task": "builtin.noop", "after": ["a"]}}),
             "cycle",
         ),
-        (json!({"a": {"task": "builtin.noop", "after": ["nope"]}}), "'nope', which is not a step"),
+        (
+            json!({"a": {"task": "builtin.noop", "after": ["nope"]}}),
+            "'nope', which is not a step",
+        ),
         (json!(many), "at most 200 steps"),
         (json!({"a": {"task": "no spaces allowed"}}), "step 'a'"),
         (json!({"a": {"task": "builtin.webhook"}}), "step 'a'"),
-        (json!({"a": {"task": "builtin.noop", "queue": "homing.x"}}), "step 'a'"),
+        (
+            json!({"a": {"task": "builtin.noop", "queue": "homing.x"}}),
+            "step 'a'",
+        ),
         (json!({}), "at least one step"),
         (json!({"a b": {"task": "builtin.noop"}}), "step name"),
     ];
     for (steps, want) in cases {
-        let (status, e) = post(&base, "/v1/workflows", json!({"name": "bad", "steps": steps})).await;
+        let (status, e) = post(
+            &base,
+            "/v1/workflows",
+            json!({"name": "bad", "steps": steps}),
+        )
+        .await;
         assert_eq!(status, 400, "{want}: {e}");
         let msg = e["error"]["message"].as_str().unwrap();
         assert!(msg.contains(want), "{msg} lacks {want}");
@@ -289,21 +319,49 @@ async fn failure_propagates_finalisers_run_and_bad_graphs_are_refused() {
     let status = r.status().as_u16();
     let e: serde_json::Value = r.json().await.unwrap();
     assert!(matches!(status, 400 | 422), "{status} {e}");
-    assert!(e["error"]["message"].as_str().unwrap().contains("named twice"), "{e}");
-    let (status, e) = post(&base, "/v1/workflows", json!({"name": "x", "steps": {"a": {"task": "builtin.noop", "countdown": 5}}})).await;
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("named twice"),
+        "{e}"
+    );
+    let (status, e) = post(
+        &base,
+        "/v1/workflows",
+        json!({"name": "x", "steps": {"a": {"task": "builtin.noop", "countdown": 5}}}),
+    )
+    .await;
     assert!(matches!(status, 400 | 422), "{status} {e}");
-    let (status, e) = post(&base, "/v1/workflows", json!({"name": "x", "steps": {"a": {"task": "nobody.runs.this"}}})).await;
+    let (status, e) = post(
+        &base,
+        "/v1/workflows",
+        json!({"name": "x", "steps": {"a": {"task": "nobody.runs.this"}}}),
+    )
+    .await;
     assert_eq!(status, 422, "{e}");
     let list = get(&base, "/v1/workflows").await;
-    let names: Vec<&str> = list["workflows"].as_array().unwrap().iter().map(|w| w["name"].as_str().unwrap()).collect();
-    assert_eq!(names, vec!["cancelled", "propagation"], "nothing of a refused workflow exists");
+    let names: Vec<&str> = list["workflows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["cancelled", "propagation"],
+        "nothing of a refused workflow exists"
+    );
     let jobs = get(&base, "/v1/jobs?limit=1000").await;
     assert_eq!(jobs["jobs"].as_array().unwrap().len(), 7, "{jobs}");
 
     // The CLI's view.
     let (code, out, err) = env.run(&["workflows", "get", &id]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("failed") && out.contains("grandchild"), "{out}");
+    assert!(
+        out.contains("failed") && out.contains("grandchild"),
+        "{out}"
+    );
     let (code, out, err) = env.run(&["workflows", "list", "--json"]);
     assert_eq!(code, 0, "{err}");
     let page: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -318,7 +376,11 @@ async fn failure_propagates_finalisers_run_and_bad_graphs_are_refused() {
     let created: serde_json::Value = serde_json::from_str(&out).unwrap();
     let w = wait_workflow(&base, created["id"].as_str().unwrap()).await;
     assert_eq!(w["state"], "succeeded", "{w}");
-    std::fs::write(&file, r#"{"name": "loop", "steps": {"a": {"task": "builtin.noop", "after": ["a"]}}}"#).unwrap();
+    std::fs::write(
+        &file,
+        r#"{"name": "loop", "steps": {"a": {"task": "builtin.noop", "after": ["a"]}}}"#,
+    )
+    .unwrap();
     let (code, _, err) = env.run(&["workflows", "create", file.to_str().unwrap()]);
     assert_ne!(code, 0);
     assert!(err.contains("after itself"), "{err}");
@@ -348,7 +410,12 @@ fn run_psql(url: &str, sql: &str) -> (i32, String, String) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run psql");
-    child.stdin.take().unwrap().write_all(sql.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(sql.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     (
         out.status.code().unwrap_or(-1),
@@ -367,7 +434,10 @@ async fn transactional_enqueue_from_psql() {
     assert_eq!(code, 0, "{out}{err}");
     let client = env.client().await;
     let url = env.store.clone();
-    let (code, _, err) = run_psql(&url, "CREATE TABLE documents (id SERIAL PRIMARY KEY, title TEXT);");
+    let (code, _, err) = run_psql(
+        &url,
+        "CREATE TABLE documents (id SERIAL PRIMARY KEY, title TEXT);",
+    );
     assert_eq!(code, 0, "{err}");
 
     let enqueue = |title: &str, end: &str| {
@@ -388,13 +458,25 @@ async fn transactional_enqueue_from_psql() {
     assert_eq!(client.get(offline).await.unwrap().state, JobState::Queued);
 
     let _worker = env.worker("w", "default", &[]);
-    let j = wait_state(&client, offline, JobState::Succeeded, Duration::from_secs(60)).await;
+    let j = wait_state(
+        &client,
+        offline,
+        JobState::Succeeded,
+        Duration::from_secs(60),
+    )
+    .await;
     assert_eq!(j.result, Some(json!({"title": "offline"})));
 
     let (code, out, err) = run_psql(&url, &enqueue("online", "COMMIT"));
     assert_eq!(code, 0, "{err}");
     let online: homing::JobId = out.trim().parse().unwrap();
-    wait_state(&client, online, JobState::Succeeded, Duration::from_secs(60)).await;
+    wait_state(
+        &client,
+        online,
+        JobState::Succeeded,
+        Duration::from_secs(60),
+    )
+    .await;
 
     let (code, _, err) = run_psql(
         &url,
@@ -403,6 +485,13 @@ async fn transactional_enqueue_from_psql() {
     );
     assert_ne!(code, 0);
     assert!(err.contains("internal to homing"), "{err}");
-    let (_, out, _) = run_psql(&url, "SELECT string_agg(title, ',' ORDER BY id) FROM documents;");
-    assert_eq!(out.trim(), "offline,online", "the failed call rolled the application's write back");
+    let (_, out, _) = run_psql(
+        &url,
+        "SELECT string_agg(title, ',' ORDER BY id) FROM documents;",
+    );
+    assert_eq!(
+        out.trim(),
+        "offline,online",
+        "the failed call rolled the application's write back"
+    );
 }

@@ -329,7 +329,10 @@ impl Client {
     }
 
     /// A workflow with each step's state.
-    pub async fn workflow(&self, id: crate::workflow::WorkflowId) -> Result<crate::workflow::Workflow> {
+    pub async fn workflow(
+        &self,
+        id: crate::workflow::WorkflowId,
+    ) -> Result<crate::workflow::Workflow> {
         self.store
             .workflow(id)
             .await?

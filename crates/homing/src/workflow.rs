@@ -159,7 +159,10 @@ pub fn unique_keys<'de, D: serde::Deserializer<'de>>(
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("an object of steps by name")
         }
-        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut m: A,
+        ) -> Result<Self::Value, A::Error> {
             let mut out = BTreeMap::new();
             while let Some(k) = m.next_key::<String>()? {
                 if out.contains_key(&k) {
@@ -240,7 +243,9 @@ pub fn plan(
                 return Err(format!("step '{name}' cannot run after itself"));
             }
             if !spec.steps.contains_key(a) {
-                return Err(format!("step '{name}' runs after '{a}', which is not a step"));
+                return Err(format!(
+                    "step '{name}' runs after '{a}', which is not a step"
+                ));
             }
             if !seen.insert(a) {
                 return Err(format!("step '{name}' names '{a}' twice in after"));
@@ -543,7 +548,11 @@ impl Workflow {
                         after: l
                             .after
                             .iter()
-                            .map(|p| names.get(p).map_or_else(|| p.to_string(), |n| n.to_string()))
+                            .map(|p| {
+                                names
+                                    .get(p)
+                                    .map_or_else(|| p.to_string(), |n| n.to_string())
+                            })
                             .collect(),
                         run_on: l.run_on,
                         error: j.error.clone(),
@@ -715,10 +724,7 @@ mod tests {
         };
         assert_eq!(parents.keys().collect::<Vec<_>>(), vec!["a", "b"]);
         // Not waiting any more (already made ready): never decided again.
-        let s = jobs(&[
-            ("a", "", Success, Succeeded),
-            ("c", "a", Success, Queued),
-        ]);
+        let s = jobs(&[("a", "", Success, Succeeded), ("c", "a", Success, Queued)]);
         assert!(decided(&s).is_empty());
     }
 
@@ -775,7 +781,11 @@ mod tests {
             (vec![Cancelled, Succeeded], false, W::Cancelled),
             (vec![Failed, Cancelled], true, W::Cancelled),
         ] {
-            assert_eq!(WorkflowState::of(steps.clone(), cancelled), want, "{steps:?}");
+            assert_eq!(
+                WorkflowState::of(steps.clone(), cancelled),
+                want,
+                "{steps:?}"
+            );
         }
     }
 }

@@ -32,7 +32,10 @@ async fn enqueue_in_commits_with_the_application_transaction() {
         .execute(&mut app)
         .await
         .unwrap();
-    assert!(store.wait_enqueued().await.unwrap(), "a first look after connecting");
+    assert!(
+        store.wait_enqueued().await.unwrap(),
+        "a first look after connecting"
+    );
 
     let mut tx = app.begin().await.unwrap();
     sqlx::query("INSERT INTO documents (title) VALUES ('dropped')")
@@ -40,11 +43,17 @@ async fn enqueue_in_commits_with_the_application_transaction() {
         .await
         .unwrap();
     let rolled = client
-        .enqueue_in(&mut tx, EnqueueRequest::new("doc.ocr", serde_json::json!({"d": 1})))
+        .enqueue_in(
+            &mut tx,
+            EnqueueRequest::new("doc.ocr", serde_json::json!({"d": 1})),
+        )
         .await
         .unwrap();
     tx.rollback().await.unwrap();
-    assert!(store.get(rolled.id).await.unwrap().is_none(), "a rolled-back enqueue leaves no job");
+    assert!(
+        store.get(rolled.id).await.unwrap().is_none(),
+        "a rolled-back enqueue leaves no job"
+    );
 
     // A listener waits; it must not be woken before the commit, and must be after it.
     let waiter = {
@@ -53,37 +62,53 @@ async fn enqueue_in_commits_with_the_application_transaction() {
     };
     let mut tx = app.begin().await.unwrap();
     let kept = client
-        .enqueue_in(&mut tx, EnqueueRequest::new("doc.ocr", serde_json::json!({"d": 2})))
+        .enqueue_in(
+            &mut tx,
+            EnqueueRequest::new("doc.ocr", serde_json::json!({"d": 2})),
+        )
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished(), "no signal before the commit");
-    assert!(store.get(kept.id).await.unwrap().is_none(), "invisible before the commit");
+    assert!(
+        store.get(kept.id).await.unwrap().is_none(),
+        "invisible before the commit"
+    );
     tx.commit().await.unwrap();
     let woke = tokio::time::timeout(Duration::from_secs(30), waiter)
         .await
         .expect("the commit signals the listener")
         .unwrap();
     assert!(woke.unwrap());
-    let job = store.get(kept.id).await.unwrap().expect("committed with the transaction");
+    let job = store
+        .get(kept.id)
+        .await
+        .unwrap()
+        .expect("committed with the transaction");
     assert_eq!(job.state, JobState::Queued);
     assert_eq!(job.args, serde_json::json!({"d": 2}));
-    let due = store.undispatched(homing::time::now() + 1, 10).await.unwrap();
-    assert!(due.iter().any(|d| d.id == kept.id), "left for the listener and reconciler to publish");
+    let due = store
+        .undispatched(homing::time::now() + 1, 10)
+        .await
+        .unwrap();
+    assert!(
+        due.iter().any(|d| d.id == kept.id),
+        "left for the listener and reconciler to publish"
+    );
 
     // Checked like enqueue.
     let mut tx = app.begin().await.unwrap();
     let e = client
-        .enqueue_in(&mut tx, EnqueueRequest::new("builtin.webhook", serde_json::json!({})))
+        .enqueue_in(
+            &mut tx,
+            EnqueueRequest::new("builtin.webhook", serde_json::json!({})),
+        )
         .await
         .unwrap_err();
     assert!(e.to_string().contains("internal"), "{e}");
 }
 
-async fn call(
-    conn: &mut sqlx::PgConnection,
-    sql: &str,
-) -> Result<uuid::Uuid, (String, String)> {
+async fn call(conn: &mut sqlx::PgConnection, sql: &str) -> Result<uuid::Uuid, (String, String)> {
     sqlx::query_scalar::<_, uuid::Uuid>(sqlx::AssertSqlSafe(sql.to_string()))
         .fetch_one(conn)
         .await
@@ -102,16 +127,46 @@ async fn homing_enqueue_checks_its_input_like_the_door() {
     let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
     let big = format!("'{{\"s\": \"{}\"}}'::jsonb", "x".repeat(1024 * 1024));
     let cases = [
-        ("SELECT homing_enqueue('no spaces', '{}')".to_string(), "invalid task name"),
-        ("SELECT homing_enqueue(NULL, '{}')".to_string(), "invalid task name"),
-        ("SELECT homing_enqueue('builtin.webhook', '{}')".to_string(), "internal to homing"),
-        ("SELECT homing_enqueue('t', '{}', queue => 'a/b')".to_string(), "invalid queue name"),
-        ("SELECT homing_enqueue('t', '{}', queue => 'homing.webhooks')".to_string(), "reserved"),
-        (format!("SELECT homing_enqueue('t', {big})"), "at most 1048576"),
-        ("SELECT homing_enqueue('t', '{}', countdown => -1)".to_string(), "countdown"),
-        ("SELECT homing_enqueue('t', '{}', countdown => 'NaN')".to_string(), "countdown"),
-        ("SELECT homing_enqueue('t', '{}', idempotency_key => '')".to_string(), "idempotency_key"),
-        ("SELECT homing_enqueue('t', '{}', idempotency_key => E'a\\nb')".to_string(), "idempotency_key"),
+        (
+            "SELECT homing_enqueue('no spaces', '{}')".to_string(),
+            "invalid task name",
+        ),
+        (
+            "SELECT homing_enqueue(NULL, '{}')".to_string(),
+            "invalid task name",
+        ),
+        (
+            "SELECT homing_enqueue('builtin.webhook', '{}')".to_string(),
+            "internal to homing",
+        ),
+        (
+            "SELECT homing_enqueue('t', '{}', queue => 'a/b')".to_string(),
+            "invalid queue name",
+        ),
+        (
+            "SELECT homing_enqueue('t', '{}', queue => 'homing.webhooks')".to_string(),
+            "reserved",
+        ),
+        (
+            format!("SELECT homing_enqueue('t', {big})"),
+            "at most 1048576",
+        ),
+        (
+            "SELECT homing_enqueue('t', '{}', countdown => -1)".to_string(),
+            "countdown",
+        ),
+        (
+            "SELECT homing_enqueue('t', '{}', countdown => 'NaN')".to_string(),
+            "countdown",
+        ),
+        (
+            "SELECT homing_enqueue('t', '{}', idempotency_key => '')".to_string(),
+            "idempotency_key",
+        ),
+        (
+            "SELECT homing_enqueue('t', '{}', idempotency_key => E'a\\nb')".to_string(),
+            "idempotency_key",
+        ),
     ];
     for (sql, want) in &cases {
         let (code, msg) = call(&mut c, sql).await.unwrap_err();
@@ -121,20 +176,38 @@ async fn homing_enqueue_checks_its_input_like_the_door() {
     let page = store.list(&Default::default(), None, 10).await.unwrap();
     assert!(page.jobs.is_empty(), "nothing refused was stored");
 
-    let id = call(&mut c, "SELECT homing_enqueue('doc.ocr', '{\"k\": 1}'::jsonb, queue => 'ocr')")
-        .await
-        .unwrap();
+    let id = call(
+        &mut c,
+        "SELECT homing_enqueue('doc.ocr', '{\"k\": 1}'::jsonb, queue => 'ocr')",
+    )
+    .await
+    .unwrap();
     assert_eq!(id.get_version_num(), 7, "time-ordered like homing's ids");
     let j = store.get(id).await.unwrap().unwrap();
-    assert_eq!((j.task.as_str(), j.queue.as_str(), j.state), ("doc.ocr", "ocr", JobState::Queued));
+    assert_eq!(
+        (j.task.as_str(), j.queue.as_str(), j.state),
+        ("doc.ocr", "ocr", JobState::Queued)
+    );
     assert_eq!(j.args, serde_json::json!({"k": 1}));
     assert_eq!(j.max_crashes, homing::job::DEFAULT_MAX_CRASHES);
-    let later = call(&mut c, "SELECT homing_enqueue('t', countdown => 3600)").await.unwrap();
+    let later = call(&mut c, "SELECT homing_enqueue('t', countdown => 3600)")
+        .await
+        .unwrap();
     let j = store.get(later).await.unwrap().unwrap();
     assert_eq!(j.state, JobState::Scheduled);
     assert_eq!(j.args, serde_json::json!({}));
     assert!(j.scheduled_at.unwrap() > homing::time::now() + 3_000_000_000);
-    let k1 = call(&mut c, "SELECT homing_enqueue('t', '{}', idempotency_key => 'once')").await.unwrap();
-    let k2 = call(&mut c, "SELECT homing_enqueue('t', '{\"other\": 1}', idempotency_key => 'once')").await.unwrap();
+    let k1 = call(
+        &mut c,
+        "SELECT homing_enqueue('t', '{}', idempotency_key => 'once')",
+    )
+    .await
+    .unwrap();
+    let k2 = call(
+        &mut c,
+        "SELECT homing_enqueue('t', '{\"other\": 1}', idempotency_key => 'once')",
+    )
+    .await
+    .unwrap();
     assert_eq!(k1, k2, "a known key returns the existing job");
 }

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{new_job, unique_queue};
 pub use super::workflows::*;
+use super::{new_job, unique_queue};
 use crate::job::{FollowUp, JobState};
 use crate::store::*;
 use crate::time::{micros, now};

@@ -49,7 +49,10 @@ async fn create(
         assert_eq!(i.state, want, "{n}");
         assert_eq!(i.needs_dispatch(), parents.is_empty(), "{n}");
     }
-    (id, names.into_iter().zip(ins.iter().map(|i| i.id)).collect())
+    (
+        id,
+        names.into_iter().zip(ins.iter().map(|i| i.id)).collect(),
+    )
 }
 
 /// Starts and completes one step; returns what the commit answered.
@@ -87,7 +90,11 @@ pub async fn workflow_step_runs_once_after_its_parents(s: Arc<dyn Store>) {
     let (wf, ids) = create(
         &*s,
         &q,
-        &[("a", "", Success), ("b", "", Success), ("c", "a,b", Success)],
+        &[
+            ("a", "", Success),
+            ("b", "", Success),
+            ("c", "a,b", Success),
+        ],
     )
     .await;
     let c = ids["c"];
@@ -104,7 +111,11 @@ pub async fn workflow_step_runs_once_after_its_parents(s: Arc<dyn Store>) {
     assert!(dispatched(&r).is_empty());
     assert_eq!(state(&*s, c).await, JobState::Waiting);
     let r = finish(&*s, ids["b"], Outcome::Succeeded(serde_json::json!("B"))).await;
-    assert_eq!(dispatched(&r), vec![c], "the last parent's commit makes it runnable");
+    assert_eq!(
+        dispatched(&r),
+        vec![c],
+        "the last parent's commit makes it runnable"
+    );
     let j = s.get(c).await.unwrap().unwrap();
     assert_eq!(j.state, JobState::Queued);
     let parents = j.parents.expect("parents fixed when it became runnable");
@@ -116,7 +127,11 @@ pub async fn workflow_step_runs_once_after_its_parents(s: Arc<dyn Store>) {
     finish(&*s, c, Outcome::Succeeded(serde_json::json!(1))).await;
     let w = s.workflow(wf).await.unwrap().unwrap();
     assert_eq!(w.state, WorkflowState::Succeeded);
-    assert!(s.workflow(crate::job::new_job_id()).await.unwrap().is_none());
+    assert!(s
+        .workflow(crate::job::new_job_id())
+        .await
+        .unwrap()
+        .is_none());
     let page = s.workflows(None, 1000).await.unwrap();
     assert!(page.workflows.iter().any(|w| w.id == wf));
 }
@@ -176,8 +191,10 @@ pub async fn workflow_failure_cancels_dependents_but_not_finalisers(s: Arc<dyn S
 pub async fn workflow_last_parents_racing_ready_the_step_once(s: Arc<dyn Store>) {
     let q = unique_queue("wfrace");
     let names: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();
-    let mut steps: Vec<(&str, &str, RunOn)> =
-        names.iter().map(|n| (n.as_str(), "", RunOn::Success)).collect();
+    let mut steps: Vec<(&str, &str, RunOn)> = names
+        .iter()
+        .map(|n| (n.as_str(), "", RunOn::Success))
+        .collect();
     let parents = names.join(",");
     steps.push(("last", &parents, RunOn::Success));
     let (_, ids) = create(&*s, &q, &steps).await;

@@ -36,7 +36,9 @@ pub(crate) async fn run(broker: Arc<dyn Broker>, store: Arc<dyn Store>, stop: Ca
                             tracing::warn!(error = %e, "the listener could not publish; the reconciler will");
                         }
                     }
-                    Err(e) => tracing::warn!(error = %e, "the listener could not read the outbox; the reconciler will"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the listener could not read the outbox; the reconciler will")
+                    }
                 }
             }
             Err(e) => {

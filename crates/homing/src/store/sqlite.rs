@@ -360,7 +360,11 @@ fn workflow_jobs(tx: &rusqlite::Connection, workflow: &str) -> rusqlite::Result<
 /// Applies [`crate::workflow::settle`] to a workflow whose step just reached a terminal state,
 /// in that transition's transaction (SQLite's one writer makes the read and the writes atomic):
 /// steps made runnable are returned to publish, cancelled ones get their callback event.
-fn settle_in(tx: &Transaction<'_>, workflow: &str, now: Micros) -> rusqlite::Result<Vec<ToPublish>> {
+fn settle_in(
+    tx: &Transaction<'_>,
+    workflow: &str,
+    now: Micros,
+) -> rusqlite::Result<Vec<ToPublish>> {
     use crate::workflow::Settle;
     let steps = workflow_jobs(tx, workflow)?;
     let decided = crate::workflow::settle(&steps);

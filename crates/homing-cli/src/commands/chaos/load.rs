@@ -83,7 +83,11 @@ pub async fn run(
             _ = stop.cancelled() => return,
         }
         if ticks % 200 == 0 {
-            let r = tokio::time::timeout(Duration::from_secs(10), client.create_workflow(workflow(&plan))).await;
+            let r = tokio::time::timeout(
+                Duration::from_secs(10),
+                client.create_workflow(workflow(&plan)),
+            )
+            .await;
             let mut a = accepted.lock().unwrap_or_else(|p| p.into_inner());
             match r {
                 Ok(Ok(c)) => {

@@ -981,12 +981,11 @@ fn read_workflow_row(
 }
 
 async fn read_workflow(conn: &mut PgConnection, id: uuid::Uuid) -> sqlx::Result<Option<Workflow>> {
-    let row: Option<(String, i64, Option<i64>)> = sqlx::query_as(
-        "SELECT name, created_at, cancelled_at FROM homing_workflows WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_optional(&mut *conn)
-    .await?;
+    let row: Option<(String, i64, Option<i64>)> =
+        sqlx::query_as("SELECT name, created_at, cancelled_at FROM homing_workflows WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
     if row.is_none() {
         return Ok(None);
     }
@@ -1823,7 +1822,9 @@ impl Store for PgStore {
                     continue;
                 }
                 match transition::cancel(j) {
-                    transition::Cancel::Now => transit(&mut tx, j, &Change::cancelled(), now).await?,
+                    transition::Cancel::Now => {
+                        transit(&mut tx, j, &Change::cancelled(), now).await?
+                    }
                     transition::Cancel::Request => {
                         sqlx::query(
                             "UPDATE homing_jobs SET cancel_requested = true, updated_at = $2 \
