@@ -82,7 +82,7 @@ pub async fn run(
             _ = tick.tick() => {}
             _ = stop.cancelled() => return,
         }
-        if ticks % 200 == 0 {
+        if ticks.is_multiple_of(200) {
             let r = tokio::time::timeout(
                 Duration::from_secs(10),
                 client.create_workflow(workflow(&plan)),
