@@ -122,6 +122,11 @@ pub enum Command {
         #[command(subcommand)]
         command: JobsCommand,
     },
+    /// Create, look at and cancel workflows (DAGs of steps, docs/workflows.md).
+    Workflows {
+        #[command(subcommand)]
+        command: WorkflowsCommand,
+    },
     /// Show each queue's jobs by state and the broker's message counts.
     Queues(OutputArgs),
     /// Show workers: live, stopped and lost, with what each is running.
@@ -330,6 +335,36 @@ pub struct EnqueueArgs {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum WorkflowsCommand {
+    /// Create a workflow from a JSON file (`{"name": ..., "steps": {...}}`, as POST
+    /// /v1/workflows takes it; `-` reads standard input) and print its id and steps' job ids.
+    Create { file: String },
+    /// Show one workflow: its state and each step's job and state.
+    Get {
+        id: String,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+    /// List workflows, newest first.
+    List {
+        /// Workflows per page (1-200).
+        #[arg(long, default_value_t = 20, value_parser = count_in(1, 200))]
+        limit: usize,
+        /// Continue after this cursor (printed by the previous page).
+        #[arg(long)]
+        cursor: Option<String>,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+    /// Cancel a workflow's unfinished steps.
+    Cancel {
+        id: String,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum JobsCommand {
     /// Show one job.
     Get {
@@ -339,7 +374,8 @@ pub enum JobsCommand {
     },
     /// List jobs, newest first.
     List {
-        /// Only jobs in this state (scheduled, queued, running, succeeded, failed, dead, cancelled).
+        /// Only jobs in this state (scheduled, waiting, queued, running, succeeded, failed, dead,
+        /// cancelled).
         #[arg(long)]
         state: Option<String>,
         #[arg(long)]

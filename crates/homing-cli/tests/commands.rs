@@ -70,17 +70,18 @@ fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
     assert!(first.contains("applied 0003_queues"), "{first}");
     assert!(first.contains("applied 0004_remote"), "{first}");
     assert!(first.contains("applied 0005_schedules"), "{first}");
-    assert!(first.contains("schema at version 5"), "{first}");
+    assert!(first.contains("applied 0007_workflows"), "{first}");
+    assert!(first.contains("schema at version 7"), "{first}");
 
     let (second, report) = migrate(&env);
     assert!(
-        second.contains("schema at version 5, nothing to apply"),
+        second.contains("schema at version 7, nothing to apply"),
         "{second}"
     );
     assert!(!second.contains("applied"), "{second}");
     assert_eq!(report["applied"], serde_json::json!([]));
-    assert_eq!(report["version"], 5);
-    assert_eq!(report["latest"], "0005_schedules");
+    assert_eq!(report["version"], 7);
+    assert_eq!(report["latest"], "0007_workflows");
 
     let conn = rusqlite::Connection::open(env.db_path()).unwrap();
     let rows: Vec<(i64, String, i64)> = conn
@@ -96,6 +97,7 @@ fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
     assert_eq!((rows[2].0, rows[2].1.as_str()), (3, "0003_queues"));
     assert_eq!((rows[3].0, rows[3].1.as_str()), (4, "0004_remote"));
     assert_eq!((rows[4].0, rows[4].1.as_str()), (5, "0005_schedules"));
+    assert_eq!((rows[5].0, rows[5].1.as_str()), (7, "0007_workflows"));
     assert!(
         rows.iter().all(|r| r.2 > 0),
         "recorded with the time applied"
@@ -163,14 +165,15 @@ fn an_old_version_1_sqlite_store_is_upgraded_and_reported() {
     assert_eq!(code, 0, "{err}");
     assert!(first.contains("applied 0002_events"), "{first}");
     assert!(first.contains("applied 0003_queues"), "{first}");
+    assert!(first.contains("applied 0007_workflows"), "{first}");
     assert!(
         !first.contains("0001_init"),
         "version 1 was already there: {first}"
     );
-    assert!(first.contains("schema at version 5"), "{first}");
+    assert!(first.contains("schema at version 7"), "{first}");
     let (second, _) = migrate(&env);
     assert!(
-        second.contains("schema at version 5, nothing to apply"),
+        second.contains("schema at version 7, nothing to apply"),
         "{second}"
     );
     // The old job is still there, readable by this build.
@@ -192,13 +195,14 @@ fn an_old_version_2_sqlite_store_gets_only_the_newer_migrations() {
     let (code, first, err) = env.run(&["migrate"]);
     assert_eq!(code, 0, "{err}");
     assert!(first.contains("applied 0003_queues"), "{first}");
+    assert!(first.contains("applied 0007_workflows"), "{first}");
     assert!(!first.contains("0002_events"), "{first}");
     let (text, report) = migrate(&env);
     assert!(
-        text.contains("schema at version 5, nothing to apply"),
+        text.contains("schema at version 7, nothing to apply"),
         "{text}"
     );
-    assert_eq!(report["version"], 5);
+    assert_eq!(report["version"], 7);
     let conn = rusqlite::Connection::open(env.db_path()).unwrap();
     let names: Vec<String> = conn
         .prepare("SELECT name FROM homing_migrations ORDER BY version")
@@ -214,7 +218,8 @@ fn an_old_version_2_sqlite_store_gets_only_the_newer_migrations() {
             "0002_events",
             "0003_queues",
             "0004_remote",
-            "0005_schedules"
+            "0005_schedules",
+            "0007_workflows"
         ],
         "recorded as applied"
     );

@@ -371,7 +371,46 @@ async fn dashboard_shows_jobs_and_retries_a_failed_one() {
         assert!(detail.contains(needle), "job page shows {needle}: {detail}");
     }
     let job_page = browser.screenshot("dashboard-job.png").await;
-    eprintln!("screenshots: {} {}", overview.display(), job_page.display());
+
+    // A workflow's page: its steps as a table with states, each linking to its job.
+    let r = http_client()
+        .post(format!("{base}/v1/workflows"))
+        .header("authorization", format!("Bearer {token}"))
+        .json(&serde_json::json!({"name": "shown", "steps": {
+            "first": {"task": "builtin.noop"},
+            "second": {"task": "builtin.noop", "after": ["first"]}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let created: serde_json::Value = r.json().await.unwrap();
+    let wf = created["id"].as_str().unwrap().to_string();
+    let second = created["steps"]["second"].as_str().unwrap().to_string();
+    browser.goto(&format!("{base}/#/workflows/{wf}")).await;
+    browser
+        .wait_for(
+            "the workflow page with both steps succeeded",
+            "const rows = document.querySelectorAll('#workflow-steps tbody tr'); \
+             return rows.length === 2 && [...rows].every((r) => r.dataset.state === 'succeeded');",
+        )
+        .await;
+    let link = browser
+        .eval("const a = document.querySelector('#workflow-steps tr[data-step=\"second\"] a'); return a ? a.getAttribute('href') : null;")
+        .await;
+    assert_eq!(link, serde_json::json!(format!("#/jobs/{second}")));
+    assert!(browser
+        .eval("return document.querySelector('#workflows tbody').textContent;")
+        .await
+        .as_str()
+        .unwrap()
+        .contains("shown"));
+    let workflow_page = browser.screenshot("dashboard-workflow.png").await;
+    eprintln!(
+        "screenshots: {} {} {}",
+        overview.display(),
+        job_page.display(),
+        workflow_page.display()
+    );
     browser.quit().await;
 }
 

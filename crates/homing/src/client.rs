@@ -276,6 +276,124 @@ impl Client {
         self.store.cancel(id, now()).await
     }
 
+    /// Transactional enqueue (docs/workflows.md): inserts the job through the application's own
+    /// PostgreSQL connection or transaction (`client.enqueue_in(&mut tx, req)`), when homing's
+    /// PostgreSQL store lives in the same database. The job exists if and only if the
+    /// application's transaction commits; it is published after the commit (at once by the
+    /// listener of a running homing process, by the reconciler's sweep at the latest). Checked
+    /// like [`Client::enqueue`]; queue names are admitted against the default bound.
+    #[cfg(feature = "postgres")]
+    pub async fn enqueue_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        req: EnqueueRequest,
+    ) -> Result<Inserted> {
+        let job = self.prepare(req, now())?;
+        let task = job.task.clone();
+        let mut v = crate::store::postgres::insert_in(
+            conn,
+            vec![job],
+            crate::store::queues::DEFAULT_MAX_QUEUES,
+        )
+        .await?;
+        let ins = v.remove(0);
+        if !ins.existed {
+            crate::metrics::count(crate::metrics::JOBS_ENQUEUED, &ins.queue, &task);
+        }
+        Ok(ins)
+    }
+
+    /// Checks a workflow as [`Client::create_workflow`] would, without creating it.
+    pub fn check_workflow(&self, spec: &crate::workflow::WorkflowSpec) -> Result<()> {
+        self.plan_workflow(spec.clone(), now()).map(|_| ())
+    }
+
+    fn plan_workflow(
+        &self,
+        spec: crate::workflow::WorkflowSpec,
+        at: i64,
+    ) -> Result<crate::workflow::NewWorkflow> {
+        crate::workflow::plan(spec, at, |_, step| {
+            let mut req = EnqueueRequest::new(step.task.clone(), step.args.clone());
+            req.options = step.options();
+            self.prepare(req, at).map_err(|e| match e {
+                Error::Invalid(m) => m,
+                other => other.to_string(),
+            })
+        })
+        .map_err(Error::Invalid)
+    }
+
+    /// Creates a workflow (docs/workflows.md) in one store transaction: every step's job exists
+    /// from now on, those without parents are published, the others wait for their parents.
+    /// A bad graph or step is [`Error::Invalid`] with the reason, and nothing is created.
+    pub async fn create_workflow(
+        &self,
+        spec: crate::workflow::WorkflowSpec,
+    ) -> Result<CreatedWorkflow> {
+        let wf = self.plan_workflow(spec, now())?;
+        let id = wf.id;
+        let names: Vec<(String, String)> = wf
+            .steps
+            .iter()
+            .map(|(j, l)| (l.step.clone(), j.task.clone()))
+            .collect();
+        let inserted = self.store.create_workflow(wf).await?;
+        for (i, (_, task)) in inserted.iter().zip(&names) {
+            crate::metrics::count(crate::metrics::JOBS_ENQUEUED, &i.queue, task);
+        }
+        let to_send: Vec<ToPublish> = inserted
+            .iter()
+            .filter(|i| i.needs_dispatch())
+            .map(|i| ToPublish {
+                id: i.id,
+                queue: i.queue.clone(),
+            })
+            .collect();
+        if let Err(e) = publish(&*self.broker, &*self.store, &to_send).await {
+            tracing::warn!(error = %e, jobs = to_send.len(), "publish failed; the reconciler will publish these jobs later");
+        }
+        Ok(CreatedWorkflow {
+            id,
+            steps: names
+                .into_iter()
+                .zip(&inserted)
+                .map(|((step, _), i)| (step, i.id))
+                .collect(),
+        })
+    }
+
+    /// A workflow with each step's state.
+    pub async fn workflow(
+        &self,
+        id: crate::workflow::WorkflowId,
+    ) -> Result<crate::workflow::Workflow> {
+        self.store
+            .workflow(id)
+            .await?
+            .ok_or(Error::WorkflowNotFound(id))
+    }
+
+    /// Workflows, newest first.
+    pub async fn workflows(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::workflow::WorkflowPage> {
+        self.store.workflows(cursor, limit).await
+    }
+
+    /// Cancels a workflow's unfinished steps (running ones are stopped by their workers).
+    pub async fn cancel_workflow(
+        &self,
+        id: crate::workflow::WorkflowId,
+    ) -> Result<crate::workflow::Workflow> {
+        self.store
+            .cancel_workflow(id, now())
+            .await?
+            .ok_or(Error::WorkflowNotFound(id))
+    }
+
     /// Waits until the job is terminal or `timeout` passes, and returns it as it is then.
     pub async fn wait(&self, id: JobId, timeout: Duration) -> Result<Job> {
         let deadline = tokio::time::Instant::now() + timeout;
@@ -289,6 +407,13 @@ impl Client {
             nap = (nap * 2).min(Duration::from_millis(200));
         }
     }
+}
+
+/// What [`Client::create_workflow`] created: the workflow's id and each step's job id.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CreatedWorkflow {
+    pub id: crate::workflow::WorkflowId,
+    pub steps: std::collections::BTreeMap<String, JobId>,
 }
 
 /// Publishes jobs and then records them as dispatched: the one way a job reaches the broker.

@@ -22,6 +22,8 @@ pub enum Error {
     },
     #[error("job {0} not found")]
     NotFound(JobId),
+    #[error("workflow {0} not found")]
+    WorkflowNotFound(uuid::Uuid),
     /// The caller's input is invalid (bad JSON, oversized payload, unknown state, ...).
     #[error("invalid input: {0}")]
     Invalid(String),

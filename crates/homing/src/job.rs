@@ -23,6 +23,9 @@ pub fn new_job_id() -> JobId {
 pub enum JobState {
     /// Waiting for its due time (a countdown or a retry delay); the time is stored, not held in memory.
     Scheduled,
+    /// A workflow step whose parents have not all finished; never published. It becomes `queued`
+    /// (or `cancelled`) in the transaction that commits its last parent's end (docs/workflows.md).
+    Waiting,
     /// Dispatched (or about to be) to the broker; waiting for a worker.
     Queued,
     /// Started by a worker under the job's current epoch.
@@ -36,8 +39,9 @@ pub enum JobState {
 }
 
 impl JobState {
-    pub const ALL: [JobState; 7] = [
+    pub const ALL: [JobState; 8] = [
         JobState::Scheduled,
+        JobState::Waiting,
         JobState::Queued,
         JobState::Running,
         JobState::Succeeded,
@@ -49,6 +53,7 @@ impl JobState {
     pub fn as_str(self) -> &'static str {
         match self {
             JobState::Scheduled => "scheduled",
+            JobState::Waiting => "waiting",
             JobState::Queued => "queued",
             JobState::Running => "running",
             JobState::Succeeded => "succeeded",
@@ -81,7 +86,7 @@ impl FromStr for JobState {
             .find(|st| st.as_str() == s)
             .ok_or_else(|| {
                 format!(
-                    "unknown state '{s}'; expected one of scheduled, queued, running, succeeded, failed, dead, cancelled"
+                    "unknown state '{s}'; expected one of scheduled, waiting, queued, running, succeeded, failed, dead, cancelled"
                 )
             })
     }
@@ -247,6 +252,13 @@ pub struct Job {
     /// [`crate::transition::start`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<String>,
+    /// The workflow this job is a step of: its id, the step's name, its parents' job ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<crate::workflow::StepLink>,
+    /// A workflow step's parents by step name (id, task, state, result, error), as they were
+    /// when the step became runnable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parents: Option<std::collections::BTreeMap<String, crate::workflow::ParentRun>>,
 }
 
 /// Checks a callback or webhook URL: `http` or `https`, a host, at most 2048 bytes.

@@ -80,6 +80,7 @@ pub mod tls;
 pub mod transition;
 pub mod validate;
 pub mod worker;
+pub mod workflow;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;

@@ -125,6 +125,7 @@ mod tests {
                 assert!(m.name.starts_with(&format!("{n:04}_")), "{}", m.name);
                 assert!(!m.sql.trim().is_empty(), "{}", m.name);
             }
+            assert_eq!(list.first().map(|m| m.version), Some(1));
         }
     }
 

@@ -47,6 +47,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0005_schedules",
         sql: include_str!("sqlite/migrations/0005_schedules.sql"),
     },
+    Migration {
+        version: 7,
+        name: "0007_workflows",
+        sql: include_str!("sqlite/migrations/0007_workflows.sql"),
+    },
 ];
 
 /// An open database file.

@@ -310,6 +310,17 @@ impl Context {
         self.job.id
     }
 
+    /// A workflow step's parents by step name (id, task, state, result, error), as committed
+    /// when this step became runnable; empty for a job that is not a workflow step.
+    pub fn parents(&self) -> std::collections::BTreeMap<String, crate::workflow::ParentRun> {
+        self.job.parents.clone().unwrap_or_default()
+    }
+
+    /// The workflow this job is a step of, with its step name and parents' job ids.
+    pub fn workflow(&self) -> Option<&crate::workflow::StepLink> {
+        self.job.workflow.as_ref()
+    }
+
     /// The key to hand to external systems (e.g. an `Idempotency-Key` header): the job id, the
     /// same on every delivery and every retry of this job.
     pub fn idempotency_key(&self) -> String {

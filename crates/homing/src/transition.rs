@@ -210,7 +210,9 @@ pub enum Start {
 /// `scheduled` with `scheduled_at` (absent = 0) `<= now`). The SQLite store's one-statement fast
 /// path is that condition as a WHERE clause; a test there checks it against this function.
 pub fn start(job: &Job, now: Micros) -> Start {
-    if job.state.is_terminal() || job.state == JobState::Running {
+    // A waiting workflow step is never published; a stray message for one (an operator's
+    // republish) is acknowledged, and the step is published when it becomes runnable.
+    if job.state.is_terminal() || matches!(job.state, JobState::Running | JobState::Waiting) {
         return Start::Skip(job.state);
     }
     if job.state == JobState::Scheduled {
@@ -344,7 +346,7 @@ pub enum Cancel {
 
 pub fn cancel(job: &Job) -> Cancel {
     match job.state {
-        JobState::Queued | JobState::Scheduled => Cancel::Now,
+        JobState::Queued | JobState::Scheduled | JobState::Waiting => Cancel::Now,
         JobState::Running => Cancel::Request,
         _ => Cancel::Refuse("a finished job cannot be cancelled"),
     }
@@ -391,6 +393,8 @@ pub(crate) fn sample_job(state: JobState) -> Job {
         schedule: None,
         scheduled_tick: None,
         unreadable: Vec::new(),
+        workflow: None,
+        parents: None,
     }
 }
 
@@ -438,6 +442,7 @@ mod tests {
             (Scheduled, due, 0, true, Start::Dead(bad.clone())),
             (Running, None, 0, false, Start::Skip(Running)),
             (Running, None, 3, true, Start::Skip(Running)),
+            (Waiting, None, 0, false, Start::Skip(Waiting)),
             (Succeeded, None, 0, false, Start::Skip(Succeeded)),
             (Failed, None, 0, true, Start::Skip(Failed)),
             (Dead, None, 3, false, Start::Skip(Dead)),
@@ -688,6 +693,7 @@ mod tests {
         for (state, c, r) in [
             (Scheduled, Cancel::Now, false),
             (Queued, Cancel::Now, false),
+            (Waiting, Cancel::Now, false),
             (Running, Cancel::Request, false),
             (
                 Succeeded,

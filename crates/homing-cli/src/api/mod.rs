@@ -9,6 +9,7 @@ mod metrics;
 pub mod schedules;
 mod remote;
 mod status;
+mod workflows;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
@@ -77,6 +78,12 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/v1/jobs/{id}/retry", post(jobs::retry))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(events::stream))
+        .route(
+            "/v1/workflows",
+            post(workflows::create).get(workflows::list),
+        )
+        .route("/v1/workflows/{id}", get(workflows::get))
+        .route("/v1/workflows/{id}/cancel", post(workflows::cancel))
         .route("/v1/queues", get(status::queues))
         .route("/v1/workers", get(status::workers))
         .route("/v1/schedules", get(schedules::list))

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use super::open;
-use crate::cli::{Global, JobsCommand, OutputArgs, WorkersArgs};
+use crate::cli::{Global, JobsCommand, OutputArgs, WorkersArgs, WorkflowsCommand};
 use crate::{output, tasks, views};
 use homing::store::{JobFilter, WorkerStatus};
 use homing::time::rfc3339;
@@ -12,6 +12,83 @@ use homing::{Client, JobId, JobState};
 fn parse_id(s: &str) -> anyhow::Result<JobId> {
     s.parse()
         .map_err(|_| anyhow::anyhow!("'{s}' is not a job id (a UUID)"))
+}
+
+fn print_workflow(w: &homing::workflow::Workflow, out: &OutputArgs) {
+    if out.json {
+        output::json(w);
+        return;
+    }
+    println!("workflow {} ({}): {}", w.id, w.name, w.state);
+    let rows = w
+        .steps
+        .iter()
+        .map(|(name, s)| {
+            vec![
+                name.clone(),
+                s.job.to_string(),
+                s.task.clone(),
+                s.state.to_string(),
+                s.after.join(","),
+                s.run_on.as_str().to_string(),
+            ]
+        })
+        .collect();
+    output::table(&["step", "job", "task", "state", "after", "run_on"], rows);
+}
+
+pub async fn workflows(g: &Global, cmd: WorkflowsCommand) -> anyhow::Result<ExitCode> {
+    let b = open(g, false).await?;
+    let client = Client::new(b.broker.clone(), b.store.clone())
+        .with_registry(tasks::registry(&crate::pipelines::for_routing()));
+    let wf_id = |s: &str| -> anyhow::Result<homing::workflow::WorkflowId> {
+        s.parse()
+            .map_err(|_| anyhow::anyhow!("'{s}' is not a workflow id (a UUID)"))
+    };
+    match cmd {
+        WorkflowsCommand::Create { file } => {
+            let text = if file == "-" {
+                std::io::read_to_string(std::io::stdin())?
+            } else {
+                std::fs::read_to_string(&file)
+                    .map_err(|e| anyhow::anyhow!("cannot read {file}: {e}"))?
+            };
+            let spec: homing::workflow::WorkflowSpec = serde_json::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("{file} is not a workflow: {e}"))?;
+            output::json(&client.create_workflow(spec).await?);
+        }
+        WorkflowsCommand::Get { id, out } => {
+            print_workflow(&client.workflow(wf_id(&id)?).await?, &out)
+        }
+        WorkflowsCommand::Cancel { id, out } => {
+            print_workflow(&client.cancel_workflow(wf_id(&id)?).await?, &out)
+        }
+        WorkflowsCommand::List { limit, cursor, out } => {
+            let page = client.workflows(cursor.as_deref(), limit).await?;
+            if out.json {
+                output::json(&page);
+            } else {
+                let rows = page
+                    .workflows
+                    .iter()
+                    .map(|w| {
+                        vec![
+                            w.id.to_string(),
+                            w.name.clone(),
+                            w.state.to_string(),
+                            w.steps.len().to_string(),
+                            rfc3339(w.created_at),
+                        ]
+                    })
+                    .collect();
+                output::table(&["id", "name", "state", "steps", "created"], rows);
+                if let Some(c) = page.next_cursor {
+                    println!("more: --cursor {c}");
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn jobs(g: &Global, cmd: JobsCommand) -> anyhow::Result<ExitCode> {

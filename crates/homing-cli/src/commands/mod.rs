@@ -56,6 +56,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Worker(a) => serve::worker(&g, a).await,
         Command::Enqueue(a) => enqueue::run(&g, a).await,
         Command::Jobs { command } => inspect::jobs(&g, command).await,
+        Command::Workflows { command } => inspect::workflows(&g, command).await,
         Command::Queues(a) => inspect::queues(&g, a).await,
         Command::Workers(a) => inspect::workers(&g, a).await,
         Command::Schedules { command } => schedules::run(&g, command).await,

@@ -221,7 +221,9 @@ function renderDetail(job) {
       ...kv('epoch', job.epoch), ...kv('worker', job.worker || '—'),
       ...kv('idempotency key', job.idempotency_key || '—'),
       ...kv('callback', job.callback_url || '—'),
-      ...kv('cancel requested', job.cancel_requested ? 'yes' : 'no')),
+      ...kv('cancel requested', job.cancel_requested ? 'yes' : 'no'),
+      ...(job.workflow ? kv('workflow', el('a', { href: '#/workflows/' + job.workflow.id },
+        'step ' + job.workflow.step + ' of ' + shortId(job.workflow.id))) : [])),
     el('h3', {}, 'Progress'), progress,
     el('h3', {}, 'Timeline'),
     el('ol', { class: 'timeline' }, ...timeline.map(([what, t]) => el('li', {}, el('b', {}, what), ' ' + t + ' (' + ago(t) + ')'))),
@@ -230,6 +232,64 @@ function renderDetail(job) {
     job.error ? el('pre', { class: 'error' }, job.error) : pre(job.result),
   );
   d.hidden = false;
+}
+
+function shortId(id) {
+  return id.slice(0, 8) + '…' + id.slice(-4);
+}
+
+function renderWorkflows(page) {
+  fill('workflows', (page.workflows || []).map((w) => el('tr', { dataset: { workflow: w.id, state: w.state } },
+    el('td', { class: 'mono' }, el('a', { href: '#/workflows/' + w.id }, shortId(w.id))),
+    el('td', {}, w.name),
+    el('td', { class: 'state' }, stateBadge(w.state)),
+    el('td', { class: 'num' }, Object.keys(w.steps).length),
+    el('td', {}, ago(w.created_at)),
+  )), 'no workflows yet');
+}
+
+// A workflow's steps as a table: each step's state, its parents, and a link to its job.
+function renderWorkflow(w) {
+  const d = $('#workflow-detail');
+  if (!w) { d.hidden = true; d.replaceChildren(); return; }
+  const rows = Object.entries(w.steps).map(([name, s]) => el('tr', { dataset: { step: name, state: s.state } },
+    el('td', {}, name),
+    el('td', { class: 'mono' }, el('a', { href: '#/jobs/' + s.job }, shortId(s.job))),
+    el('td', {}, s.task),
+    el('td', { class: 'state' }, stateBadge(s.state)),
+    el('td', {}, s.after.length ? s.after.join(', ') : '—'),
+    el('td', {}, s.run_on),
+    el('td', {}, s.error || ''),
+  ));
+  const cancel = w.state === 'running'
+    ? el('button', { onclick: () => actWorkflow(w.id) }, 'cancel workflow') : '';
+  d.replaceChildren(
+    el('div', { class: 'detail-head' },
+      el('h2', {}, 'Workflow ', el('span', {}, w.name), ' ', el('span', { class: 'mono' }, w.id)),
+      stateBadge(w.state),
+      el('span', { class: 'actions' }, cancel),
+      el('a', { href: '#/', class: 'close' }, 'close ✕')),
+    el('table', { id: 'workflow-steps' },
+      el('thead', {}, el('tr', {}, ...['step', 'job', 'task', 'state', 'after', 'run on', 'error'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, ...rows)),
+  );
+  d.hidden = false;
+}
+
+async function actWorkflow(id) {
+  try {
+    await api('/v1/workflows/' + id + '/cancel', { method: 'POST' });
+    flash('workflow cancelled');
+  } catch (e) {
+    if (e instanceof Unauthorized) return showLogin();
+    flash('cancel failed: ' + e.message);
+  }
+  refresh();
+}
+
+function routeWorkflow() {
+  const m = location.hash.match(/^#\/workflows\/([0-9a-f-]{36})$/);
+  return m ? m[1] : null;
 }
 
 function jobsQuery() {
@@ -248,10 +308,13 @@ async function refresh() {
   clearTimeout(timer);
   try {
     const detailId = routeJob();
-    const [q, w, j, d, sch] = await Promise.all([
+    const workflowId = routeWorkflow();
+    const [q, w, j, d, sch, wfs, wf] = await Promise.all([
       api('/v1/queues'), api('/v1/workers'), api(jobsQuery()),
       detailId ? api('/v1/jobs/' + detailId) : Promise.resolve(null),
       api('/v1/schedules'),
+      api('/v1/workflows?limit=10'),
+      workflowId ? api('/v1/workflows/' + workflowId) : Promise.resolve(null),
     ]);
     $('#login').hidden = true;
     $('#app').hidden = false;
@@ -261,6 +324,8 @@ async function refresh() {
     renderSchedules(sch.schedules || []);
     renderJobs(j);
     renderDetail(d);
+    renderWorkflows(wfs);
+    renderWorkflow(wf);
     const s = $('#status');
     s.textContent = 'updated ' + new Date().toLocaleTimeString();
     s.className = 'status ok';

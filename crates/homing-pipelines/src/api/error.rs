@@ -77,7 +77,7 @@ impl From<homing::Error> for ApiError {
     fn from(e: homing::Error) -> Self {
         use homing::Error as E;
         match &e {
-            E::NotFound(_) => Self::not_found(e.to_string()),
+            E::NotFound(_) | E::WorkflowNotFound(_) => Self::not_found(e.to_string()),
             E::Invalid(m) => Self::bad_request(m.clone()),
             E::Conflict { .. } => Self::new(StatusCode::CONFLICT, "conflict", e.to_string()),
             E::Unavailable { backend, .. } => {

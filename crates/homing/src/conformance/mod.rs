@@ -10,6 +10,7 @@ pub mod poison;
 pub mod queues;
 pub mod schedules;
 pub mod store;
+pub mod workflows;
 
 pub use poison::{Poisonable, Tamper};
 

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use super::workflows::*;
 use super::{new_job, unique_queue};
 use crate::job::{FollowUp, JobState};
 use crate::store::*;
@@ -26,7 +27,11 @@ macro_rules! store_conformance {
             batches_decide_as_one_by_one, purge_deletes_only_old_history,
             schedules_are_set_read_paused_and_deleted, schedule_ticks_get_one_job_each,
             completions_record_their_epoch, running_under_lists_one_workers_jobs,
-            remote_worker_info_round_trips
+            remote_worker_info_round_trips,
+            workflow_step_runs_once_after_its_parents,
+            workflow_failure_cancels_dependents_but_not_finalisers,
+            workflow_last_parents_racing_ready_the_step_once,
+            workflow_cancel_reaches_every_unfinished_step
         );
     };
 }

@@ -9,9 +9,12 @@
 //!   its data, and recovers running jobs whose worker and message are both gone.
 //! - [`pruner`]: deletes finished jobs, delivered events, departed workers and dead letters
 //!   older than the retention period.
+//! - [`listener`]: publishes at once the jobs other parties enqueued straight into the store
+//!   (transactional enqueue, `homing_enqueue`), when the store can signal them (PostgreSQL).
 //! - [`notifier`]: fans pending events out into webhook deliveries (started separately, by
 //!   the processes that hold the webhook configuration).
 
+pub mod listener;
 pub mod notifier;
 pub mod periodic;
 pub mod pruner;
@@ -107,6 +110,7 @@ impl Maintenance {
                 config.schedule_interval.max(Duration::from_millis(250)),
                 stop.clone(),
             )),
+            tokio::spawn(listener::run(broker.clone(), store.clone(), stop.clone())),
             tokio::spawn(reconciler::run(broker, store, config, stop.clone())),
         ];
         tasks.extend(pruner);

@@ -26,6 +26,7 @@ use crate::error::Result;
 use crate::events::{Event, NewEvent, Subscriber};
 use crate::job::{Job, JobId, JobState, NewJob};
 use crate::time::Micros;
+use crate::workflow::{NewWorkflow, Workflow, WorkflowId, WorkflowPage};
 
 /// A job that must be (re)published to the broker.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -305,6 +306,8 @@ pub(crate) fn buried_job(
         callback_url,
         schedule: None,
         scheduled_tick: None,
+        workflow: None,
+        parents: None,
         unreadable: vec![
             "made dead as a last resort: only id, task, queue, worker and callback_url were read"
                 .into(),
@@ -580,6 +583,37 @@ pub trait Store: Send + Sync + 'static {
 
     /// Of these jobs, the ones with a cancel request.
     async fn cancel_requested(&self, ids: &[JobId]) -> Result<Vec<JobId>>;
+
+    /// Waits until another party may have enqueued jobs left undispatched for homing to publish
+    /// (PostgreSQL: a NOTIFY on `homing_jobs`, sent by `homing_enqueue`, transactional enqueue
+    /// and workflow steps made runnable), and at once after (re)connecting, since signals sent
+    /// while nobody listened are lost. `Ok(false)` at once when this store has no such signal
+    /// (the reconciler's sweep is then the only publisher of those jobs).
+    async fn wait_enqueued(&self) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Creates a workflow (docs/workflows.md): its row and every step's job, those without
+    /// parents `queued` (undispatched: the caller publishes them), the others `waiting`.
+    /// Whenever a step reaches a terminal state, [`crate::workflow::settle`] decides its
+    /// workflow's waiting steps in that same transaction (every transition above does it), so a
+    /// step becomes runnable exactly once.
+    ///
+    /// Crash contract: one transaction: the whole workflow exists, or nothing of it.
+    async fn create_workflow(&self, wf: NewWorkflow) -> Result<Vec<Inserted>>;
+
+    /// A workflow with its steps' states.
+    async fn workflow(&self, id: WorkflowId) -> Result<Option<Workflow>>;
+
+    /// Workflows, newest first, at most `limit`, after `cursor` (a workflow id).
+    async fn workflows(&self, cursor: Option<&str>, limit: usize) -> Result<WorkflowPage>;
+
+    /// Cancels a workflow: its waiting, queued and scheduled steps become `cancelled` (none is
+    /// made runnable by it, `run_on: any` finalisers included), running ones get a cancel
+    /// request. `None` for an unknown workflow.
+    ///
+    /// Crash contract: one transaction, deciding on the workflow's locked steps.
+    async fn cancel_workflow(&self, id: WorkflowId, now: Micros) -> Result<Option<Workflow>>;
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>>;
 

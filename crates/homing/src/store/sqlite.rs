@@ -45,7 +45,7 @@ impl SqliteStore {
 const COLUMNS: &str = "id, task, queue, state, args, result, error, attempts, crashes, epoch, \
     max_retries, max_crashes, retry_policy, time_limit_ms, idempotency_key, progress, worker, \
     created_at, scheduled_at, started_at, finished_at, cancel_requested, on_success, on_failure, \
-    callback_url";
+    callback_url, workflow, parents";
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(format!("corrupt {what}: {e}").into())
@@ -125,6 +125,8 @@ fn row_to_job(row: &Row<'_>) -> rusqlite::Result<Job> {
     let progress = json_col(row, 15, "progress", &mut bad)?;
     let on_success = json_col(row, 22, "on_success", &mut bad)?;
     let on_failure = json_col(row, 23, "on_failure", &mut bad)?;
+    let workflow = json_col(row, 25, "workflow", &mut bad)?;
+    let parents = json_col(row, 26, "parents", &mut bad)?;
     let mut job = Job {
         id: id.parse().map_err(|e| corrupt("job id", e))?,
         task: text_lossy(row, 1)?.unwrap_or_default(),
@@ -155,6 +157,8 @@ fn row_to_job(row: &Row<'_>) -> rusqlite::Result<Job> {
         schedule: None,
         scheduled_tick: None,
         unreadable: bad,
+        workflow,
+        parents,
     };
     (job.schedule, job.scheduled_tick) = crate::schedule::tick_of(job.idempotency_key.as_deref());
     Ok(job)
@@ -307,7 +311,7 @@ fn write_change(
             vals.push(Box::new(epoch as i64));
             sql += &format!(" AND state = 'running' AND epoch = ?{}", vals.len());
         }
-        Guard::NotStarted => sql += " AND state IN ('queued', 'scheduled')",
+        Guard::NotStarted => sql += " AND state IN ('queued', 'scheduled', 'waiting')",
         Guard::Owner(worker) => {
             vals.push(Box::new(worker));
             sql += &format!(" AND state = 'running' AND worker = ?{}", vals.len());
@@ -351,7 +355,104 @@ fn write_effects(
             });
         }
     }
+    if let (true, Some(link)) = (after.state.is_terminal(), &after.workflow) {
+        publish.extend(settle_in(tx, &link.id.to_string(), now)?);
+    }
     Ok(publish)
+}
+
+/// A workflow's steps, as jobs.
+fn workflow_jobs(tx: &rusqlite::Connection, workflow: &str) -> rusqlite::Result<Vec<Job>> {
+    tx.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM jobs WHERE workflow_id = ?1 ORDER BY id"
+    ))?
+    .query_map([workflow], row_to_job)?
+    .collect()
+}
+
+/// Applies [`crate::workflow::settle`] to a workflow whose step just reached a terminal state,
+/// in that transition's transaction (SQLite's one writer makes the read and the writes atomic):
+/// steps made runnable are returned to publish, cancelled ones get their callback event.
+fn settle_in(
+    tx: &Transaction<'_>,
+    workflow: &str,
+    now: Micros,
+) -> rusqlite::Result<Vec<ToPublish>> {
+    use crate::workflow::Settle;
+    let steps = workflow_jobs(tx, workflow)?;
+    let decided = crate::workflow::settle(&steps);
+    let mut publish = Vec::new();
+    for d in &decided {
+        match d {
+            Settle::Ready { id, parents } => {
+                let queue: Option<String> = tx
+                    .prepare_cached(
+                        "UPDATE jobs SET state = 'queued', dispatched = 0, parents = ?2, \
+                         updated_at = ?3 WHERE id = ?1 AND state = 'waiting' RETURNING queue",
+                    )?
+                    .query_row(params![id.to_string(), to_json(parents), now], |r| r.get(0))
+                    .optional()?;
+                if let Some(queue) = queue {
+                    publish.push(ToPublish { id: *id, queue });
+                }
+            }
+            Settle::Cancel { id } => {
+                let change = Change {
+                    error: Some(Some(crate::workflow::cancel_reason(&steps, *id, &decided))),
+                    ..Change::cancelled()
+                };
+                if let Some(after) = write_change(tx, &id.to_string(), Guard::Any, &change, now)? {
+                    if transition::effects_after(&after, now).event {
+                        if let Some(ev) = NewEvent::for_terminal(&after) {
+                            insert_event(tx, &ev, now)?;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(publish)
+}
+
+/// Settles the workflow of job `id`, if it has one (after a last-resort [`bury`], which reads
+/// nothing it could decide on).
+fn settle_job_workflow(tx: &Transaction<'_>, id: &str, now: Micros) -> rusqlite::Result<()> {
+    let wf: Option<Option<String>> = tx
+        .prepare_cached("SELECT workflow_id FROM jobs WHERE id = ?1")?
+        .query_row([id], |r| r.get(0))
+        .optional()?;
+    if let Some(Some(wf)) = wf {
+        settle_in(tx, &wf, now)?;
+    }
+    Ok(())
+}
+
+/// The stored row of a workflow: name, created_at, cancelled_at.
+fn workflow_row(
+    c: &rusqlite::Connection,
+    id: &str,
+) -> rusqlite::Result<Option<(String, Micros, Option<Micros>)>> {
+    c.prepare_cached("SELECT name, created_at, cancelled_at FROM workflows WHERE id = ?1")?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()
+}
+
+fn read_workflow(
+    c: &rusqlite::Connection,
+    id: crate::workflow::WorkflowId,
+) -> rusqlite::Result<Option<crate::workflow::Workflow>> {
+    let sid = id.to_string();
+    let Some((name, created_at, cancelled_at)) = workflow_row(c, &sid)? else {
+        return Ok(None);
+    };
+    let jobs = workflow_jobs(c, &sid)?;
+    Ok(Some(crate::workflow::Workflow::from_parts(
+        id,
+        name,
+        created_at,
+        cancelled_at,
+        &jobs,
+    )))
 }
 
 /// A decided change with its event and follow-up, in the caller's transaction.
@@ -402,7 +503,7 @@ fn bury(
             vals.push(Box::new(epoch as i64));
             ", completed_epoch = epoch WHERE id = ?1 AND state = 'running' AND epoch = ?4"
         }
-        Guard::NotStarted => " WHERE id = ?1 AND state IN ('queued', 'scheduled')",
+        Guard::NotStarted => " WHERE id = ?1 AND state IN ('queued', 'scheduled', 'waiting')",
         Guard::Owner(worker) => {
             vals.push(Box::new(worker));
             " WHERE id = ?1 AND state = 'running' AND worker = ?4"
@@ -439,6 +540,7 @@ fn bury(
     if let Some(ev) = NewEvent::for_terminal(&job) {
         insert_event(tx, &ev, now)?;
     }
+    settle_job_workflow(tx, id, now)?;
     Ok(Some(job))
 }
 
@@ -1136,6 +1238,134 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn create_workflow(&self, wf: NewWorkflow) -> Result<Vec<Inserted>> {
+        let max_queues = self.max_queues;
+        self.db
+            .write(move |tx| {
+                let jobs: Vec<NewJob> = wf.steps.iter().map(|(j, _)| j.clone()).collect();
+                super::queues::admit_sqlite(tx, &jobs, max_queues, crate::time::now())?;
+                tx.execute(
+                    "INSERT INTO workflows (id, name, created_at) VALUES (?1, ?2, ?3)",
+                    params![wf.id.to_string(), wf.name, wf.created_at],
+                )?;
+                let mut out = Vec::with_capacity(wf.steps.len());
+                for (job, link) in &wf.steps {
+                    let mut ins = insert_one(tx, job)?;
+                    let waiting = !link.after.is_empty();
+                    tx.prepare_cached(
+                        "UPDATE jobs SET workflow_id = ?2, workflow = ?3, \
+                         state = CASE WHEN ?4 THEN 'waiting' ELSE state END WHERE id = ?1",
+                    )?
+                    .execute(params![
+                        job.id.to_string(),
+                        wf.id.to_string(),
+                        to_json(link),
+                        waiting
+                    ])?;
+                    if waiting {
+                        ins.state = JobState::Waiting;
+                    }
+                    out.push(ins);
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn workflow(&self, id: crate::workflow::WorkflowId) -> Result<Option<Workflow>> {
+        self.db.read(move |c| read_workflow(c, id)).await
+    }
+
+    async fn workflows(&self, cursor: Option<&str>, limit: usize) -> Result<WorkflowPage> {
+        let cursor = match cursor {
+            Some(c) => Some(
+                c.parse::<crate::workflow::WorkflowId>()
+                    .map_err(|_| Error::Invalid(format!("invalid cursor '{c}'")))?
+                    .to_string(),
+            ),
+            None => None,
+        };
+        let limit = limit.clamp(1, 200);
+        self.db
+            .read(move |c| {
+                let ids: Vec<String> = c
+                    .prepare_cached(
+                        "SELECT id FROM workflows WHERE ?1 IS NULL OR id < ?1 \
+                         ORDER BY id DESC LIMIT ?2",
+                    )?
+                    .query_map(params![cursor, limit as i64 + 1], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?;
+                let more = ids.len() > limit;
+                let mut workflows = Vec::new();
+                for id in ids.into_iter().take(limit) {
+                    let id = parse_id(id)?;
+                    if let Some(w) = read_workflow(c, id)? {
+                        workflows.push(w);
+                    }
+                }
+                let next_cursor = if more {
+                    workflows.last().map(|w| w.id.to_string())
+                } else {
+                    None
+                };
+                Ok(WorkflowPage {
+                    workflows,
+                    next_cursor,
+                })
+            })
+            .await
+    }
+
+    async fn cancel_workflow(
+        &self,
+        id: crate::workflow::WorkflowId,
+        now: Micros,
+    ) -> Result<Option<Workflow>> {
+        self.db
+            .write(move |tx| {
+                let sid = id.to_string();
+                if workflow_row(tx, &sid)?.is_none() {
+                    return Ok(None);
+                }
+                tx.execute(
+                    "UPDATE workflows SET cancelled_at = COALESCE(cancelled_at, ?2) WHERE id = ?1",
+                    params![sid, now],
+                )?;
+                // Waiting steps first, without settling: no finaliser may be made runnable by
+                // its parents' cancellation.
+                let steps = workflow_jobs(tx, &sid)?;
+                for j in steps.iter().filter(|j| j.state == JobState::Waiting) {
+                    let change = Change::cancelled();
+                    if let Some(after) =
+                        write_change(tx, &j.id.to_string(), Guard::Any, &change, now)?
+                    {
+                        if let Some(ev) = NewEvent::for_terminal(&after)
+                            .filter(|_| transition::effects_after(&after, now).event)
+                        {
+                            insert_event(tx, &ev, now)?;
+                        }
+                    }
+                }
+                for j in steps.iter().filter(|j| j.state != JobState::Waiting) {
+                    let jid = j.id.to_string();
+                    match transition::cancel(j) {
+                        transition::Cancel::Now => {
+                            transit(tx, &jid, Guard::Any, &Change::cancelled(), now)?;
+                        }
+                        transition::Cancel::Request => {
+                            tx.execute(
+                                "UPDATE jobs SET cancel_requested = 1, updated_at = ?2 WHERE id = ?1",
+                                params![jid, now],
+                            )?;
+                        }
+                        transition::Cancel::Refuse(_) => {}
+                    }
+                }
+                read_workflow(tx, id)
+            })
+            .await
+    }
+
     async fn queue_stats(&self) -> Result<Vec<QueueStats>> {
         self.db
             .read(|c| {
@@ -1484,7 +1714,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(checked, 7 * 4 * 4);
+        assert_eq!(checked, JobState::ALL.len() * 4 * 4);
     }
 }
 

@@ -454,6 +454,8 @@ mod tests {
             schedule: None,
             scheduled_tick: None,
             unreadable: Vec::new(),
+            workflow: None,
+            parents: None,
         }
     }
 

@@ -337,3 +337,53 @@ pub fn check_ticks(jobs: &[Job], until: Micros) -> Ticks {
     }
     out
 }
+
+/// Workflows (docs/workflows.md): each step has at most one applied terminal commit (checked
+/// above with every job), and each final step exactly one, made after every parent's: it
+/// started after each parent finished, and its handler was first called after each parent's
+/// last call.
+pub fn check_workflows(
+    workflows: &[super::load::FanIn],
+    jobs: &[Job],
+    calls: &HashMap<String, Vec<Micros>>,
+    logs: &LogFacts,
+) -> Vec<String> {
+    let by_id: HashMap<JobId, &Job> = jobs.iter().map(|j| (j.id, j)).collect();
+    let mut out = Vec::new();
+    for w in workflows {
+        let key = w.last.to_string();
+        let Some(last) = by_id.get(&w.last) else {
+            out.push(format!("workflow final step {key}: not in the store"));
+            continue;
+        };
+        let commits = logs.applied.get(&key).map_or(0, Vec::len);
+        if last.state == JobState::Succeeded && commits != 1 {
+            out.push(format!(
+                "workflow final step {key}: {commits} applied terminal commits in the logs, not exactly one"
+            ));
+        }
+        let first_call = calls.get(&key).and_then(|v| v.first()).copied();
+        for p in &w.parents {
+            let Some(parent) = by_id.get(p) else { continue };
+            if let (Some(fin), Some(started)) = (parent.finished_at, last.started_at) {
+                if started < fin {
+                    out.push(format!(
+                        "workflow final step {key} started before its parent {p} finished"
+                    ));
+                }
+            }
+            let parent_last = calls.get(&p.to_string()).and_then(|v| v.last()).copied();
+            if let (Some(pc), Some(fc)) = (parent_last, first_call) {
+                if fc < pc {
+                    out.push(format!(
+                        "workflow final step {key} was called before its parent {p}'s last call"
+                    ));
+                }
+            }
+        }
+        if out.len() >= MAX_LISTED {
+            break;
+        }
+    }
+    out
+}

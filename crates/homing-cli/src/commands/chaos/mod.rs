@@ -232,9 +232,9 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     let _ = load_task.await;
     let _ = hostile_task.await;
     let load_s = t0.elapsed().as_secs_f64();
-    let (ids, enqueue_errors) = {
+    let (ids, enqueue_errors, workflows) = {
         let g = accepted.lock().unwrap_or_else(|p| p.into_inner());
-        (g.ids.clone(), g.enqueue_errors)
+        (g.ids.clone(), g.enqueue_errors, g.workflows.clone())
     };
     if !a.json {
         eprintln!(
@@ -261,7 +261,9 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     logs.push(d.dir.join("server.log"));
     let facts = invariants::read_logs(&logs);
     let settle = homing::time::micros(ttl + Duration::from_secs(3));
-    let f = invariants::check(&ids, &jobs, &counter.snapshot(), &facts, &injected, settle);
+    let calls = counter.snapshot();
+    let f = invariants::check(&ids, &jobs, &calls, &facts, &injected, settle);
+    let workflow_violations = invariants::check_workflows(&workflows, &jobs, &calls, &facts);
     counter.shutdown();
 
     let mut fault_counts: BTreeMap<String, usize> =
@@ -297,6 +299,10 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         .filter(|j| j.state == homing::JobState::Succeeded)
         .count();
     let mut violations = f.violations.clone();
+    violations.extend(workflow_violations);
+    if workflows.is_empty() && !ids.is_empty() {
+        violations.push("no workflow was created: the workflow load never ran".into());
+    }
     let hostile = std::mem::take(&mut *hostile_out.lock().unwrap_or_else(|p| p.into_inner()));
     violations.extend(hostile.violations.iter().take(20).cloned());
     violations.extend(hostile_stored.iter().take(20).cloned());

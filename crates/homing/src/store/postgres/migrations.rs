@@ -39,6 +39,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0005_schedules",
         sql: include_str!("migrations/0005_schedules.sql"),
     },
+    Migration {
+        version: 7,
+        name: "0007_workflows",
+        sql: include_str!("migrations/0007_workflows.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are

@@ -25,6 +25,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
@@ -69,6 +70,8 @@ pub struct PgStore {
     /// Distinct queue names enqueue accepts (`store::queues`).
     max_queues: u64,
     known_queues: crate::store::queues::KnownQueues,
+    /// The LISTEN connection of [`Store::wait_enqueued`], made on first use.
+    listener: Arc<tokio::sync::Mutex<Option<sqlx::postgres::PgListener>>>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -119,6 +122,7 @@ impl PgStore {
             target,
             max_queues: crate::store::queues::DEFAULT_MAX_QUEUES,
             known_queues: Default::default(),
+            listener: Arc::default(),
         })
     }
 
@@ -272,6 +276,8 @@ const COLUMNS: &[&str] = &[
     "on_success",
     "on_failure",
     "callback_url",
+    "workflow",
+    "parents",
 ];
 
 /// The job columns in `row_to_job`'s order, qualified with `alias` when it is not empty.
@@ -343,6 +349,8 @@ fn row_to_job(row: &PgRow) -> sqlx::Result<Job> {
     let progress = lenient_col(row, 15, "progress", &mut bad)?;
     let on_success = lenient_col(row, 22, "on_success", &mut bad)?;
     let on_failure = lenient_col(row, 23, "on_failure", &mut bad)?;
+    let workflow = lenient_col(row, 25, "workflow", &mut bad)?;
+    let parents = lenient_col(row, 26, "parents", &mut bad)?;
     let mut job = Job {
         id: row.try_get(0)?,
         task: row.try_get(1)?,
@@ -374,6 +382,8 @@ fn row_to_job(row: &PgRow) -> sqlx::Result<Job> {
         schedule: None,
         scheduled_tick: None,
         unreadable: bad,
+        workflow,
+        parents,
     };
     (job.schedule, job.scheduled_tick) = crate::schedule::tick_of(job.idempotency_key.as_deref());
     Ok(job)
@@ -841,7 +851,155 @@ async fn transit(
     if let Some(f) = fx.follow_up {
         insert_jobs(conn, &[f]).await?;
     }
+    if let (true, Some(link)) = (change.state.is_terminal(), &before.workflow) {
+        // Left undispatched like the follow-up: the listener (woken at commit) publishes them,
+        // the reconciler at the latest.
+        if !settle_tx(conn, link.id, now).await?.is_empty() {
+            notify_queued(conn).await?;
+        }
+    }
     Ok(())
+}
+
+/// Locks the workflows the jobs `ids` belong to, in id order. Every transaction that may end a
+/// workflow step takes these locks before its job rows (workflow, then jobs, each in id order),
+/// so two of them never deadlock, and two steps of one workflow ending at once are settled one
+/// after the other: the second sees the first's commit.
+async fn lock_workflows_of(conn: &mut PgConnection, ids: &[JobId]) -> sqlx::Result<()> {
+    let wfs: Vec<uuid::Uuid> = sqlx::query_scalar(
+        "SELECT DISTINCT workflow_id FROM homing_jobs WHERE id = ANY($1) \
+         AND workflow_id IS NOT NULL ORDER BY workflow_id",
+    )
+    .bind(lock_order(ids))
+    .fetch_all(&mut *conn)
+    .await?;
+    if !wfs.is_empty() {
+        sqlx::query("SELECT id FROM homing_workflows WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            .bind(&wfs)
+            .fetch_all(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// A workflow's steps, as jobs.
+async fn workflow_jobs(conn: &mut PgConnection, wf: uuid::Uuid) -> sqlx::Result<Vec<Job>> {
+    let sql = format!(
+        "SELECT {} FROM homing_jobs WHERE workflow_id = $1 ORDER BY id",
+        columns("")
+    );
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(wf)
+        .fetch_all(&mut *conn)
+        .await?
+        .iter()
+        .map(row_to_job)
+        .collect()
+}
+
+/// Applies [`crate::workflow::settle`] to workflow `wf` (whose step just reached a terminal
+/// state) in the caller's transaction, under the workflow's row lock: made-runnable steps are
+/// returned (left undispatched: the caller publishes them, or NOTIFYs the listeners),
+/// cancelled ones get their callback event.
+async fn settle_tx(
+    conn: &mut PgConnection,
+    wf: uuid::Uuid,
+    now: Micros,
+) -> sqlx::Result<Vec<ToPublish>> {
+    use crate::workflow::Settle;
+    // Read committed: this statement waits for a concurrent settler of the same workflow, and
+    // the read below (a new snapshot) sees what it committed.
+    sqlx::query("SELECT id FROM homing_workflows WHERE id = $1 FOR UPDATE")
+        .bind(wf)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let steps = workflow_jobs(conn, wf).await?;
+    let decided = crate::workflow::settle(&steps);
+    let mut publish = Vec::new();
+    for d in &decided {
+        match d {
+            Settle::Ready { id, parents } => {
+                let queue: Option<String> = sqlx::query_scalar(
+                    "UPDATE homing_jobs SET state = 'queued', dispatched = false, parents = $2, \
+                     updated_at = $3 WHERE id = $1 AND state = 'waiting' RETURNING queue",
+                )
+                .bind(id)
+                .bind(to_json(parents))
+                .bind(now)
+                .fetch_optional(&mut *conn)
+                .await?;
+                if let Some(queue) = queue {
+                    publish.push(ToPublish { id: *id, queue });
+                }
+            }
+            Settle::Cancel { id } => {
+                let change = Change {
+                    error: Some(Some(crate::workflow::cancel_reason(&steps, *id, &decided))),
+                    ..Change::cancelled()
+                };
+                if write_change(conn, *id, " AND state = 'waiting'", &change, now).await? {
+                    terminal_event(conn, *id, now).await?;
+                }
+            }
+        }
+    }
+    Ok(publish)
+}
+
+/// Transactional enqueue (docs/workflows.md): inserts jobs through the application's own
+/// connection, inside whatever transaction it has open, so they exist if and only if it
+/// commits. Queue names are admitted against `max_queues` as [`Store::insert`] does. The jobs
+/// are left undispatched; the NOTIFY (sent at commit only) wakes homing's listeners, which
+/// publish them at once, and the reconciler's sweep publishes them otherwise.
+pub async fn insert_in(
+    conn: &mut PgConnection,
+    jobs: Vec<NewJob>,
+    max_queues: u64,
+) -> Result<Vec<Inserted>> {
+    async {
+        crate::store::queues::admit_pg(&mut *conn, &jobs, max_queues, crate::time::now()).await?;
+        let out = insert_jobs(&mut *conn, &jobs).await?;
+        notify_queued(&mut *conn).await?;
+        Ok(out)
+    }
+    .await
+    .map_err(map_err)
+}
+
+/// The channel homing's listeners wait on; whoever makes a job queued and undispatched in a
+/// transaction NOTIFYs it (the SQL function `homing_enqueue` too).
+pub const JOBS_CHANNEL: &str = "homing_jobs";
+
+/// Wakes listeners (`homing_jobs` channel): a job became queued in this transaction and will be
+/// undispatched once it commits. Delivered only at commit, and only if it commits.
+async fn notify_queued(conn: &mut PgConnection) -> sqlx::Result<()> {
+    sqlx::query("SELECT pg_notify('homing_jobs', '')")
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+fn read_workflow_row(
+    r: Option<(String, i64, Option<i64>)>,
+    id: uuid::Uuid,
+    jobs: &[Job],
+) -> Option<Workflow> {
+    r.map(|(name, created_at, cancelled_at)| {
+        Workflow::from_parts(id, name, created_at, cancelled_at, jobs)
+    })
+}
+
+async fn read_workflow(conn: &mut PgConnection, id: uuid::Uuid) -> sqlx::Result<Option<Workflow>> {
+    let row: Option<(String, i64, Option<i64>)> =
+        sqlx::query_as("SELECT name, created_at, cancelled_at FROM homing_workflows WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    if row.is_none() {
+        return Ok(None);
+    }
+    let jobs = workflow_jobs(conn, id).await?;
+    Ok(read_workflow_row(row, id, &jobs))
 }
 
 /// The last resort for a job whose transition could not be written: `dead` with the reason and
@@ -857,7 +1015,7 @@ async fn bury(
 ) -> sqlx::Result<bool> {
     let mut tx = pool.begin().await?;
     let sql_guard = match guard {
-        BuryIf::NotStarted => " WHERE id = $1 AND state IN ('queued', 'scheduled')",
+        BuryIf::NotStarted => " WHERE id = $1 AND state IN ('queued', 'scheduled', 'waiting')",
         // A fenced write is a completion: remember its epoch (`Store::last_completion`).
         BuryIf::Fence(_) => {
             ", completed_epoch = epoch WHERE id = $1 AND state = 'running' AND epoch = $4"
@@ -888,6 +1046,17 @@ async fn bury(
     if let Some(ev) = NewEvent::for_terminal(&job) {
         insert_event(&mut tx, &ev, now).await?;
     }
+    let wf: Option<uuid::Uuid> =
+        sqlx::query_scalar("SELECT workflow_id FROM homing_jobs WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .flatten();
+    if let Some(wf) = wf {
+        if !settle_tx(&mut tx, wf, now).await?.is_empty() {
+            notify_queued(&mut tx).await?;
+        }
+    }
     tx.commit().await?;
     Ok(true)
 }
@@ -910,6 +1079,7 @@ async fn start_tx(
     now: Micros,
 ) -> sqlx::Result<Vec<StartOutcome>> {
     let mut tx = pool.begin().await?;
+    lock_workflows_of(&mut tx, ids).await?;
     let mut jobs = lock_jobs(&mut tx, ids).await?;
     enum Decision {
         Done(StartOutcome),
@@ -981,7 +1151,11 @@ async fn complete_tx(
 ) -> sqlx::Result<Vec<Committed>> {
     let mut tx = pool.begin().await?;
     let ids: Vec<JobId> = done.iter().map(|c| c.id).collect();
+    lock_workflows_of(&mut tx, &ids).await?;
     let mut jobs = lock_jobs(&mut tx, &ids).await?;
+    // The workflows whose step this batch ends, each with the first such completion, which
+    // carries the steps made runnable.
+    let mut workflows: Vec<(uuid::Uuid, usize)> = Vec::new();
     let mut out = Vec::with_capacity(done.len());
     // Successes are the bulk of every batch: they are written together in one statement.
     let mut ok_ids = Vec::new();
@@ -1026,6 +1200,11 @@ async fn complete_tx(
             follow_ups.push((out.len(), f));
         }
         applied.push(job.id);
+        if let (true, Some(link)) = (change.state.is_terminal(), &job.workflow) {
+            if !workflows.iter().any(|(w, _)| *w == link.id) {
+                workflows.push((link.id, out.len()));
+            }
+        }
         // A second completion of the same run in this batch must find it no longer running.
         *job = change.apply(job, now);
         out.push(Committed::Applied {
@@ -1068,12 +1247,20 @@ async fn complete_tx(
             }
         }
     }
+    workflows.sort();
+    for (wf, idx) in workflows {
+        let ready = settle_tx(&mut tx, wf, now).await?;
+        if let Committed::Applied { dispatch, .. } = &mut out[idx] {
+            dispatch.extend(ready);
+        }
+    }
     tx.commit().await?;
     Ok(out)
 }
 
 async fn mark_lost_tx(pool: &PgPool, id: JobId, worker: &str, now: Micros) -> sqlx::Result<Lost> {
     let mut tx = pool.begin().await?;
+    lock_workflows_of(&mut tx, &[id]).await?;
     // The row lock is what makes concurrent rescuers count one crash: the second one waits here
     // and then sees the job no longer running under `worker`.
     let Some(job) = get_job(&mut tx, id, true).await? else {
@@ -1423,6 +1610,7 @@ impl Store for PgStore {
     async fn mark_dead(&self, id: JobId, reason: &str, now: Micros) -> Result<bool> {
         self.call(async {
             let mut tx = self.pool.begin().await?;
+            lock_workflows_of(&mut tx, &[id]).await?;
             let Some(job) = get_job(&mut tx, id, true).await? else {
                 return Ok(false);
             };
@@ -1542,6 +1730,7 @@ impl Store for PgStore {
     async fn cancel(&self, id: JobId, now: Micros) -> Result<Job> {
         self.call(async {
             let mut tx = self.pool.begin().await?;
+            lock_workflows_of(&mut tx, &[id]).await?;
             let Some(job) = get_job(&mut tx, id, true).await? else {
                 return Ok(Err(Error::NotFound(id)));
             };
@@ -1600,6 +1789,175 @@ impl Store for PgStore {
             .filter(|id| found.contains(id) && seen.insert(**id))
             .copied()
             .collect())
+    }
+
+    async fn create_workflow(&self, wf: NewWorkflow) -> Result<Vec<Inserted>> {
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            let jobs: Vec<NewJob> = wf.steps.iter().map(|(j, _)| j.clone()).collect();
+            crate::store::queues::admit_pg(&mut tx, &jobs, self.max_queues, crate::time::now())
+                .await?;
+            sqlx::query("INSERT INTO homing_workflows (id, name, created_at) VALUES ($1, $2, $3)")
+                .bind(wf.id)
+                .bind(&wf.name)
+                .bind(wf.created_at)
+                .execute(&mut *tx)
+                .await?;
+            let mut out = insert_jobs(&mut tx, &jobs).await?;
+            let ids: Vec<JobId> = wf.steps.iter().map(|(j, _)| j.id).collect();
+            let links: Vec<String> = wf.steps.iter().map(|(_, l)| to_json(l)).collect();
+            let waiting: Vec<bool> = wf.steps.iter().map(|(_, l)| !l.after.is_empty()).collect();
+            sqlx::query(
+                "UPDATE homing_jobs j SET workflow_id = $4, workflow = u.link, \
+                 state = CASE WHEN u.waiting THEN 'waiting' ELSE j.state END \
+                 FROM UNNEST($1::uuid[], $2::text[], $3::bool[]) AS u(id, link, waiting) \
+                 WHERE j.id = u.id",
+            )
+            .bind(&ids)
+            .bind(&links)
+            .bind(&waiting)
+            .bind(wf.id)
+            .execute(&mut *tx)
+            .await?;
+            for (ins, w) in out.iter_mut().zip(&waiting) {
+                if *w {
+                    ins.state = JobState::Waiting;
+                }
+            }
+            tx.commit().await?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn workflow(&self, id: crate::workflow::WorkflowId) -> Result<Option<Workflow>> {
+        self.call(async {
+            let mut conn = self.pool.acquire().await?;
+            read_workflow(&mut conn, id).await
+        })
+        .await
+    }
+
+    async fn workflows(&self, cursor: Option<&str>, limit: usize) -> Result<WorkflowPage> {
+        let cursor = match cursor {
+            Some(c) => Some(
+                c.parse::<crate::workflow::WorkflowId>()
+                    .map_err(|_| Error::Invalid(format!("invalid cursor '{c}'")))?,
+            ),
+            None => None,
+        };
+        let limit = limit.clamp(1, 200);
+        self.call(async {
+            let mut conn = self.pool.acquire().await?;
+            let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
+                "SELECT id FROM homing_workflows WHERE $1::uuid IS NULL OR id < $1 \
+                 ORDER BY id DESC LIMIT $2",
+            )
+            .bind(cursor)
+            .bind(limit as i64 + 1)
+            .fetch_all(&mut *conn)
+            .await?;
+            let more = ids.len() > limit;
+            let mut workflows = Vec::new();
+            for id in ids.into_iter().take(limit) {
+                if let Some(w) = read_workflow(&mut conn, id).await? {
+                    workflows.push(w);
+                }
+            }
+            let next_cursor = if more {
+                workflows.last().map(|w| w.id.to_string())
+            } else {
+                None
+            };
+            Ok(WorkflowPage {
+                workflows,
+                next_cursor,
+            })
+        })
+        .await
+    }
+
+    async fn cancel_workflow(
+        &self,
+        id: crate::workflow::WorkflowId,
+        now: Micros,
+    ) -> Result<Option<Workflow>> {
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            let found: Option<uuid::Uuid> = sqlx::query_scalar(
+                "UPDATE homing_workflows SET cancelled_at = COALESCE(cancelled_at, $2) \
+                 WHERE id = $1 RETURNING id",
+            )
+            .bind(id)
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if found.is_none() {
+                return Ok(None);
+            }
+            let ids: Vec<JobId> =
+                sqlx::query_scalar("SELECT id FROM homing_jobs WHERE workflow_id = $1")
+                    .bind(id)
+                    .fetch_all(&mut *tx)
+                    .await?;
+            let jobs = lock_jobs(&mut tx, &ids).await?;
+            // Waiting steps first, without settling: no finaliser may be made runnable by its
+            // parents' cancellation.
+            for j in lock_order(&ids).iter().filter_map(|i| jobs.get(i)) {
+                if j.state == JobState::Waiting
+                    && write_change(&mut tx, j.id, "", &Change::cancelled(), now).await?
+                {
+                    terminal_event(&mut tx, j.id, now).await?;
+                }
+            }
+            for j in lock_order(&ids).iter().filter_map(|i| jobs.get(i)) {
+                if j.state == JobState::Waiting {
+                    continue;
+                }
+                match transition::cancel(j) {
+                    transition::Cancel::Now => {
+                        transit(&mut tx, j, &Change::cancelled(), now).await?
+                    }
+                    transition::Cancel::Request => {
+                        sqlx::query(
+                            "UPDATE homing_jobs SET cancel_requested = true, updated_at = $2 \
+                             WHERE id = $1",
+                        )
+                        .bind(j.id)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    transition::Cancel::Refuse(_) => {}
+                }
+            }
+            let w = read_workflow(&mut tx, id).await?;
+            tx.commit().await?;
+            Ok(w)
+        })
+        .await
+    }
+
+    async fn wait_enqueued(&self) -> Result<bool> {
+        let mut guard = self.listener.lock().await;
+        if guard.is_none() {
+            let mut l = sqlx::postgres::PgListener::connect_with(&self.pool)
+                .await
+                .map_err(|e| self.map_err(e))?;
+            l.listen(JOBS_CHANNEL).await.map_err(|e| self.map_err(e))?;
+            *guard = Some(l);
+            // Whatever was signalled while nobody listened (before this process started, or
+            // while the connection was down) is lost: the caller looks once now.
+            return Ok(true);
+        }
+        let l = guard.as_mut().expect("connected above");
+        match l.recv().await {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                *guard = None;
+                Err(self.map_err(e))
+            }
+        }
     }
 
     async fn queue_stats(&self) -> Result<Vec<QueueStats>> {
