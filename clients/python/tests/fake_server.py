@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 
 class FakeServer:
-    def __init__(self, token: Optional[str] = None, ttl: float = 3.0) -> None:
+    def __init__(self, token: Optional[str] = None, ttl: float = 3.0, port: int = 0) -> None:
         self.token = token
         self.ttl = ttl
         self.lock = threading.Condition()
@@ -63,7 +63,7 @@ class FakeServer:
                     return
                 self.reply(status, answer)
 
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
         self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
 

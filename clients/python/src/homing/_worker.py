@@ -498,8 +498,8 @@ class Worker:
 
     def send_progress(self, h: Held, value: Any) -> None:
         with self.lock:
-            sid = self.session if h.gen == self.gen else None
-        if sid is None or h.state != "running":
+            sid = self.session if h.gen == self.gen and h.job_id in self.held else None
+        if sid is None:
             return
         try:
             r = self.app.http().call(

@@ -1,0 +1,68 @@
+"""Tasks the process tests run in real `python -m homing worker` processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import httpx
+
+from homing import App, Context, Fatal, Retry
+
+app = App()
+
+
+@app.task(name="py.add")
+def add(ctx: Context, a: int, b: int) -> dict[str, Any]:
+    return {"sum": a + b, "attempt": ctx.attempt, "epoch": ctx.epoch, "job": ctx.job_id,
+            "key": ctx.idempotency_key}
+
+
+@app.task(name="py.async_add")
+async def async_add(ctx: Context, a: int, b: int) -> int:
+    await asyncio.sleep(0.01)
+    return a + b
+
+
+@app.task(name="py.flaky", max_retries=3, retry_delay=0.1)
+def flaky(ctx: Context, fails: int) -> dict[str, int]:
+    if ctx.attempt < fails:
+        raise Retry(f"attempt {ctx.attempt} fails on purpose", delay=0.1)
+    return {"attempt": ctx.attempt}
+
+
+@app.task(name="py.boom", max_retries=0)
+def boom(ctx: Context) -> None:
+    raise ValueError("kaboom from python")
+
+
+@app.task(name="py.fatal", max_retries=5)
+def fatal(ctx: Context) -> None:
+    raise Fatal("this input can never work")
+
+
+@app.task(name="py.set")
+def not_json(ctx: Context) -> Any:
+    return {1, 2, 3}
+
+
+@app.task(name="py.sleep")
+def sleep(ctx: Context, seconds: float) -> dict[str, Any]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ctx.cancelled():
+            raise RuntimeError("cancelled while sleeping")
+        ctx.progress({"left": round(deadline - time.monotonic(), 2)})
+        time.sleep(0.05)
+    return {"slept": seconds, "pid": os.getpid(), "epoch": ctx.epoch}
+
+
+@app.task(name="py.call", max_retries=5, retry_delay=0.1)
+def call(ctx: Context, url: str, key: str, hold: float = 0.0) -> dict[str, Any]:
+    """Calls an external witness that counts calls per Idempotency-Key, then holds the job."""
+    r = httpx.post(url, headers={"Idempotency-Key": key}, timeout=10)
+    r.raise_for_status()
+    time.sleep(hold)
+    return {"key": key, "pid": os.getpid(), "epoch": ctx.epoch}
