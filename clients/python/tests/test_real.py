@@ -21,14 +21,14 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Homing, P
     w = h.worker("--concurrency", "4")
     app = App(h.url)
     eventually("the worker's session", lambda: any(
-        x.get("queues") == ["default"] for x in httpx.get(f"{h.url}/v1/workers").json()))
+        x.get("queues") == ["py"] for x in httpx.get(f"{h.url}/v1/workers").json()))
     yield h, w, app
     h.stop()
 
 
 def test_enqueue_wait_get(shared: tuple[Homing, Proc, App]) -> None:
     _, _, app = shared
-    job = app.enqueue("py.add", {"a": 2, "b": 40}, idempotency_key="add-1")
+    job = app.enqueue("py.add", {"a": 2, "b": 40}, idempotency_key="add-1", queue="py")
     assert job.state in ("queued", "running", "succeeded")
     done = app.wait(job.id, timeout=30)
     assert done.state == "succeeded", done
@@ -37,51 +37,53 @@ def test_enqueue_wait_get(shared: tuple[Homing, Proc, App]) -> None:
     assert done.result["epoch"] == done.epoch
     assert app.get(job.id).result == done.result
     # The same idempotency key gives back the same job.
-    assert app.enqueue("py.add", {"a": 2, "b": 40}, idempotency_key="add-1").id == job.id
+    again = app.enqueue("py.add", {"a": 2, "b": 40}, idempotency_key="add-1", queue="py")
+    assert again.id == job.id
 
 
 def test_async_task(shared: tuple[Homing, Proc, App]) -> None:
     _, _, app = shared
-    done = app.wait(app.enqueue("py.async_add", {"a": 1, "b": 2}).id, timeout=30)
+    done = app.wait(app.enqueue("py.async_add", {"a": 1, "b": 2}, queue="py").id, timeout=30)
     assert (done.state, done.result) == ("succeeded", 3)
 
 
 def test_retry_then_success_uses_declared_retries(shared: tuple[Homing, Proc, App]) -> None:
     _, _, app = shared
-    done = app.wait(app.enqueue("py.flaky", {"fails": 2}).id, timeout=30)
+    done = app.wait(app.enqueue("py.flaky", {"fails": 2}, queue="py").id, timeout=30)
     assert done.state == "succeeded", done
     assert done.attempts == 2
 
 
 def test_exception_traceback_and_fatal(shared: tuple[Homing, Proc, App]) -> None:
     _, _, app = shared
-    boom = app.wait(app.enqueue("py.boom").id, timeout=30)
+    boom = app.wait(app.enqueue("py.boom", {}, queue="py").id, timeout=30)
     assert boom.state == "failed", boom
     assert boom.error is not None
     assert "Traceback" in boom.error and "ValueError: kaboom from python" in boom.error
-    fatal = app.wait(app.enqueue("py.fatal").id, timeout=30)
+    fatal = app.wait(app.enqueue("py.fatal", {}, queue="py").id, timeout=30)
     assert fatal.state == "failed", fatal
     assert fatal.attempts <= 1 and "can never work" in (fatal.error or "")
 
 
 def test_non_json_result_fails_the_job_not_the_worker(shared: tuple[Homing, Proc, App]) -> None:
     _, w, app = shared
-    bad = app.wait(app.enqueue("py.set").id, timeout=30)
+    bad = app.wait(app.enqueue("py.set", {}, queue="py").id, timeout=30)
     assert bad.state == "failed" and "not JSON" in (bad.error or ""), bad
-    assert app.wait(app.enqueue("py.add", {"a": 1, "b": 1}).id, timeout=30).result["sum"] == 2
+    good = app.wait(app.enqueue("py.add", {"a": 1, "b": 1}, queue="py").id, timeout=30)
+    assert good.result["sum"] == 2
     assert w.p.poll() is None
 
 
 def test_countdown(shared: tuple[Homing, Proc, App]) -> None:
     _, _, app = shared
-    job = app.enqueue("py.add", {"a": 0, "b": 0}, countdown=1.0)
+    job = app.enqueue("py.add", {"a": 0, "b": 0}, queue="py", countdown=1.0)
     assert job.state == "scheduled"
     assert app.wait(job.id, timeout=30).state == "succeeded"
 
 
 def test_cancel_reaches_a_running_task(shared: tuple[Homing, Proc, App]) -> None:
     h, _, app = shared
-    job = app.enqueue("py.sleep", {"seconds": 30})
+    job = app.enqueue("py.sleep", {"seconds": 30}, queue="py")
     eventually("the job to run", lambda: app.get(job.id).state == "running")
     eventually("progress", lambda: app.get(job.id).progress is not None)
     r = httpx.post(f"{h.url}/v1/jobs/{job.id}/cancel", timeout=10)
@@ -92,10 +94,10 @@ def test_cancel_reaches_a_running_task(shared: tuple[Homing, Proc, App]) -> None
 def test_enqueue_errors_are_api_errors(shared: tuple[Homing, Proc, App]) -> None:
     _, _, app = shared
     with pytest.raises(ApiError) as e:
-        app.enqueue("py.no_such_task", {})
+        app.enqueue("py.no_such_task", {}, queue="py")
     assert e.value.status == 422 and e.value.code == "unknown_task"
     with pytest.raises(TimeoutError):
-        app.wait(app.enqueue("py.sleep", {"seconds": 2}).id, timeout=0.2)
+        app.wait(app.enqueue("py.sleep", {"seconds": 2}, queue="py").id, timeout=0.2)
 
 
 def test_sigterm_finishes_running_jobs_and_exits_0(tmp_path: Path) -> None:
@@ -103,9 +105,8 @@ def test_sigterm_finishes_running_jobs_and_exits_0(tmp_path: Path) -> None:
     try:
         app = App(h.url)
         w = h.worker("--concurrency", "1", "--grace", "20s")
-        job = app.enqueue("py.sleep", {"seconds": 1.5}, queue="default") if eventually(
-            "a worker", lambda: httpx.get(f"{h.url}/v1/workers").json()) else None
-        assert job is not None
+        eventually("a worker", lambda: httpx.get(f"{h.url}/v1/workers").json())
+        job = app.enqueue("py.sleep", {"seconds": 1.5}, queue="py")
         eventually("the job to run", lambda: app.get(job.id).state == "running")
         w.p.send_signal(signal.SIGTERM)
         assert w.wait(30) == 0, w.text()
@@ -154,7 +155,7 @@ def test_server_down_at_start_then_up(tmp_path: Path) -> None:
 
 def try_enqueue(app: App) -> object:
     try:
-        return app.enqueue("py.add", {"a": 1, "b": 2})
+        return app.enqueue("py.add", {"a": 1, "b": 2}, queue="py")
     except ApiError:
         return None
 

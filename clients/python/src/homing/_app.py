@@ -167,7 +167,10 @@ class App:
     ) -> Job:
         """Enqueues a job of any homing task (Rust or Python), by name or `Task`. `countdown`
         delays its first run by that many seconds. With an `idempotency_key` already used, the
-        existing job is returned."""
+        existing job is returned. Without `queue`, a task this App defines goes to its own queue,
+        any other task to the server's default."""
+        if not isinstance(task, Task):
+            task = self.tasks.get(task, task)
         if isinstance(task, Task):
             name = task.name
             queue = queue or task.queue
