@@ -102,8 +102,10 @@ class Homing:
         return self
 
     def worker(self, *args: str, token: Optional[str] = None, name: str = "worker",
-               module: str = "proc_tasks", cwd: Path = HERE) -> Proc:
+               module: str = "proc_tasks", cwd: Path = HERE,
+               extra_env: Optional[dict[str, str]] = None) -> Proc:
         env = self.env()
+        env.update(extra_env or {})
         env["HOMING_URL"] = self.url
         tok = token if token is not None else self.token
         if tok:
