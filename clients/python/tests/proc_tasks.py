@@ -64,9 +64,10 @@ def sleep(ctx: Context, seconds: float) -> dict[str, Any]:
 
 
 @app.task(name="py.call", queue=QUEUE, max_retries=5, retry_delay=0.1)
-def call(ctx: Context, url: str, key: str, hold: float = 0.0) -> dict[str, Any]:
-    """Calls an external witness that counts calls per Idempotency-Key, then holds the job."""
-    r = httpx.post(url, headers={"Idempotency-Key": key}, timeout=10)
+def call(ctx: Context, url: str, hold: float = 0.0) -> dict[str, Any]:
+    """Calls an external witness that counts calls per Idempotency-Key (the job's id), then
+    holds the job for `hold` seconds."""
+    r = httpx.post(url, headers={"Idempotency-Key": ctx.job_id}, timeout=10)
     r.raise_for_status()
     time.sleep(hold)
-    return {"key": key, "pid": os.getpid(), "epoch": ctx.epoch}
+    return {"key": ctx.job_id, "pid": os.getpid(), "epoch": ctx.epoch}
