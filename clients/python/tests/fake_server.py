@@ -29,6 +29,7 @@ class FakeServer:
         self.cancel: set[str] = set()
         self.drop_answers = 0  # complete calls applied but answered by a dropped connection
         self.expire_next_heartbeat = False
+        self.unstore = 0  # completions answered "unstored" (not written) before one is applied
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -143,6 +144,10 @@ class FakeServer:
                 for r in body["results"]:
                     jid = r["job_id"]
                     applied = self.outcomes.get(jid)
+                    if self.unstore > 0:
+                        self.unstore -= 1
+                        answers.append({"job_id": jid, "status": "unstored"})
+                        continue
                     if applied is not None and applied["epoch"] == r["epoch"]:
                         status = "already_applied"
                     elif jid in self.running and self.running[jid]["epoch"] == r["epoch"]:

@@ -172,6 +172,17 @@ def test_lost_answer_is_resent_and_already_applied(server: FakeServer) -> None:
     assert server.outcomes[jid]["outcome"] == "succeeded"
 
 
+def test_unstored_completion_is_sent_again(server: FakeServer) -> None:
+    server.unstore = 2
+    jid = server.add("t.ok", {"x": 3})
+    run = start(make_app(server.url))
+    got = server.wait_outcomes(1)[jid]
+    run.stop()
+    assert got["outcome"] == "succeeded" and got["result"]["double"] == 6
+    assert server.complete_calls >= 3
+    assert run.worker.stats.applied == 1
+
+
 def test_expired_session_drops_results_and_rejoins(server: FakeServer) -> None:
     RELEASE.clear()
     jid = server.add("t.block")
