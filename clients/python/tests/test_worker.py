@@ -63,6 +63,16 @@ def make_app(url: str, token: str | None = None) -> App:
         RELEASE.wait(20)
         return "cancelled" if ctx.cancelled() else "done"
 
+    @app.task(name="t.slow", time_limit=0.2)
+    def slow(ctx: Any) -> str:
+        time.sleep(0.5)
+        return "too late"
+
+    @app.task(name="t.aslow", time_limit=0.2)
+    async def aslow(ctx: Any) -> str:
+        await asyncio.sleep(5)
+        return "too late"
+
     @app.task(name="t.poll")
     def poll(ctx: Any) -> str:
         while not ctx.cancelled():
@@ -202,6 +212,16 @@ def test_expired_session_drops_results_and_rejoins(server: FakeServer) -> None:
     j2 = server.add("t.ok", {"x": 2})
     assert server.wait_outcomes(1)[j2]["outcome"] == "succeeded"
     run.stop()
+
+
+def test_time_limit(server: FakeServer) -> None:
+    slow, aslow = server.add("t.slow"), server.add("t.aslow")
+    run = start(make_app(server.url))
+    got = server.wait_outcomes(2)
+    run.stop()
+    for jid in (slow, aslow):
+        assert got[jid]["outcome"] == "error"
+        assert "time limit of 0.2s exceeded" in got[jid]["error"]
 
 
 def test_cancel_request_reaches_the_task(server: FakeServer) -> None:

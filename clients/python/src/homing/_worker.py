@@ -269,7 +269,7 @@ class Worker:
             if failures:
                 log.info("heartbeats reach the server again")
             failures = 0
-            cancel = r.get("cancel") or [] if isinstance(r, dict) else []
+            cancel = (r.get("cancel") or []) if isinstance(r, dict) else []
             if cancel:
                 with self.lock:
                     for jid in cancel:
@@ -454,11 +454,13 @@ class Worker:
             if h.state == "completing":
                 # Already released at the end of the grace period.
                 return
-            if report["outcome"] != "succeeded":
-                if h.stop == "timeout":
-                    limit = self.time_limit(h)
-                    report = {"outcome": "error", "error": f"time limit of {limit}s exceeded"}
-                elif h.stop == "cancelled":
+            if h.stop == "timeout":
+                # Past its limit the run's result does not count, even a success (as a Rust
+                # handler, which is stopped at its limit).
+                limit = self.time_limit(h)
+                report = {"outcome": "error", "error": f"time limit of {limit}s exceeded"}
+            elif report["outcome"] != "succeeded":
+                if h.stop == "cancelled":
                     report = {"outcome": "cancelled"}
                 elif h.stop == "shutdown":
                     report = {"outcome": "released"}
