@@ -43,6 +43,16 @@ def eventually(what: str, check: Any, timeout: float = 30.0) -> Any:
         time.sleep(0.05)
 
 
+def worker_live(url: str, queue: str = "py") -> bool:
+    """Some live worker consumes `queue` (as `GET /v1/workers` reports it)."""
+    try:
+        workers = httpx.get(f"{url}/v1/workers", timeout=5).json()["workers"]
+    except (httpx.HTTPError, KeyError, ValueError):
+        return False
+    return any(queue in w.get("queues", []) and (w.get("alive") or w.get("status") == "live")
+               for w in workers)
+
+
 class Proc:
     def __init__(self, args: list[str], log: Path, env: dict[str, str],
                  cwd: Optional[Path] = None) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from homing import ApiError, App
 
-from .conftest import Homing, Proc, eventually, free_port, homing_bin
+from .conftest import Homing, Proc, eventually, free_port, homing_bin, worker_live
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +20,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Homing, P
     h = Homing(tmp_path_factory.mktemp("shared")).start()
     w = h.worker("--concurrency", "4")
     app = App(h.url)
-    eventually("the worker's session", lambda: any(
-        x.get("queues") == ["py"] for x in httpx.get(f"{h.url}/v1/workers").json()))
+    eventually("the worker's session", lambda: worker_live(h.url))
     yield h, w, app
     h.stop()
 
@@ -105,7 +104,7 @@ def test_sigterm_finishes_running_jobs_and_exits_0(tmp_path: Path) -> None:
     try:
         app = App(h.url)
         w = h.worker("--concurrency", "1", "--grace", "20s")
-        eventually("a worker", lambda: httpx.get(f"{h.url}/v1/workers").json())
+        eventually("a worker", lambda: worker_live(h.url))
         job = app.enqueue("py.sleep", {"seconds": 1.5}, queue="py")
         eventually("the job to run", lambda: app.get(job.id).state == "running")
         w.p.send_signal(signal.SIGTERM)
