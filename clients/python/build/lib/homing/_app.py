@@ -164,16 +164,22 @@ class App:
         queue: Optional[str] = None,
         countdown: Optional[float] = None,
         idempotency_key: Optional[str] = None,
+        options: Optional[dict[str, Any]] = None,
     ) -> Job:
         """Enqueues a job of any homing task (Rust or Python), by name or `Task`. `countdown`
         delays its first run by that many seconds. With an `idempotency_key` already used, the
-        existing job is returned."""
+        existing job is returned. Without `queue`, a task this App defines goes to its own queue,
+        any other task to the server's default. `options` adds other fields of `POST /v1/jobs`
+        as they are (`max_retries`, `time_limit`, `on_success`, `on_failure`, `callback_url`...)."""
+        if not isinstance(task, Task):
+            task = self.tasks.get(task, task)
         if isinstance(task, Task):
             name = task.name
             queue = queue or task.queue
         else:
             name = task
-        body: dict[str, Any] = {"task": name, "args": {} if args is None else args}
+        body: dict[str, Any] = dict(options or {})
+        body.update(task=name, args={} if args is None else args)
         if queue is not None:
             body["queue"] = queue
         if countdown is not None:

@@ -90,6 +90,12 @@ def backoff(attempt: int) -> float:
     return float(min(10.0, 0.25 * (2 ** min(attempt, 6))))
 
 
+def gone(e: ApiError) -> bool:
+    """The server no longer knows the session: expired (410), or never registered on this
+    deployment (404 unknown_session, e.g. after its store was reset)."""
+    return e.status == 410 or (e.status == 404 and e.code == "unknown_session")
+
+
 def error_text(e: BaseException) -> str:
     text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
     if len(text) > MAX_ERROR:
@@ -253,7 +259,7 @@ class Worker:
                 continue
             except ApiError as e:
                 next_at = max(next_at, time.monotonic())
-                if e.status == 410:
+                if gone(e):
                     self.session_lost(gen, "heartbeat expired")
                 elif e.status in (401, 403):
                     self.die(f"the server refused the API token: {e.message}")
@@ -263,7 +269,7 @@ class Worker:
             if failures:
                 log.info("heartbeats reach the server again")
             failures = 0
-            cancel = r.get("cancel") or [] if isinstance(r, dict) else []
+            cancel = (r.get("cancel") or []) if isinstance(r, dict) else []
             if cancel:
                 with self.lock:
                     for jid in cancel:
@@ -302,7 +308,7 @@ class Worker:
                 self.stopping.wait(delay)
                 continue
             except ApiError as e:
-                if e.status == 410:
+                if gone(e):
                     self.session_lost(gen, "reserve refused")
                     continue
                 if e.status in (401, 403):
@@ -448,11 +454,13 @@ class Worker:
             if h.state == "completing":
                 # Already released at the end of the grace period.
                 return
-            if report["outcome"] != "succeeded":
-                if h.stop == "timeout":
-                    limit = self.time_limit(h)
-                    report = {"outcome": "error", "error": f"time limit of {limit}s exceeded"}
-                elif h.stop == "cancelled":
+            if h.stop == "timeout":
+                # Past its limit the run's result does not count, even a success (as a Rust
+                # handler, which is stopped at its limit).
+                limit = self.time_limit(h)
+                report = {"outcome": "error", "error": f"time limit of {limit}s exceeded"}
+            elif report["outcome"] != "succeeded":
+                if h.stop == "cancelled":
                     report = {"outcome": "cancelled"}
                 elif h.stop == "shutdown":
                     report = {"outcome": "released"}
@@ -544,7 +552,7 @@ class Worker:
                     "POST", f"/v1/remote/sessions/{sid}/complete", body, timeout=30,
                 )
             except (Unreachable, ApiError) as e:
-                if isinstance(e, ApiError) and e.status == 410:
+                if isinstance(e, ApiError) and gone(e):
                     self.session_lost(current, "completion refused")
                     continue
                 if isinstance(e, ApiError) and e.status < 500 and e.status not in (408, 429):
@@ -562,10 +570,15 @@ class Worker:
                 self.finished.wait(delay)
                 continue
             answers = {str(a.get("job_id")): a for a in (r or {}).get("results", [])}
+            again = []
             with self.lock:
                 for h, report in done:
-                    a = answers.get(h.job_id, {})
-                    status = a.get("status")
+                    status = answers.get(h.job_id, {}).get("status")
+                    if status == "unstored" or status is None:
+                        # The store could not write it (or the answer skipped it): the job
+                        # stays running under this session; the same report goes again.
+                        again.append((h, report))
+                        continue
                     if status == "stale":
                         self.stats.stale += 1
                         log.warning("job %s: outcome %s refused as stale (epoch %d): the job was "
@@ -581,7 +594,13 @@ class Worker:
                     self.held.pop(h.job_id, None)
                     h.done.set()
                 self.lock.notify_all()
-            return
+            if not again:
+                return
+            done = again
+            delay = backoff(attempt)
+            attempt += 1
+            log.warning("%d completion(s) not stored yet; sending again in %.1fs", len(done), delay)
+            self.finished.wait(delay)
 
     # ---- running and stopping --------------------------------------------------------------
 
