@@ -103,13 +103,13 @@ def notify(ctx: Context, parent: dict[str, Any], user: str = "unknown") -> dict[
     """Tells the user the document was issued. SUCCESS whatever the extraction's outcome: the
     seed's rule (an OCR failure does not undo issuance). Here the message is a line appended to
     a file ($HOMING_OCR_NOTIFICATIONS, default notifications.jsonl); a real service would call a
-    webhook, with `ctx.idempotency_key or ctx.job_id` as its idempotency key."""
+    webhook, with `ctx.idempotency_key` (the same on every run) as its Idempotency-Key."""
     message = {
         "user": user,
         "status": "SUCCESS",
         "document_job": parent.get("id"),
         "ocr": parent.get("state"),
-        "key": ctx.idempotency_key or ctx.job_id,
+        "key": ctx.idempotency_key,
         "at": time.time(),
     }
     out = Path(os.environ.get("HOMING_OCR_NOTIFICATIONS", "notifications.jsonl"))

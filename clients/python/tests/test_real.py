@@ -32,7 +32,8 @@ def test_enqueue_wait_get(shared: tuple[Homing, Proc, App]) -> None:
     done = app.wait(job.id, timeout=30)
     assert done.state == "succeeded", done
     assert done.result["sum"] == 42
-    assert done.result["job"] == job.id and done.result["key"] == "add-1"
+    # ctx.idempotency_key is the key for external systems: the job id, as for Rust handlers.
+    assert done.result["job"] == job.id and done.result["key"] == job.id
     assert done.result["epoch"] == done.epoch
     assert app.get(job.id).result == done.result
     # The same idempotency key gives back the same job.
