@@ -68,17 +68,18 @@ fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
     assert!(first.contains("applied 0001_init"), "{first}");
     assert!(first.contains("applied 0002_events"), "{first}");
     assert!(first.contains("applied 0003_queues"), "{first}");
-    assert!(first.contains("schema at version 3"), "{first}");
+    assert!(first.contains("applied 0004_remote"), "{first}");
+    assert!(first.contains("schema at version 4"), "{first}");
 
     let (second, report) = migrate(&env);
     assert!(
-        second.contains("schema at version 3, nothing to apply"),
+        second.contains("schema at version 4, nothing to apply"),
         "{second}"
     );
     assert!(!second.contains("applied"), "{second}");
     assert_eq!(report["applied"], serde_json::json!([]));
-    assert_eq!(report["version"], 3);
-    assert_eq!(report["latest"], "0003_queues");
+    assert_eq!(report["version"], 4);
+    assert_eq!(report["latest"], "0004_remote");
 
     let conn = rusqlite::Connection::open(env.db_path()).unwrap();
     let rows: Vec<(i64, String, i64)> = conn
@@ -88,10 +89,11 @@ fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert_eq!(rows.len(), 4, "{rows:?}");
     assert_eq!((rows[0].0, rows[0].1.as_str()), (1, "0001_init"));
     assert_eq!((rows[1].0, rows[1].1.as_str()), (2, "0002_events"));
     assert_eq!((rows[2].0, rows[2].1.as_str()), (3, "0003_queues"));
+    assert_eq!((rows[3].0, rows[3].1.as_str()), (4, "0004_remote"));
     assert!(
         rows.iter().all(|r| r.2 > 0),
         "recorded with the time applied"
@@ -163,10 +165,10 @@ fn an_old_version_1_sqlite_store_is_upgraded_and_reported() {
         !first.contains("0001_init"),
         "version 1 was already there: {first}"
     );
-    assert!(first.contains("schema at version 3"), "{first}");
+    assert!(first.contains("schema at version 4"), "{first}");
     let (second, _) = migrate(&env);
     assert!(
-        second.contains("schema at version 3, nothing to apply"),
+        second.contains("schema at version 4, nothing to apply"),
         "{second}"
     );
     // The old job is still there, readable by this build.
@@ -191,10 +193,10 @@ fn an_old_version_2_sqlite_store_gets_only_the_newer_migrations() {
     assert!(!first.contains("0002_events"), "{first}");
     let (text, report) = migrate(&env);
     assert!(
-        text.contains("schema at version 3, nothing to apply"),
+        text.contains("schema at version 4, nothing to apply"),
         "{text}"
     );
-    assert_eq!(report["version"], 3);
+    assert_eq!(report["version"], 4);
     let conn = rusqlite::Connection::open(env.db_path()).unwrap();
     let names: Vec<String> = conn
         .prepare("SELECT name FROM homing_migrations ORDER BY version")
@@ -205,7 +207,7 @@ fn an_old_version_2_sqlite_store_gets_only_the_newer_migrations() {
         .unwrap();
     assert_eq!(
         names,
-        ["0001_init", "0002_events", "0003_queues"],
+        ["0001_init", "0002_events", "0003_queues", "0004_remote"],
         "recorded as applied"
     );
 }

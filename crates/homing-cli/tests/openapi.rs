@@ -15,6 +15,7 @@ fn router_routes() -> BTreeSet<(String, String)> {
     let mut out = BTreeSet::new();
     for file in [
         manifest.join("src/api/mod.rs"),
+        manifest.join("src/api/remote.rs"),
         manifest.join("../homing-pipelines/src/api/mod.rs"),
     ] {
         let src = std::fs::read_to_string(&file)

@@ -66,6 +66,7 @@ pub mod job;
 pub mod maintenance;
 pub mod metrics;
 pub mod redact;
+pub mod remote;
 pub mod retry;
 pub mod schema;
 #[cfg(feature = "sqlite")]

@@ -19,6 +19,8 @@ pub const JOBS_RECLAIMED: &str = "homing_jobs_reclaimed_total";
 pub const JOB_DURATION: &str = "homing_job_duration_seconds";
 pub const JOB_QUEUE_WAIT: &str = "homing_job_queue_wait_seconds";
 pub const WEBHOOK_DELIVERIES: &str = "homing_webhook_deliveries_total";
+/// Completions of remote workers refused for a stale epoch (zombie writes), by queue and task.
+pub const REMOTE_STALE: &str = "homing_remote_stale_total";
 /// Gauges a server sets from the store at scrape time.
 pub const QUEUE_JOBS: &str = "homing_queue_jobs";
 pub const WORKERS_LIVE: &str = "homing_workers_live";

@@ -37,6 +37,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0003_queues",
         sql: include_str!("sqlite/migrations/0003_queues.sql"),
     },
+    Migration {
+        version: 4,
+        name: "0004_remote",
+        sql: include_str!("sqlite/migrations/0004_remote.sql"),
+    },
 ];
 
 /// An open database file.

@@ -6,6 +6,7 @@
 mod events;
 mod jobs;
 mod metrics;
+mod remote;
 mod status;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -83,7 +84,8 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
             refuse_declared_over,
         ))
         .layer(DefaultBodyLimit::max(BODY_LIMIT));
-    own.merge(pipelines.router(state.client.clone()))
+    own.merge(remote::router())
+        .merge(pipelines.router(state.client.clone()))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .with_state(state)
 }

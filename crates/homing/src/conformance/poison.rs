@@ -562,6 +562,7 @@ pub async fn unknown_worker_status_does_not_fail_the_workers_view((s, t): Poison
             concurrency: 1,
             tasks: vec!["t".into()],
             started_at: now(),
+            remote: None,
         };
         s.register_worker(&info, now()).await.unwrap();
     }

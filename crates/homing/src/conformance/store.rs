@@ -23,7 +23,9 @@ macro_rules! store_conformance {
             mark_dead_is_final, failed_transition_writes_one_event, stale_commit_writes_no_event,
             dead_transitions_write_events, callback_jobs_get_terminal_events,
             fan_out_inserts_each_delivery_once, worker_gone_reports_one_change, finished_since_counts,
-            batches_decide_as_one_by_one, purge_deletes_only_old_history
+            batches_decide_as_one_by_one, purge_deletes_only_old_history,
+            completions_record_their_epoch, running_under_lists_one_workers_jobs,
+            remote_worker_info_round_trips
         );
     };
 }
@@ -679,6 +681,7 @@ pub async fn workers_registry(s: Arc<dyn Store>) {
         concurrency: 4,
         tasks: vec![format!("{id}.task")],
         started_at: t,
+        remote: None,
     };
     s.register_worker(&info, t).await.unwrap();
     let q = unique_queue("wq");
@@ -858,6 +861,7 @@ pub async fn purge_deletes_only_old_history(s: Arc<dyn Store>) {
         concurrency: 1,
         tasks: vec![],
         started_at: now(),
+        remote: None,
     };
     s.register_worker(&info("gone"), now()).await.unwrap();
     s.register_worker(&info("alive"), now()).await.unwrap();
@@ -1175,6 +1179,7 @@ pub async fn worker_gone_reports_one_change(s: Arc<dyn Store>) {
         concurrency: 1,
         tasks: vec![],
         started_at: now(),
+        remote: None,
     };
     s.register_worker(&info, now()).await.unwrap();
     let mut tasks = Vec::new();
@@ -1253,4 +1258,172 @@ pub async fn finished_since_counts(s: Arc<dyn Store>) {
         !later.iter().any(|c| c.queue == q),
         "older finishes are not counted"
     );
+}
+
+/// Every applied completion records its epoch (`last_completion`), a refused one does not, and
+/// neither does a reclaim: what tells a retried remote completion from a zombie's
+/// (docs/remote-workers.md).
+pub async fn completions_record_their_epoch(s: Arc<dyn Store>) {
+    let q = unique_queue("done-epoch");
+    let nj = new_job(&q, "t");
+    insert_one(&*s, nj.clone()).await;
+    let fresh = s.last_completion(nj.id).await.unwrap().expect("job exists");
+    assert_eq!(
+        (fresh.state, fresh.epoch, fresh.completed_epoch),
+        (JobState::Queued, 0, None)
+    );
+    assert!(s
+        .last_completion(crate::job::new_job_id())
+        .await
+        .unwrap()
+        .is_none());
+
+    // Run 1 is lost with its worker: reclaimed, nothing completed.
+    let j1 = run_one(&*s, nj.id, "w1").await;
+    assert_eq!(
+        s.mark_lost(nj.id, "w1", now()).await.unwrap(),
+        Lost::Requeued
+    );
+    let after_lost = s.last_completion(nj.id).await.unwrap().unwrap();
+    assert_eq!(after_lost.epoch, j1.epoch);
+    assert_eq!(
+        after_lost.completed_epoch, None,
+        "a reclaim is not a completion"
+    );
+
+    // Run 2 ends in a retry, then run 3 succeeds.
+    let j2 = run_one(&*s, nj.id, "w2").await;
+    let retry = Completion {
+        id: nj.id,
+        epoch: j2.epoch,
+        outcome: Outcome::Retry {
+            error: "e".into(),
+            at: 0,
+        },
+    };
+    assert!(matches!(
+        s.complete(&[retry], now()).await.unwrap()[0],
+        Committed::Applied { .. }
+    ));
+    assert_eq!(
+        s.last_completion(nj.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .completed_epoch,
+        Some(j2.epoch)
+    );
+    assert_eq!(
+        s.claim_due(now(), 1000)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|p| p.id == nj.id)
+            .count(),
+        1
+    );
+    let j3 = run_one(&*s, nj.id, "w3").await;
+    let ok = |epoch| Completion {
+        id: nj.id,
+        epoch,
+        outcome: Outcome::Succeeded(serde_json::json!(epoch)),
+    };
+    // The zombie of run 1 is refused and records nothing.
+    assert_eq!(
+        s.complete(&[ok(j1.epoch)], now()).await.unwrap(),
+        vec![Committed::Stale]
+    );
+    assert_eq!(
+        s.last_completion(nj.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .completed_epoch,
+        Some(j2.epoch)
+    );
+    assert!(matches!(
+        s.complete(&[ok(j3.epoch)], now()).await.unwrap()[0],
+        Committed::Applied { .. }
+    ));
+    let done = s.last_completion(nj.id).await.unwrap().unwrap();
+    assert_eq!(
+        (done.state, done.epoch, done.completed_epoch),
+        (JobState::Succeeded, j3.epoch, Some(j3.epoch))
+    );
+    // Repeated, the same completion is refused, and the record still names its epoch.
+    assert_eq!(
+        s.complete(&[ok(j3.epoch)], now()).await.unwrap(),
+        vec![Committed::Stale]
+    );
+    assert_eq!(
+        s.last_completion(nj.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .completed_epoch,
+        Some(j3.epoch)
+    );
+}
+
+/// `running_under` lists exactly the jobs running under one worker, with their epochs.
+pub async fn running_under_lists_one_workers_jobs(s: Arc<dyn Store>) {
+    let q = unique_queue("under");
+    let w = unique_queue("remote-w");
+    let other = unique_queue("other-w");
+    let a = new_job(&q, "t");
+    let b = new_job(&q, "t");
+    let c = new_job(&q, "t");
+    let d = new_job(&q, "t");
+    for j in [&a, &b, &c, &d] {
+        insert_one(&*s, j.clone()).await;
+    }
+    let ja = run_one(&*s, a.id, &w).await;
+    let jb = run_one(&*s, b.id, &w).await;
+    run_one(&*s, c.id, &other).await;
+    assert!(s.running_under(&w, 10).await.unwrap().len() == 2);
+    // A finished job is no longer running under it.
+    let done = Completion {
+        id: b.id,
+        epoch: jb.epoch,
+        outcome: Outcome::Succeeded(serde_json::json!(null)),
+    };
+    s.complete(&[done], now()).await.unwrap();
+    let mine = s.running_under(&w, 10).await.unwrap();
+    assert_eq!(mine.len(), 1);
+    assert_eq!((mine[0].id, mine[0].epoch), (a.id, ja.epoch));
+    assert_eq!(Some(mine[0].started_at), ja.started_at);
+    assert!(s
+        .running_under(&unique_queue("nobody"), 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(s.running_under(&other, 10).await.unwrap().len(), 1);
+}
+
+/// A remote session's worker row keeps what the gateway needs (its declared task defaults).
+pub async fn remote_worker_info_round_trips(s: Arc<dyn Store>) {
+    let id = unique_queue("remote-info");
+    let t = now() / 1000 * 1000;
+    let info = WorkerInfo {
+        id: id.clone(),
+        hostname: "gpu-3".into(),
+        pid: 7,
+        queues: vec!["ocr".into()],
+        concurrency: 1,
+        tasks: vec!["ocr.extract".into()],
+        started_at: t,
+        remote: Some(crate::remote::RemoteWorker {
+            heartbeat_interval_ms: 2000,
+            version: "homing-python 0.1.0".into(),
+            tasks: vec![crate::remote::TaskDeclaration {
+                name: "ocr.extract".into(),
+                max_retries: Some(2),
+                retry_delay_ms: Some(30_000),
+                time_limit_ms: None,
+            }],
+        }),
+    };
+    assert!(s.worker_info(&id).await.unwrap().is_none());
+    s.register_worker(&info, t).await.unwrap();
+    assert_eq!(s.worker_info(&id).await.unwrap(), Some(info));
 }

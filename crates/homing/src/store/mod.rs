@@ -408,6 +408,29 @@ pub struct WorkerInfo {
     pub tasks: Vec<String>,
     #[serde(with = "crate::time::as_rfc3339")]
     pub started_at: Micros,
+    /// Set for a remote worker session (docs/remote-workers.md): what the gateway needs to
+    /// answer its calls from any server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<crate::remote::RemoteWorker>,
+}
+
+/// What decides whether a completion for an epoch was already committed
+/// ([`Store::last_completion`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompletionState {
+    pub state: JobState,
+    /// The current epoch (of the latest start).
+    pub epoch: u64,
+    /// The epoch of the last completion committed for this job, if any.
+    pub completed_epoch: Option<u64>,
+}
+
+/// A job running under one worker ([`Store::running_under`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunningUnder {
+    pub id: JobId,
+    pub epoch: u64,
+    pub started_at: Micros,
 }
 
 /// A worker as the store last heard of it.
@@ -498,6 +521,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// Jobs `running` under any worker: `(id, worker, started_at)`, oldest first.
     async fn running(&self, limit: usize) -> Result<Vec<(JobId, String, Micros)>>;
+
+    /// Jobs `running` under `worker`, oldest start first, at most `limit`: a remote session's
+    /// housekeeping compares them with what the session says it holds.
+    async fn running_under(&self, worker: &str, limit: usize) -> Result<Vec<RunningUnder>>;
+
+    /// A job's state, current epoch and the epoch of its last committed completion (every
+    /// applied [`Store::complete`] records it, in the same statement), or `None` for a missing
+    /// job. It is what tells a retried completion whose answer was lost from a zombie's write.
+    async fn last_completion(&self, id: JobId) -> Result<Option<CompletionState>>;
+
+    /// What worker `id` said about itself when it registered, or `None`.
+    async fn worker_info(&self, id: &str) -> Result<Option<WorkerInfo>>;
 
     /// Records the handler's progress, only while `epoch` is current.
     ///

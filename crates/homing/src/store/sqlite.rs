@@ -291,6 +291,12 @@ fn write_change(
     match guard {
         Guard::Any => {}
         Guard::Fence(epoch) => {
+            // A fenced write is a completion: remember its epoch (`Store::last_completion`).
+            sql = sql.replacen(
+                " WHERE id = ?1",
+                ", completed_epoch = epoch WHERE id = ?1",
+                1,
+            );
             vals.push(Box::new(epoch as i64));
             sql += &format!(" AND state = 'running' AND epoch = ?{}", vals.len());
         }
@@ -384,22 +390,22 @@ fn bury(
         Box::new(reason.to_string()),
     ];
     let guard = match guard {
-        Guard::Any => "",
+        Guard::Any => " WHERE id = ?1",
         Guard::Fence(epoch) => {
             vals.push(Box::new(epoch as i64));
-            " AND state = 'running' AND epoch = ?4"
+            ", completed_epoch = epoch WHERE id = ?1 AND state = 'running' AND epoch = ?4"
         }
-        Guard::NotStarted => " AND state IN ('queued', 'scheduled')",
+        Guard::NotStarted => " WHERE id = ?1 AND state IN ('queued', 'scheduled')",
         Guard::Owner(worker) => {
             vals.push(Box::new(worker));
-            " AND state = 'running' AND worker = ?4"
+            " WHERE id = ?1 AND state = 'running' AND worker = ?4"
         }
     };
     let refs: Vec<&dyn rusqlite::ToSql> = vals.iter().map(|v| v.as_ref()).collect();
     let after = tx
         .prepare_cached(&format!(
-            "UPDATE jobs SET state = 'dead', error = ?3, finished_at = ?2, updated_at = ?2 \
-             WHERE id = ?1{guard} RETURNING id, task, queue, worker, callback_url"
+            "UPDATE jobs SET state = 'dead', error = ?3, finished_at = ?2, updated_at = ?2\
+             {guard} RETURNING id, task, queue, worker, callback_url"
         ))?
         .query_row(refs.as_slice(), |r| {
             Ok((
@@ -878,6 +884,68 @@ impl Store for SqliteStore {
                     Ok((parse_id(id)?, w.unwrap_or_default(), s.unwrap_or(0)))
                 })
                 .collect()
+            })
+            .await
+    }
+
+    async fn running_under(&self, worker: &str, limit: usize) -> Result<Vec<RunningUnder>> {
+        let worker = worker.to_string();
+        self.db
+            .read(move |c| {
+                let mut st = c.prepare_cached(
+                    "SELECT id, epoch, started_at FROM jobs WHERE state = 'running' AND worker = ?1 \
+                     ORDER BY started_at LIMIT ?2",
+                )?;
+                let rows = st.query_map(params![worker, limit.min(i64::MAX as usize) as i64], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, Option<i64>>(1)?,
+                        r.get::<_, Option<i64>>(2)?,
+                    ))
+                })?;
+                rows.map(|r| {
+                    let (id, epoch, started_at) = r?;
+                    Ok(RunningUnder {
+                        id: parse_id(id)?,
+                        epoch: epoch.unwrap_or(0).max(0) as u64,
+                        started_at: started_at.unwrap_or(0),
+                    })
+                })
+                .collect()
+            })
+            .await
+    }
+
+    async fn last_completion(&self, id: JobId) -> Result<Option<CompletionState>> {
+        self.db
+            .read(move |c| {
+                c.prepare_cached("SELECT state, epoch, completed_epoch FROM jobs WHERE id = ?1")?
+                    .query_row([id.to_string()], |r| {
+                        let mut unreadable = Vec::new();
+                        let state = read_state(text_lossy(r, 0)?.as_deref(), &mut unreadable);
+                        let epoch = r.get::<_, Option<i64>>(1).ok().flatten().unwrap_or(0);
+                        let done = r.get::<_, Option<i64>>(2).ok().flatten();
+                        Ok(CompletionState {
+                            state,
+                            epoch: epoch.max(0) as u64,
+                            completed_epoch: done.map(|e| e.max(0) as u64),
+                        })
+                    })
+                    .optional()
+            })
+            .await
+    }
+
+    async fn worker_info(&self, id: &str) -> Result<Option<WorkerInfo>> {
+        let id = id.to_string();
+        self.db
+            .read(move |c| {
+                let text = c
+                    .prepare_cached("SELECT info FROM workers WHERE id = ?1")?
+                    .query_row([id], |r| r.get::<_, String>(0))
+                    .optional()?;
+                text.map(|t| serde_json::from_str(&t).map_err(|e| corrupt("worker", e)))
+                    .transpose()
             })
             .await
     }

@@ -16,6 +16,9 @@ mod executor;
 mod fetcher;
 mod heartbeater;
 
+/// The retry rule of a handler error, shared with remote workers ([`crate::remote`]).
+pub(crate) use executor::outcome_for_error;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -258,6 +261,7 @@ impl Worker {
             concurrency: self.config.concurrency as u32,
             tasks: self.registry.names(),
             started_at: now(),
+            remote: None,
         };
         self.store.register_worker(&info, now()).await?;
         // The seeds' worker_ready alert. Losing it to a store hiccup must not stop the worker.

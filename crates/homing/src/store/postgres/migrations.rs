@@ -29,6 +29,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0003_queues",
         sql: include_str!("migrations/0003_queues.sql"),
     },
+    Migration {
+        version: 4,
+        name: "0004_remote",
+        sql: include_str!("migrations/0004_remote.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are

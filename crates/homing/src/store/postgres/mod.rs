@@ -848,13 +848,16 @@ async fn bury(
 ) -> sqlx::Result<bool> {
     let mut tx = pool.begin().await?;
     let sql_guard = match guard {
-        BuryIf::NotStarted => " AND state IN ('queued', 'scheduled')",
-        BuryIf::Fence(_) => " AND state = 'running' AND epoch = $4",
-        BuryIf::Owner(_) => " AND state = 'running' AND worker = $4",
+        BuryIf::NotStarted => " WHERE id = $1 AND state IN ('queued', 'scheduled')",
+        // A fenced write is a completion: remember its epoch (`Store::last_completion`).
+        BuryIf::Fence(_) => {
+            ", completed_epoch = epoch WHERE id = $1 AND state = 'running' AND epoch = $4"
+        }
+        BuryIf::Owner(_) => " WHERE id = $1 AND state = 'running' AND worker = $4",
     };
     let sql = format!(
-        "UPDATE homing_jobs SET state = 'dead', error = $3, finished_at = $2, updated_at = $2 \
-         WHERE id = $1{sql_guard} RETURNING id, task, queue, worker, callback_url"
+        "UPDATE homing_jobs SET state = 'dead', error = $3, finished_at = $2, updated_at = $2\
+         {sql_guard} RETURNING id, task, queue, worker, callback_url"
     );
     let reason = clean(reason);
     let mut q = sqlx::query_as::<_, (JobId, String, String, Option<String>, Option<String>)>(
@@ -978,6 +981,8 @@ async fn complete_tx(
     // Written after every update of the batch (successes are written last, together), in the
     // order of the completions, as one by one would.
     let mut with_event: Vec<JobId> = Vec::new();
+    // Every applied completion records its epoch (`Store::last_completion`).
+    let mut applied: Vec<JobId> = Vec::new();
     for c in done {
         let Some(job) = jobs.get_mut(&c.id) else {
             out.push(Committed::Stale);
@@ -1011,6 +1016,7 @@ async fn complete_tx(
         if let Some(f) = fx.follow_up {
             follow_ups.push((out.len(), f));
         }
+        applied.push(job.id);
         // A second completion of the same run in this batch must find it no longer running.
         *job = change.apply(job, now);
         out.push(Committed::Applied {
@@ -1029,6 +1035,12 @@ async fn complete_tx(
         .bind(now)
         .execute(&mut *tx)
         .await?;
+    }
+    if !applied.is_empty() {
+        sqlx::query("UPDATE homing_jobs SET completed_epoch = epoch WHERE id = ANY($1)")
+            .bind(&applied)
+            .execute(&mut *tx)
+            .await?;
     }
     for id in with_event {
         terminal_event(&mut tx, id, now).await?;
@@ -1304,6 +1316,65 @@ impl Store for PgStore {
                 .collect()
         })
         .await
+    }
+
+    async fn running_under(&self, worker: &str, limit: usize) -> Result<Vec<RunningUnder>> {
+        self.call(async {
+            let rows: Vec<(JobId, Option<i64>, Option<i64>)> = sqlx::query_as(
+                "SELECT id, epoch, started_at FROM homing_jobs WHERE state = 'running' \
+                 AND worker = $1 ORDER BY started_at LIMIT $2",
+            )
+            .bind(worker)
+            .bind(limit.min(i64::MAX as usize) as i64)
+            .fetch_all(&self.pool)
+            .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(id, epoch, started_at)| RunningUnder {
+                    id,
+                    epoch: epoch.unwrap_or(0).max(0) as u64,
+                    started_at: started_at.unwrap_or(0),
+                })
+                .collect())
+        })
+        .await
+    }
+
+    async fn last_completion(&self, id: JobId) -> Result<Option<CompletionState>> {
+        let row: Option<(Option<String>, Option<i64>, Option<i64>)> = self
+            .call(async {
+                sqlx::query_as(
+                    "SELECT state, epoch, completed_epoch FROM homing_jobs WHERE id = $1",
+                )
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await
+            })
+            .await?;
+        Ok(row.map(|(state, epoch, done)| CompletionState {
+            state: read_state(state.as_deref(), &mut Vec::new()),
+            epoch: epoch.unwrap_or(0).max(0) as u64,
+            completed_epoch: done.map(|e| e.max(0) as u64),
+        }))
+    }
+
+    async fn worker_info(&self, id: &str) -> Result<Option<WorkerInfo>> {
+        let info: Option<String> = self
+            .call(async {
+                sqlx::query_scalar("SELECT info FROM homing_workers WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(&self.pool)
+                    .await
+            })
+            .await?;
+        info.map(|t| {
+            serde_json::from_str(&t).map_err(|e| Error::Backend {
+                backend: BACKEND,
+                message: format!("worker {id}'s stored info cannot be read: {e}"),
+                source: None,
+            })
+        })
+        .transpose()
     }
 
     async fn set_progress(

@@ -1,0 +1,348 @@
+//! The remote gateway's decisions, as pure functions: what a worker's report commits, which of
+//! a session's running jobs its heartbeat shows lost, what a completion the store refused was
+//! (already applied, or a zombie's), and the lease a worker hands back. A leaf like
+//! [`crate::transition`]: no I/O, so each rule is tested against every input here.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use super::{ReportKind, TaskDeclaration};
+use crate::job::{Job, JobId, JobState};
+use crate::retry::{RetryPolicy, DEFAULT_MAX_RETRIES};
+use crate::store::{CompletionState, Outcome, RunningUnder};
+use crate::task::{TaskDefaults, TaskError};
+use crate::time::{micros, Micros};
+
+/// The defaults a job of a task gets when it did not set the option itself: those the worker's
+/// code declared at registration, else homing's.
+pub fn defaults(declared: Option<&TaskDeclaration>) -> TaskDefaults {
+    let base = TaskDefaults::default();
+    let Some(d) = declared else { return base };
+    TaskDefaults {
+        queue: base.queue,
+        max_retries: d.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
+        retry_policy: d
+            .retry_delay_ms
+            .map(|ms| RetryPolicy::Fixed {
+                delay: Duration::from_millis(ms),
+            })
+            .unwrap_or(base.retry_policy),
+        time_limit: d
+            .time_limit_ms
+            .map(Duration::from_millis)
+            .unwrap_or(base.time_limit),
+    }
+}
+
+/// What a worker reported for one run, as read from the wire (already validated).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportIn<'a> {
+    pub kind: ReportKind,
+    pub result: Option<&'a serde_json::Value>,
+    pub error: Option<&'a str>,
+    pub retry_delay: Option<Duration>,
+    pub delay: Option<Duration>,
+}
+
+/// The outcome a report commits, the same rule as a Rust handler's ([`TaskError`] through the
+/// executor's `outcome_for_error`): an error is retried while the job's budget lasts (the job's
+/// own `max_retries` / retry policy, else the declared defaults), with the delay the worker
+/// asked for, else the policy's; a result that breaks a storage rule fails the job instead of
+/// being stored. `job` is the job as it runs (its attempts and options); only an error needs
+/// it, and without it (a missing job) the error is committed as failed, which the fence refuses.
+pub fn outcome(
+    r: &ReportIn<'_>,
+    job: Option<&Job>,
+    declared: Option<&TaskDeclaration>,
+    now: Micros,
+) -> Outcome {
+    let error = || crate::validate::error_text(r.error.unwrap_or("(no error text)"));
+    match r.kind {
+        ReportKind::Succeeded => {
+            let value = r.result.cloned().unwrap_or(serde_json::Value::Null);
+            match crate::validate::result(&value) {
+                Ok(()) => Outcome::Succeeded(value),
+                Err(e) => Outcome::Failed {
+                    error: format!("the handler's result was refused: {e}"),
+                },
+            }
+        }
+        ReportKind::Error => {
+            let err = match r.retry_delay {
+                Some(d) => TaskError::RetryIn(error(), d),
+                None => TaskError::Retry(error()),
+            };
+            match job {
+                Some(job) => crate::worker::outcome_for_error(job, &defaults(declared), err, now),
+                None => Outcome::Failed { error: error() },
+            }
+        }
+        ReportKind::Fatal => Outcome::Failed { error: error() },
+        ReportKind::Snooze => Outcome::Snooze {
+            at: now.saturating_add(micros(r.delay.unwrap_or_default())),
+        },
+        ReportKind::Cancelled => Outcome::Cancelled,
+        ReportKind::Released => Outcome::Released,
+    }
+}
+
+/// What a completion the store did not apply (its fence did not hold) was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// This epoch's completion was committed earlier: a retried call whose answer was lost.
+    AlreadyApplied(JobState),
+    /// A write for a run that no longer owns the job (a zombie's), or for a missing job.
+    Stale,
+}
+
+/// Tells a retried completion from a zombie's: only the last committed completion's epoch is
+/// recorded, so a retry that arrives after a later run of the job committed is `Stale` too (its
+/// result was applied then, and is overwritten by the later run's anyway).
+pub fn refused(found: Option<CompletionState>, epoch: u64) -> Refused {
+    match found {
+        Some(c) if c.completed_epoch == Some(epoch) => Refused::AlreadyApplied(c.state),
+        _ => Refused::Stale,
+    }
+}
+
+/// The heartbeat's housekeeping: of the jobs the store shows running under a session, those the
+/// session did not list as held and that started more than one TTL ago are lost (a server died
+/// between starting them and answering `reserve`, or the worker forgot them). A job started
+/// less than a TTL ago may still be on its way to the worker in a `reserve` answer.
+pub fn unheld(
+    running: &[RunningUnder],
+    held: &HashSet<JobId>,
+    ttl: Duration,
+    now: Micros,
+) -> Vec<JobId> {
+    running
+        .iter()
+        .filter(|r| !held.contains(&r.id) && r.started_at.saturating_add(micros(ttl)) < now)
+        .map(|r| r.id)
+        .collect()
+}
+
+/// A lease: what acknowledging one delivery needs (its queue and broker tag), opaque to the
+/// worker. `<tag>@<queue>`: a tag never contains `@` (row ids and stream entry ids).
+pub fn lease(tag: &str, queue: &str) -> String {
+    format!("{tag}@{queue}")
+}
+
+/// The queue and tag of a lease, or why it is not one.
+pub fn parse_lease(lease: &str) -> Result<(String, String), String> {
+    match lease.split_once('@') {
+        Some((tag, queue)) if !tag.is_empty() && !queue.is_empty() && tag.len() <= 128 => {
+            Ok((queue.to_string(), tag.to_string()))
+        }
+        _ => Err(
+            "lease is not one this server handed out (send it back exactly as reserve returned it)"
+                .into(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    fn job(attempts: u32, max_retries: Option<u32>) -> Job {
+        let mut j = crate::transition::sample_job(JobState::Running);
+        j.attempts = attempts;
+        j.max_retries = max_retries;
+        j
+    }
+
+    fn report(kind: ReportKind) -> ReportIn<'static> {
+        ReportIn {
+            kind,
+            result: None,
+            error: Some("boom"),
+            retry_delay: None,
+            delay: None,
+        }
+    }
+
+    fn declared(max_retries: u32, delay_ms: u64) -> TaskDeclaration {
+        TaskDeclaration {
+            name: "t".into(),
+            max_retries: Some(max_retries),
+            retry_delay_ms: Some(delay_ms),
+            time_limit_ms: None,
+        }
+    }
+
+    #[test]
+    fn an_error_retries_by_the_declared_defaults_when_the_job_set_none() {
+        let d = declared(2, 30_000);
+        let now = 1_000_000;
+        let o = outcome(
+            &report(ReportKind::Error),
+            Some(&job(0, None)),
+            Some(&d),
+            now,
+        );
+        assert_eq!(
+            o,
+            Outcome::Retry {
+                error: "boom".into(),
+                at: now + 30_000_000
+            }
+        );
+        // Two retries declared: the third error fails the job.
+        let o = outcome(
+            &report(ReportKind::Error),
+            Some(&job(2, None)),
+            Some(&d),
+            now,
+        );
+        assert_eq!(
+            o,
+            Outcome::Failed {
+                error: "boom".into()
+            }
+        );
+    }
+
+    #[test]
+    fn the_jobs_own_options_win_over_declared_defaults() {
+        let d = declared(5, 30_000);
+        let o = outcome(
+            &report(ReportKind::Error),
+            Some(&job(1, Some(1))),
+            Some(&d),
+            0,
+        );
+        assert_eq!(
+            o,
+            Outcome::Failed {
+                error: "boom".into()
+            }
+        );
+    }
+
+    #[test]
+    fn the_workers_retry_delay_wins_over_the_policy() {
+        let mut r = report(ReportKind::Error);
+        r.retry_delay = Some(Duration::from_secs(7));
+        let o = outcome(&r, Some(&job(0, None)), Some(&declared(2, 30_000)), 10);
+        assert_eq!(
+            o,
+            Outcome::Retry {
+                error: "boom".into(),
+                at: 10 + 7_000_000
+            }
+        );
+    }
+
+    #[test]
+    fn fatal_snooze_cancel_release_and_results() {
+        let j = job(0, None);
+        assert_eq!(
+            outcome(&report(ReportKind::Fatal), Some(&j), None, 0),
+            Outcome::Failed {
+                error: "boom".into()
+            }
+        );
+        let mut s = report(ReportKind::Snooze);
+        s.delay = Some(Duration::from_millis(1500));
+        assert_eq!(
+            outcome(&s, Some(&j), None, 5),
+            Outcome::Snooze { at: 5 + 1_500_000 }
+        );
+        assert_eq!(
+            outcome(&report(ReportKind::Cancelled), Some(&j), None, 0),
+            Outcome::Cancelled
+        );
+        assert_eq!(
+            outcome(&report(ReportKind::Released), Some(&j), None, 0),
+            Outcome::Released
+        );
+        let v = serde_json::json!({"pages": 3});
+        let mut ok = report(ReportKind::Succeeded);
+        ok.result = Some(&v);
+        assert_eq!(
+            outcome(&ok, Some(&j), None, 0),
+            Outcome::Succeeded(v.clone())
+        );
+        // A result that breaks a storage rule fails the job; it is never stored.
+        let deep = crate::validate::nested(crate::validate::MAX_DEPTH + 1, serde_json::json!(1));
+        ok.result = Some(&deep);
+        assert!(matches!(
+            outcome(&ok, Some(&j), None, 0),
+            Outcome::Failed { .. }
+        ));
+        // Error texts are cut like a Rust handler's.
+        let long = "x".repeat(100_000);
+        let mut e = report(ReportKind::Fatal);
+        e.error = Some(&long);
+        let Outcome::Failed { error } = outcome(&e, Some(&j), None, 0) else {
+            panic!()
+        };
+        assert!(error.len() <= crate::validate::MAX_ERROR_BYTES);
+    }
+
+    #[test]
+    fn a_refused_completion_is_already_applied_only_for_the_last_committed_epoch() {
+        let c = |epoch, done| {
+            Some(CompletionState {
+                state: JobState::Succeeded,
+                epoch,
+                completed_epoch: done,
+            })
+        };
+        assert_eq!(
+            refused(c(3, Some(3)), 3),
+            Refused::AlreadyApplied(JobState::Succeeded)
+        );
+        // The zombie of epoch 2 after run 3 committed.
+        assert_eq!(refused(c(3, Some(3)), 2), Refused::Stale);
+        // Reclaimed (not completed) and not restarted yet: the epoch is still 3, nothing committed.
+        assert_eq!(refused(c(3, None), 3), Refused::Stale);
+        assert_eq!(refused(c(3, Some(2)), 3), Refused::Stale);
+        assert_eq!(refused(None, 3), Refused::Stale);
+    }
+
+    #[test]
+    fn housekeeping_takes_only_unheld_jobs_older_than_a_ttl() {
+        let a = crate::job::new_job_id();
+        let b = crate::job::new_job_id();
+        let c = crate::job::new_job_id();
+        let running = [
+            RunningUnder {
+                id: a,
+                epoch: 1,
+                started_at: 0,
+            },
+            RunningUnder {
+                id: b,
+                epoch: 1,
+                started_at: 0,
+            },
+            RunningUnder {
+                id: c,
+                epoch: 1,
+                started_at: 9_000_000,
+            },
+        ];
+        let held: HashSet<JobId> = [b].into_iter().collect();
+        // At 10 s with a 6 s TTL: a is unheld and old, b is held, c is too young.
+        assert_eq!(
+            unheld(&running, &held, Duration::from_secs(6), 10_000_000),
+            vec![a]
+        );
+        assert!(unheld(&running, &held, Duration::from_secs(6), 5_000_000).is_empty());
+    }
+
+    #[test]
+    fn leases_round_trip_and_garbage_is_refused() {
+        let l = lease("1700000000000-0", "ocr");
+        assert_eq!(
+            parse_lease(&l),
+            Ok(("ocr".into(), "1700000000000-0".into()))
+        );
+        // A queue name containing '@' still parses (split at the first one).
+        assert_eq!(parse_lease("7@a@b"), Ok(("a@b".into(), "7".into())));
+        for bad in ["", "@ocr", "7@", "nope"] {
+            assert!(parse_lease(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,6 @@
+-- The remote worker protocol (docs/remote-workers.md). `completed_epoch` is the epoch of the last
+-- completion committed for a job, so that any server can tell a retried completion whose answer
+-- was lost (`already_applied`) from a zombie's write (`stale`), even after every server
+-- restarted.
+-- The same change as the SQLite store's 0004_remote.sql.
+ALTER TABLE homing_jobs ADD COLUMN IF NOT EXISTS completed_epoch BIGINT;
