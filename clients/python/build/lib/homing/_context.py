@@ -21,7 +21,9 @@ class Context:
         self.epoch: int = int(job["epoch"])
         self.attempt: int = int(job.get("attempt") or 0)
         self.max_retries: Optional[int] = job.get("max_retries")
-        self.idempotency_key: Optional[str] = job.get("idempotency_key")
+        # The key to hand to external systems (an Idempotency-Key header): the same on every
+        # run and retry of the job (the server sends the job id, as Rust handlers get).
+        self.idempotency_key: str = str(job.get("idempotency_key") or job["job_id"])
         self._report_progress = report_progress
         self._is_cancelled = is_cancelled
 
@@ -36,5 +38,6 @@ class Context:
     def cancelled(self) -> bool:
         """True once the job should stop: cancelled by a user, past its time limit, or no
         longer this worker's (presumed dead, or shutting down past its grace period). A task
-        that returns a result after that has it ignored unless the stop was a plain shutdown."""
+        that returns a result anyway has it recorded, unless it passed its time limit or the
+        job is no longer this worker's."""
         return self._is_cancelled()

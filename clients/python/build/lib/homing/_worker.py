@@ -298,7 +298,7 @@ class Worker:
             try:
                 r = self.app.http().call(
                     "POST", f"/v1/remote/sessions/{sid}/reserve",
-                    {"max": free, "wait_ms": round(self.wait * 1000)},
+                    {"max": min(free, 1000), "wait_ms": round(self.wait * 1000)},
                     timeout=self.wait + 15,
                 )
             except Unreachable as e:
