@@ -141,9 +141,9 @@ def celery_round(sock: Path, dir: Path, n: int, py: str) -> float:
     subprocess.run([py, "-c", produce], cwd=dir, env=env, check=True)
 
     def remaining() -> int:
-        out = subprocess.run(["redis-cli",  # noqa: S607 - tools from PATH "-s", str(sock), "eval",
-                              "return redis.call('llen', 'bench') + redis.call('hlen', 'unacked')",
-                              "0"], capture_output=True, text=True, check=True)
+        script = "return redis.call('llen', 'bench') + redis.call('hlen', 'unacked')"
+        out = subprocess.run(["redis-cli", "-s", str(sock), "eval", script, "0"],  # noqa: S607
+                             capture_output=True, text=True, check=True)
         return int(out.stdout.strip() or 0)
 
     w = subprocess.Popen([py, "-m", "celery", "-A", "benchapp", "worker", "-Q", "bench",
