@@ -29,6 +29,8 @@ class FakeServer:
         self.cancel: set[str] = set()
         self.drop_answers = 0  # complete calls applied but answered by a dropped connection
         self.expire_next_heartbeat = False
+        self.answer_complete = threading.Event()  # cleared: complete calls wait before answering
+        self.answer_complete.set()
         self.unstore = 0  # completions answered "unstored" (not written) before one is applied
         server = self
 
@@ -158,6 +160,12 @@ class FakeServer:
                         status = "stale"
                     answers.append({"job_id": jid, "status": status})
                 self.lock.notify_all()
+                if not self.answer_complete.is_set():
+                    self.lock.release()
+                    try:
+                        self.answer_complete.wait(20)
+                    finally:
+                        self.lock.acquire()
                 if self.drop_answers > 0:
                     self.drop_answers -= 1
                     return -1, None

@@ -193,6 +193,21 @@ def test_unstored_completion_is_sent_again(server: FakeServer) -> None:
     assert run.worker.stats.applied == 1
 
 
+def test_a_slot_is_held_until_the_completion_is_answered(server: FakeServer) -> None:
+    server.answer_complete.clear()
+    first, second = server.add("t.ok", {"x": 1}), server.add("t.ok", {"x": 2})
+    run = start(make_app(server.url), concurrency=1)
+    server.wait_outcomes(1)
+    time.sleep(0.5)
+    # The first job's completion is applied but not answered: a worker killed now would hold
+    # it, so with concurrency 1 it must not have reserved the second yet.
+    assert second not in server.running and len(server.queue) == 1
+    server.answer_complete.set()
+    got = server.wait_outcomes(2)
+    run.stop()
+    assert got[first]["result"]["double"] == 2 and got[second]["result"]["double"] == 4
+
+
 def test_expired_session_drops_results_and_rejoins(server: FakeServer) -> None:
     RELEASE.clear()
     jid = server.add("t.block")

@@ -74,13 +74,17 @@ fn signal(p: &Proc, sig: &str) {
 
 async fn wait_healthy(base: &str) {
     let http = http_client();
-    eventually(Duration::from_secs(30), "homing server to answer", || async {
-        http.get(format!("{base}/healthz"))
-            .send()
-            .await
-            .ok()
-            .filter(|r| r.status().is_success())
-    })
+    eventually(
+        Duration::from_secs(30),
+        "homing server to answer",
+        || async {
+            http.get(format!("{base}/healthz"))
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status().is_success())
+        },
+    )
     .await;
 }
 
@@ -93,20 +97,24 @@ async fn enqueue_calls(base: &str, counter: &Counter, n: usize, hold: f64) -> Ve
     let mut ids = Vec::new();
     while ids.len() < n {
         let first = ids.is_empty();
-        let id = eventually(Duration::from_secs(30), "py.call to be accepted", || async {
-            let r = http
-                .post(format!("{base}/v1/jobs"))
-                .json(&body)
-                .send()
-                .await
-                .ok()?;
-            if !r.status().is_success() {
-                assert!(first, "enqueue refused: {}", r.status());
-                return None;
-            }
-            let job: serde_json::Value = r.json().await.ok()?;
-            job["id"].as_str()?.parse::<JobId>().ok()
-        })
+        let id = eventually(
+            Duration::from_secs(30),
+            "py.call to be accepted",
+            || async {
+                let r = http
+                    .post(format!("{base}/v1/jobs"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .ok()?;
+                if !r.status().is_success() {
+                    assert!(first, "enqueue refused: {}", r.status());
+                    return None;
+                }
+                let job: serde_json::Value = r.json().await.ok()?;
+                job["id"].as_str()?.parse::<JobId>().ok()
+            },
+        )
         .await;
         ids.push(id);
     }
@@ -121,7 +129,11 @@ fn assert_each_once(jobs: &[Job], counter: &Counter) -> usize {
         assert_eq!(j.state, JobState::Succeeded, "{j:?}");
         let result = j.result.as_ref().expect("a result");
         assert_eq!(result["key"], j.id.to_string(), "{j:?}");
-        assert_eq!(result["epoch"], json!(j.epoch), "the result is the last run's: {j:?}");
+        assert_eq!(
+            result["epoch"],
+            json!(j.epoch),
+            "the result is the last run's: {j:?}"
+        );
         assert_eq!(j.epoch, u64::from(j.crashes) + 1, "{j:?}");
         assert_eq!(j.attempts, 0, "crashes must not spend retries: {j:?}");
         let calls = counter.count(&j.id.to_string());
@@ -144,9 +156,11 @@ async fn kill_9_python_workers_mid_job_every_job_succeeds() {
     let mut first = py_worker(&env, "py-a", &base, &["--concurrency", "2"]);
     let _second = py_worker(&env, "py-b", &base, &["--concurrency", "2"]);
     let ids = enqueue_calls(&base, &counter, 16, 0.4).await;
-    eventually(Duration::from_secs(30), "the workers to be busy", || async {
-        (counter.total() >= 4).then_some(())
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the workers to be busy",
+        || async { (counter.total() >= 4).then_some(()) },
+    )
     .await;
     first.kill9();
     let _third = py_worker(&env, "py-c", &base, &["--concurrency", "2"]);
@@ -154,7 +168,10 @@ async fn kill_9_python_workers_mid_job_every_job_succeeds() {
     let jobs = wait_all_terminal(&client, &ids, Duration::from_secs(90)).await;
     let extra = assert_each_once(&jobs, &counter);
     // Only the killed worker's jobs can have run twice, and it held at most 2 at once.
-    assert!(extra <= 2, "{extra} repeated calls after killing a worker of concurrency 2");
+    assert!(
+        extra <= 2,
+        "{extra} repeated calls after killing a worker of concurrency 2"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -166,27 +183,36 @@ async fn python_worker_paused_past_its_ttl_is_fenced_off() {
     // Two jobs of 2 s: the zombie (concurrency 1) holds one mid-call when it is paused.
     let ids = enqueue_calls(&base, &counter, 2, 2.0).await;
     let client = env.client().await;
-    eventually(Duration::from_secs(30), "the zombie to be mid-job", || async {
-        (counter.total() >= 1).then_some(())
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the zombie to be mid-job",
+        || async { (counter.total() >= 1).then_some(()) },
+    )
     .await;
     signal(&zombie, "-STOP");
     let fresh = py_worker(&env, "fresh", &base, &["--concurrency", "1"]);
     // Past the TTL (3 × 200 ms) the job is reclaimed and run again by the fresh worker.
-    eventually(Duration::from_secs(60), "the paused worker's job to be rerun", || async {
-        let mut rerun = false;
-        for id in &ids {
-            let j = client.get(*id).await.ok()?;
-            rerun |= j.crashes > 0 && j.state == JobState::Succeeded;
-        }
-        rerun.then_some(())
-    })
+    eventually(
+        Duration::from_secs(60),
+        "the paused worker's job to be rerun",
+        || async {
+            let mut rerun = false;
+            for id in &ids {
+                let j = client.get(*id).await.ok()?;
+                rerun |= j.crashes > 0 && j.state == JobState::Succeeded;
+            }
+            rerun.then_some(())
+        },
+    )
     .await;
     signal(&zombie, "-CONT");
     let jobs = wait_all_terminal(&client, &ids, Duration::from_secs(60)).await;
     assert_each_once(&jobs, &counter);
     let rerun: Vec<&Job> = jobs.iter().filter(|j| j.crashes > 0).collect();
-    assert!(!rerun.is_empty(), "the paused worker's job was never reclaimed");
+    assert!(
+        !rerun.is_empty(),
+        "the paused worker's job was never reclaimed"
+    );
     for j in &rerun {
         assert_eq!(
             j.result.as_ref().unwrap()["pid"],
@@ -232,15 +258,20 @@ async fn homing_server_killed_while_python_workers_hold_jobs_redis_postgres() {
     };
     let mut s1 = spawn_server("server1", &listen(p1));
     let _s2 = spawn_server("server2", &listen(p2));
-    let (b1, b2) = (format!("http://{}", listen(p1)), format!("http://{}", listen(p2)));
+    let (b1, b2) = (
+        format!("http://{}", listen(p1)),
+        format!("http://{}", listen(p2)),
+    );
     wait_healthy(&b1).await;
     wait_healthy(&b2).await;
     let w1 = py_worker(&env, "py-1", &b1, &["--concurrency", "2"]);
     let _w2 = py_worker(&env, "py-2", &b2, &["--concurrency", "2"]);
     let ids = enqueue_calls(&b2, &counter, 16, 0.4).await;
-    eventually(Duration::from_secs(30), "the workers to be busy", || async {
-        (counter.total() >= 4).then_some(())
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the workers to be busy",
+        || async { (counter.total() >= 4).then_some(()) },
+    )
     .await;
     s1.kill9();
     // The worker on the dead server cannot heartbeat: after its TTL its jobs are reclaimed and
@@ -250,11 +281,21 @@ async fn homing_server_killed_while_python_workers_hold_jobs_redis_postgres() {
     let client = env.client().await;
     let jobs = wait_all_terminal(&client, &ids, Duration::from_secs(90)).await;
     let extra = assert_each_once(&jobs, &counter);
-    assert!(extra <= 2, "{extra} repeated calls; the cut-off worker held at most 2 jobs");
-    let log = eventually(Duration::from_secs(30), "the cut-off worker to rejoin", || async {
-        let log = w1.log_text();
-        (log.matches("registered at").count() >= 2).then_some(log)
-    })
+    assert!(
+        extra <= 2,
+        "{extra} repeated calls; the cut-off worker held at most 2 jobs"
+    );
+    let log = eventually(
+        Duration::from_secs(30),
+        "the cut-off worker to rejoin",
+        || async {
+            let log = w1.log_text();
+            (log.matches("registered at").count() >= 2).then_some(log)
+        },
+    )
     .await;
-    assert!(log.contains("unreachable") || log.contains("failed"), "{log}");
+    assert!(
+        log.contains("unreachable") || log.contains("failed"),
+        "{log}"
+    );
 }

@@ -65,6 +65,9 @@ class Held:
     # The asyncio task running it, for async tasks (cancelled when the job must stop).
     future: Optional[asyncio.Future[Any]] = None
     state: str = "reserved"
+    # Whether it counts against the concurrency: from reserve until its completion is answered,
+    # so that a worker killed at any moment holds at most `concurrency` jobs whose handlers ran.
+    slot: bool = False
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -216,6 +219,17 @@ class Worker:
             old, why, len(abandoned),
         )
 
+    def forget(self, h: Held) -> None:
+        """The job left this process (answered, dropped or refused): free its slot (called with
+        the lock held)."""
+        if self.held.get(h.job_id) is h:
+            del self.held[h.job_id]
+        if h.slot:
+            h.slot = False
+            self.busy -= 1
+            self.lock.notify_all()
+        h.done.set()
+
     def die(self, reason: str) -> None:
         with self.lock:
             if self.fatal is None:
@@ -337,6 +351,7 @@ class Worker:
                 self.outbox.put(("complete", h, {"outcome": "released"}))
                 return
             self.busy += 1
+            h.slot = True
         if task is None:
             known = ", ".join(sorted(self.app.tasks)) or "none"
             self.finish(h, {"outcome": "fatal", "error":
@@ -441,13 +456,9 @@ class Worker:
     def finish(self, h: Held, report: dict[str, Any]) -> None:
         """A task ended: decide what to tell the server, given why it may have been stopped."""
         with self.lock:
-            if h.state in ("running", "reserved"):
-                self.busy -= 1
-                self.lock.notify_all()
             if h.gen != self.gen or h.stop == "lost":
-                self.held.pop(h.job_id, None)
+                self.forget(h)
                 self.stats.dropped += 1
-                h.done.set()
                 log.warning("job %s: outcome %s not sent: its session was presumed dead",
                             h.job_id, report["outcome"])
                 return
@@ -531,9 +542,8 @@ class Worker:
                     if h.gen == current and h.stop != "lost":
                         keep.append((h, report))
                     else:
-                        self.held.pop(h.job_id, None)
+                        self.forget(h)
                         self.stats.dropped += 1
-                        h.done.set()
                         log.warning("job %s: outcome %s not sent: its session was presumed dead",
                                     h.job_id, report["outcome"])
                 done = keep
@@ -560,8 +570,7 @@ class Worker:
                               len(done), e)
                     with self.lock:
                         for h, _ in done:
-                            self.held.pop(h.job_id, None)
-                            h.done.set()
+                            self.forget(h)
                     return
                 delay = backoff(attempt)
                 attempt += 1
@@ -591,8 +600,7 @@ class Worker:
                     if report["outcome"] == "released":
                         self.stats.released += 1
                     log.debug("job %s: %s %s", h.job_id, report["outcome"], status)
-                    self.held.pop(h.job_id, None)
-                    h.done.set()
+                    self.forget(h)
                 self.lock.notify_all()
             if not again:
                 return
@@ -648,7 +656,6 @@ class Worker:
             for h in late:
                 self.stop_job(h, "shutdown")
                 h.state = "completing"
-                self.busy -= 1
                 self.outbox.put(("complete", h, {"outcome": "released"}))
         if late:
             log.warning("grace period over: releasing %d running job(s)", len(late))
