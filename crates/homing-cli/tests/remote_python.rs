@@ -51,7 +51,9 @@ fn py_worker(env: &Env, name: &str, url: &str, extra: &[&str]) -> Proc {
     let log = std::fs::File::create(&log_path).expect("log file");
     let child = Command::new(python)
         .args(["-m", "homing", "worker", "proc_tasks"])
-        .args(["--heartbeat-interval", "200ms", "--poll", "1s"])
+        // 500 ms (TTL 1.5 s): a loaded CI machine can starve a Python process for a few
+        // hundred milliseconds, which must not look like a crash.
+        .args(["--heartbeat-interval", "500ms", "--poll", "1s"])
         .args(extra)
         .env("HOMING_URL", url)
         .env_remove("HOMING_API_TOKEN")
@@ -62,6 +64,15 @@ fn py_worker(env: &Env, name: &str, url: &str, extra: &[&str]) -> Proc {
         .spawn()
         .expect("start a Python worker");
     Proc::adopt(child, log_path, name)
+}
+
+/// Sessions of these workers that the server presumed dead (a worker starved past its TTL
+/// on a loaded machine): each lets its held jobs run again, like a kill.
+fn presumed_dead(workers: &[&Proc]) -> usize {
+    workers
+        .iter()
+        .map(|w| w.log_text().matches("presumed dead by the server").count())
+        .sum()
 }
 
 fn signal(p: &Proc, sig: &str) {
@@ -154,7 +165,7 @@ async fn kill_9_python_workers_mid_job_every_job_succeeds() {
     let counter = Counter::start().await;
     let (_up, base) = start_up(&env, &[]).await;
     let mut first = py_worker(&env, "py-a", &base, &["--concurrency", "2"]);
-    let _second = py_worker(&env, "py-b", &base, &["--concurrency", "2"]);
+    let second = py_worker(&env, "py-b", &base, &["--concurrency", "2"]);
     let ids = enqueue_calls(&base, &counter, 16, 0.4).await;
     eventually(
         Duration::from_secs(30),
@@ -163,14 +174,16 @@ async fn kill_9_python_workers_mid_job_every_job_succeeds() {
     )
     .await;
     first.kill9();
-    let _third = py_worker(&env, "py-c", &base, &["--concurrency", "2"]);
+    let third = py_worker(&env, "py-c", &base, &["--concurrency", "2"]);
     let client = env.client().await;
     let jobs = wait_all_terminal(&client, &ids, Duration::from_secs(90)).await;
     let extra = assert_each_once(&jobs, &counter);
-    // Only the killed worker's jobs can have run twice, and it held at most 2 at once.
+    // Only the killed worker's jobs can have run twice, and it held at most 2 at once (plus
+    // 2 for each session of another worker presumed dead meanwhile, counted from its log).
+    let lost = presumed_dead(&[&second, &third]);
     assert!(
-        extra <= 2,
-        "{extra} repeated calls after killing a worker of concurrency 2"
+        extra <= 2 * (1 + lost),
+        "{extra} repeated calls after killing a worker of concurrency 2 ({lost} other sessions presumed dead)"
     );
 }
 
@@ -265,7 +278,7 @@ async fn homing_server_killed_while_python_workers_hold_jobs_redis_postgres() {
     wait_healthy(&b1).await;
     wait_healthy(&b2).await;
     let w1 = py_worker(&env, "py-1", &b1, &["--concurrency", "2"]);
-    let _w2 = py_worker(&env, "py-2", &b2, &["--concurrency", "2"]);
+    let w2 = py_worker(&env, "py-2", &b2, &["--concurrency", "2"]);
     let ids = enqueue_calls(&b2, &counter, 16, 0.4).await;
     eventually(
         Duration::from_secs(30),
@@ -281,9 +294,10 @@ async fn homing_server_killed_while_python_workers_hold_jobs_redis_postgres() {
     let client = env.client().await;
     let jobs = wait_all_terminal(&client, &ids, Duration::from_secs(90)).await;
     let extra = assert_each_once(&jobs, &counter);
+    let lost = presumed_dead(&[&w2]);
     assert!(
-        extra <= 2,
-        "{extra} repeated calls; the cut-off worker held at most 2 jobs"
+        extra <= 2 * (1 + lost),
+        "{extra} repeated calls; the cut-off worker held at most 2 jobs ({lost} other sessions presumed dead)"
     );
     let log = eventually(
         Duration::from_secs(30),
