@@ -226,6 +226,28 @@ impl Session {
     }
 }
 
+/// A POST that declares a body of `len` bytes and sends none: the status and text answered.
+async fn declared_only(url: &str, len: usize) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.trim_start_matches("http://");
+    let (addr, path) = rest.split_at(rest.find('/').unwrap());
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\nauthorization: Bearer {TOKEN}\r\n\
+         content-type: application/json\r\ncontent-length: {len}\r\n\r\n"
+    );
+    sock.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), sock.read_to_end(&mut buf)).await;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
 async fn metric(api: &Api, name: &str) -> f64 {
     let text = api
         .http
@@ -434,6 +456,11 @@ async fn remote_protocol_on_the_embedded_backend() {
     assert_eq!(s, StatusCode::GONE);
     assert!(metric(&api, "homing_remote_stale_total").await >= stale_before + 1.0);
     assert!(up.log_text().contains("job.zombie_write_rejected"));
+    // Remote outcomes count like a Rust worker's, labelled by queue and task.
+    let label = r#"{queue="py",task="py.work"}"#;
+    assert!(metric(&api, &format!("homing_jobs_succeeded_total{label}")).await >= 5.0);
+    assert!(metric(&api, &format!("homing_jobs_retried_total{label}")).await >= 1.0);
+    assert!(metric(&api, &format!("homing_remote_stale_total{label}")).await >= 1.0);
 
     // Validation at the door.
     for (path, body) in [
@@ -474,6 +501,37 @@ async fn remote_protocol_on_the_embedded_backend() {
             .as_str()
             .is_some_and(|m| !m.is_empty()));
     }
+    // Another job's lease is refused (acknowledging it would drop that job's message); a
+    // result over 8 MiB fails its job and is never stored; a body over 16 MiB is refused.
+    let x = api.enqueue("py.work", "py", json!({"n": 9})).await;
+    let xjob = w.reserve_job(&x).await;
+    let (s, e) = w
+        .complete(vec![
+            json!({"job_id": id, "epoch": 1, "lease": xjob["lease"], "outcome": "succeeded"}),
+        ])
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
+    let big = "x".repeat(9 * 1024 * 1024);
+    assert_eq!(
+        w.complete_one(&xjob, json!({"outcome": "succeeded", "result": big}))
+            .await,
+        "applied"
+    );
+    let refused = api.job(&x).await;
+    assert_eq!(refused["state"], "failed");
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap()
+            .contains("result was refused"),
+        "{refused}"
+    );
+    assert!(refused["result"].is_null());
+    // Refused from the declared length, before any of the body is read.
+    let (status, text) = declared_only(&api.url(&w.path("complete")), 17 * 1024 * 1024).await;
+    assert_eq!(status, 413, "{text}");
+    assert!(text.contains("payload_too_large"), "{text}");
+
     let (s, e) = api
         .post(
             "/v1/remote/sessions",

@@ -499,7 +499,7 @@ async fn a_version_1_database_upgrades_with_its_jobs() {
     .unwrap();
     assert_eq!(
         s.migrate().await.unwrap(),
-        vec!["0002_events", "0003_queues"]
+        vec!["0002_events", "0003_queues", "0004_remote"]
     );
     // 0003 registers the queues already in use: they keep working even with no room for more.
     let full = PgStore::open(&url, PgOptions::default())

@@ -122,23 +122,63 @@ pub fn unheld(
         .collect()
 }
 
-/// A lease: what acknowledging one delivery needs (its queue and broker tag), opaque to the
-/// worker. `<tag>@<queue>`: a tag never contains `@` (row ids and stream entry ids).
-pub fn lease(tag: &str, queue: &str) -> String {
-    format!("{tag}@{queue}")
+/// A lease: what acknowledging one delivery needs (its queue and broker tag) and what its
+/// metrics are labelled with (its task), opaque to the worker, and the job it was handed out
+/// for, so that a completion sent with another job's lease is refused instead of acknowledging
+/// that job's message. `<tag>@<job>@<queue>@<task>`: none of them contains `@` (tags are row
+/// ids or stream entry ids; names are `[A-Za-z0-9_.:-]`).
+pub fn lease(tag: &str, job: JobId, queue: &str, task: &str) -> String {
+    format!("{tag}@{job}@{queue}@{task}")
 }
 
-/// The queue and tag of a lease, or why it is not one.
-pub fn parse_lease(lease: &str) -> Result<(String, String), String> {
-    match lease.split_once('@') {
-        Some((tag, queue)) if !tag.is_empty() && !queue.is_empty() && tag.len() <= 128 => {
-            Ok((queue.to_string(), tag.to_string()))
+/// What a lease says, once checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub tag: String,
+    pub queue: String,
+    pub task: String,
+}
+
+/// The lease handed out for `job`, or why it is not one.
+pub fn parse_lease(lease: &str, job: JobId) -> Result<Lease, String> {
+    let mut parts = lease.splitn(4, '@');
+    let (tag, id, queue, task) = (parts.next(), parts.next(), parts.next(), parts.next());
+    match (tag, id.map(str::parse::<JobId>), queue, task) {
+        (Some(tag), Some(Ok(id)), Some(queue), Some(task))
+            if !tag.is_empty()
+                && tag.len() <= 128
+                && crate::validate::name("queue", queue).is_ok()
+                && crate::validate::name("task", task).is_ok() =>
+        {
+            if id == job {
+                Ok(Lease {
+                    tag: tag.to_string(),
+                    queue: queue.to_string(),
+                    task: task.to_string(),
+                })
+            } else {
+                Err(format!("the lease was handed out for job {id}, not {job}"))
+            }
         }
         _ => Err(
             "lease is not one this server handed out (send it back exactly as reserve returned it)"
                 .into(),
         ),
     }
+}
+
+/// The counter an applied completion adds to, from the state the store committed (an outcome
+/// that could not be stored is committed as `dead`): the same counters a Rust worker's
+/// committer keeps.
+pub fn outcome_metric(outcome: &Outcome, state: JobState) -> Option<&'static str> {
+    use crate::metrics::*;
+    Some(match (state, outcome) {
+        (JobState::Dead, _) => JOBS_DEAD,
+        (JobState::Succeeded, _) => JOBS_SUCCEEDED,
+        (JobState::Failed, _) => JOBS_FAILED,
+        (JobState::Scheduled, Outcome::Retry { .. }) => JOBS_RETRIED,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -334,15 +374,61 @@ mod tests {
 
     #[test]
     fn leases_round_trip_and_garbage_is_refused() {
-        let l = lease("1700000000000-0", "ocr");
-        assert_eq!(
-            parse_lease(&l),
-            Ok(("ocr".into(), "1700000000000-0".into()))
-        );
-        // A queue name containing '@' still parses (split at the first one).
-        assert_eq!(parse_lease("7@a@b"), Ok(("a@b".into(), "7".into())));
-        for bad in ["", "@ocr", "7@", "nope"] {
-            assert!(parse_lease(bad).is_err(), "{bad}");
+        let job = crate::job::new_job_id();
+        let l = lease("1700000000000-0", job, "ocr", "ocr.extract");
+        let want = Lease {
+            tag: "1700000000000-0".into(),
+            queue: "ocr".into(),
+            task: "ocr.extract".into(),
+        };
+        assert_eq!(parse_lease(&l, job), Ok(want));
+        // Another job's lease is refused: acknowledging it would drop that job's message.
+        let other = crate::job::new_job_id();
+        assert!(parse_lease(&l, other)
+            .unwrap_err()
+            .contains("handed out for job"));
+        let bad = [
+            "".to_string(),
+            "@ocr".into(),
+            "7@".into(),
+            "nope".into(),
+            format!("7@{job}@ocr"),
+            format!("7@{job}@@t"),
+            format!("@{job}@ocr@t"),
+            format!("7@{job}@ocr@bad name"),
+            "7@x@ocr@t".into(),
+        ];
+        for b in bad {
+            assert!(parse_lease(&b, job).is_err(), "{b}");
         }
+    }
+
+    /// Counted as the Rust committer counts: by the state committed, not the outcome asked.
+    #[test]
+    fn metrics_follow_the_committed_state() {
+        use crate::metrics::*;
+        let ok = Outcome::Succeeded(serde_json::json!(1));
+        let retry = Outcome::Retry {
+            error: "e".into(),
+            at: 1,
+        };
+        assert_eq!(
+            outcome_metric(&ok, JobState::Succeeded),
+            Some(JOBS_SUCCEEDED)
+        );
+        assert_eq!(outcome_metric(&ok, JobState::Dead), Some(JOBS_DEAD));
+        assert_eq!(
+            outcome_metric(&retry, JobState::Scheduled),
+            Some(JOBS_RETRIED)
+        );
+        assert_eq!(
+            outcome_metric(&Outcome::Failed { error: "e".into() }, JobState::Failed),
+            Some(JOBS_FAILED)
+        );
+        assert_eq!(
+            outcome_metric(&Outcome::Snooze { at: 1 }, JobState::Scheduled),
+            None
+        );
+        assert_eq!(outcome_metric(&Outcome::Released, JobState::Queued), None);
     }
 }

@@ -35,7 +35,8 @@ pub const MAX_TASKS: usize = 1_000;
 /// Most deliveries one `reserve` returns, and most items of one `complete` or heartbeat.
 pub const MAX_RESERVE: u32 = 1_000;
 pub const MAX_BATCH: usize = 1_000;
-pub const MAX_HELD: usize = 100_000;
+/// Most jobs one heartbeat lists (its body stays well under the 2 MiB limit).
+pub const MAX_HELD: usize = 20_000;
 /// The longest long poll: well below the API server's 60 s request timeout.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 /// Largest progress document (JSON).
@@ -272,19 +273,14 @@ impl Gateway {
     /// The session's row, or why there is none.
     async fn session(&self, session: &str) -> Result<(WorkerInfo, RemoteWorker)> {
         check_session_id(session)?;
-        let info = self.store.worker_info(session).await?;
-        match info {
-            Some(WorkerInfo {
-                remote: Some(ref r),
-                ..
-            }) => {
-                let r = r.clone();
-                Ok((info.expect("matched"), r))
-            }
-            _ => Err(RemoteError::UnknownSession(format!(
+        let unknown = || {
+            RemoteError::UnknownSession(format!(
                 "no remote worker session '{session}' is registered; register one with POST /v1/remote/sessions"
-            ))),
-        }
+            ))
+        };
+        let info = self.store.worker_info(session).await?.ok_or_else(unknown)?;
+        let remote = info.remote.clone().ok_or_else(unknown)?;
+        Ok((info, remote))
     }
 
     fn expired(session: &str) -> RemoteError {
@@ -316,8 +312,13 @@ impl Gateway {
         } else {
             self.store.cancel_requested(&ids).await?
         };
-        self.housekeeping(session, &ids.into_iter().collect(), ttl)
-            .await?;
+        // The heartbeat itself is done: a failure here is tried again at the next one.
+        if let Err(e) = self
+            .housekeeping(session, &ids.into_iter().collect(), ttl)
+            .await
+        {
+            tracing::warn!(error = %e, worker = %session, "heartbeat housekeeping failed; the next heartbeat tries again");
+        }
         Ok(Beat {
             alive: true,
             ttl_ms: ttl.as_millis().min(u64::MAX as u128) as u64,
@@ -435,7 +436,7 @@ impl Gateway {
                     let defaults = decide::defaults(remote.declared(&job.task));
                     out.push(ReservedJob {
                         job_id: job.id,
-                        lease: decide::lease(&d.tag, &d.queue),
+                        lease: decide::lease(&d.tag, job.id, &d.queue, &job.task),
                         task: job.task.clone(),
                         queue: job.queue.clone(),
                         epoch: job.epoch,
@@ -463,20 +464,27 @@ impl Gateway {
                     crate::metrics::count(crate::metrics::JOBS_DEAD, &d.queue, "unknown");
                     to_ack.push(d);
                 }
+                // From here on, jobs of this call are started: a broker failure must not lose
+                // them by failing the call. What it leaves reserved, the rescuer finds once the
+                // session ends.
                 StartOutcome::Missing => {
                     let reason = format!("message names job {id} which the store does not have");
-                    self.broker.dead_letter(&d, &reason).await?;
+                    if let Err(e) = self.broker.dead_letter(&d, &reason).await {
+                        tracing::warn!(error = %e, "could not dead-letter a message; the rescuer will find it");
+                    }
                 }
                 StartOutcome::Unstartable(reason) => {
                     tracing::error!(job = %id, %reason, "cannot start a job; handing its message back");
-                    self.broker
-                        .requeue(session, std::slice::from_ref(&d))
-                        .await?;
+                    if let Err(e) = self.broker.requeue(session, std::slice::from_ref(&d)).await {
+                        tracing::warn!(error = %e, "could not hand back a message; the rescuer will");
+                    }
                 }
             }
         }
         if !to_ack.is_empty() {
-            self.broker.ack(&to_ack).await?;
+            if let Err(e) = self.broker.ack(&to_ack).await {
+                tracing::warn!(error = %e, "could not acknowledge skipped messages; the rescuer will find them");
+            }
         }
         Ok(out)
     }
@@ -494,12 +502,14 @@ impl Gateway {
             )));
         }
         let mut leases = Vec::with_capacity(reports.len());
+        let mut tasks = Vec::with_capacity(reports.len());
         for r in reports {
-            let (queue, tag) = decide::parse_lease(&r.lease).map_err(invalid)?;
+            let l = decide::parse_lease(&r.lease, r.job_id).map_err(invalid)?;
             check_delays(r).map_err(invalid)?;
+            tasks.push(l.task);
             leases.push(Delivery {
-                tag,
-                queue,
+                tag: l.tag,
+                queue: l.queue,
                 job: Ok(r.job_id),
             });
         }
@@ -514,7 +524,6 @@ impl Gateway {
         };
         let at = now();
         let mut completions = Vec::with_capacity(reports.len());
-        let mut tasks = Vec::with_capacity(reports.len());
         for r in reports {
             let input = decide::ReportIn {
                 kind: r.outcome,
@@ -528,7 +537,6 @@ impl Gateway {
             } else {
                 None
             };
-            let task = job.as_ref().map(|j| j.task.clone()).unwrap_or_default();
             let outcome = decide::outcome(
                 &input,
                 job.as_ref(),
@@ -538,7 +546,6 @@ impl Gateway {
                     .and_then(|(w, j)| w.declared(&j.task)),
                 at,
             );
-            tasks.push(task);
             completions.push(Completion {
                 id: r.job_id,
                 epoch: r.epoch,
@@ -549,11 +556,14 @@ impl Gateway {
         let mut out = Vec::with_capacity(reports.len());
         let mut to_ack = Vec::new();
         let mut to_publish = Vec::new();
-        for (((r, c), lease), result) in reports.iter().zip(&completions).zip(leases).zip(committed)
-        {
+        let items = reports.iter().zip(&completions).zip(leases).zip(tasks);
+        for ((((r, c), lease), task), result) in items.zip(committed) {
             match result {
                 Committed::Applied { state, dispatch } => {
                     log_applied(session, c, state);
+                    if let Some(name) = decide::outcome_metric(&c.outcome, state) {
+                        crate::metrics::count(name, &lease.queue, &task);
+                    }
                     to_publish.extend(dispatch);
                     to_ack.push(lease);
                     out.push(Completed {
@@ -582,11 +592,11 @@ impl Gateway {
                             });
                         }
                         decide::Refused::Stale => {
-                            let task = match self.store.get(r.job_id).await {
-                                Ok(Some(j)) => j.task,
-                                _ => "unknown".into(),
-                            };
-                            metrics::counter!(crate::metrics::REMOTE_STALE, "queue" => lease.queue.clone(), "task" => task.clone()).increment(1);
+                            crate::metrics::count(
+                                crate::metrics::REMOTE_STALE,
+                                &lease.queue,
+                                &task,
+                            );
                             tracing::warn!(
                                 event = "job.zombie_write_rejected",
                                 job = %r.job_id,
