@@ -1,0 +1,214 @@
+"""`App`: the registry of a program's tasks, and the client calls (`enqueue`, `get`, `wait`)
+that any Python program uses to hand work to homing and read what became of it."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, TypeVar, Union, overload
+
+from ._http import Http
+
+DEFAULT_URL = "http://127.0.0.1:8787"
+TERMINAL = frozenset({"succeeded", "failed", "dead", "cancelled"})
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as the server stores it (`GET /v1/jobs/{id}`); `raw` keeps every field."""
+
+    id: str
+    task: str
+    queue: str
+    state: str
+    args: Any
+    result: Any
+    error: Optional[str]
+    attempts: int
+    crashes: int
+    epoch: int
+    progress: Any
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Job:
+        return cls(
+            id=str(d["id"]),
+            task=str(d["task"]),
+            queue=str(d["queue"]),
+            state=str(d["state"]),
+            args=d.get("args"),
+            result=d.get("result"),
+            error=d.get("error"),
+            attempts=int(d.get("attempts", 0)),
+            crashes=int(d.get("crashes", 0)),
+            epoch=int(d.get("epoch", 0)),
+            progress=d.get("progress"),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class Task:
+    """A function registered with `@app.task`; calling it calls the function directly."""
+
+    fn: Callable[..., Any]
+    name: str
+    queue: str
+    max_retries: Optional[int]
+    retry_delay: Optional[float]
+    time_limit: Optional[float]
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def declaration(self) -> dict[str, Any]:
+        """The defaults a worker declares for this task when it registers its session."""
+        return {
+            "name": self.name,
+            "max_retries": self.max_retries,
+            "retry_delay_ms": millis(self.retry_delay),
+            "time_limit_ms": millis(self.time_limit),
+        }
+
+
+def millis(seconds: Optional[float]) -> Optional[int]:
+    return None if seconds is None else round(seconds * 1000)
+
+
+class App:
+    """A homing application: where the server is, and the tasks this program runs.
+
+    `App()` reads `HOMING_URL` (default http://127.0.0.1:8787) and `HOMING_API_TOKEN`.
+    """
+
+    def __init__(self, url: Optional[str] = None, *, token: Optional[str] = None) -> None:
+        self.url = (url or os.environ.get("HOMING_URL") or DEFAULT_URL).rstrip("/")
+        self.token = token if token is not None else os.environ.get("HOMING_API_TOKEN")
+        self.tasks: dict[str, Task] = {}
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return f"App(url={self.url!r}, tasks={sorted(self.tasks)!r})"
+
+    def http(self) -> Http:
+        """This thread's connection to the server (made on first use)."""
+        h: Optional[Http] = getattr(self._local, "http", None)
+        if h is None:
+            h = Http(self.url, self.token)
+            self._local.http = h
+        return h
+
+    @overload
+    def task(self, fn: F) -> Task: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: Optional[str] = None,
+        queue: str = "default",
+        max_retries: Optional[int] = None,
+        retry_delay: Optional[float] = None,
+        time_limit: Optional[float] = None,
+    ) -> Callable[[F], Task]: ...
+
+    def task(
+        self,
+        fn: Optional[F] = None,
+        *,
+        name: Optional[str] = None,
+        queue: str = "default",
+        max_retries: Optional[int] = None,
+        retry_delay: Optional[float] = None,
+        time_limit: Optional[float] = None,
+    ) -> Union[Task, Callable[[F], Task]]:
+        """Registers a function as a task. It is called as `fn(ctx, **args)`; `async def`
+        functions run on the worker's event loop, plain ones on its threads. `retry_delay` and
+        `time_limit` are in seconds; they and `max_retries` apply to jobs that did not set
+        their own at enqueue."""
+        if max_retries is not None and max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        for label, value in (("retry_delay", retry_delay), ("time_limit", time_limit)):
+            if value is not None and value < 0:
+                raise ValueError(f"{label} must be >= 0 seconds")
+
+        def register(f: F) -> Task:
+            task_name = name or f"{f.__module__}.{f.__qualname__}"
+            if task_name in self.tasks:
+                raise ValueError(f"task '{task_name}' is registered twice")
+            t = Task(f, task_name, queue, max_retries, retry_delay, time_limit)
+            self.tasks[task_name] = t
+            return t
+
+        return register(fn) if fn is not None else register
+
+    def enqueue(
+        self,
+        task: Union[str, Task],
+        args: Optional[dict[str, Any]] = None,
+        *,
+        queue: Optional[str] = None,
+        countdown: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+        options: Optional[dict[str, Any]] = None,
+    ) -> Job:
+        """Enqueues a job of any homing task (Rust or Python), by name or `Task`. `countdown`
+        delays its first run by that many seconds. With an `idempotency_key` already used, the
+        existing job is returned. Without `queue`, a task this App defines goes to its own queue,
+        any other task to the server's default. `options` adds other fields of `POST /v1/jobs`
+        as they are (`max_retries`, `time_limit`, `on_success`, `on_failure`, `callback_url`...)."""
+        if not isinstance(task, Task):
+            task = self.tasks.get(task, task)
+        if isinstance(task, Task):
+            name = task.name
+            queue = queue or task.queue
+        else:
+            name = task
+        body: dict[str, Any] = dict(options or {})
+        body.update(task=name, args={} if args is None else args)
+        if queue is not None:
+            body["queue"] = queue
+        if countdown is not None:
+            if countdown < 0:
+                raise ValueError("countdown must be >= 0 seconds")
+            body["countdown"] = millis(countdown)
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        return Job.from_json(self.http().call("POST", "/v1/jobs", body))
+
+    def get(self, job_id: str) -> Job:
+        """Reads a job."""
+        return Job.from_json(self.http().call("GET", f"/v1/jobs/{job_id}"))
+
+    def wait(self, job_id: str, timeout: Optional[float] = None) -> Job:
+        """Waits until the job is finished (succeeded, failed, dead or cancelled) and returns
+        it; raises `TimeoutError` after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.05
+        while True:
+            job = self.get(job_id)
+            if job.finished:
+                return job
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"job {job_id} is still {job.state} after {timeout}s"
+                    )
+                pause = min(pause, left)
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.5)

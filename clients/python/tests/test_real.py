@@ -1,0 +1,164 @@
+"""The package against a real `homing up` and real worker processes: what a user of
+`from homing import App` sees."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from homing import ApiError, App
+
+from .conftest import Homing, Proc, eventually, free_port, homing_bin, worker_live
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Homing, Proc, App]]:
+    h = Homing(tmp_path_factory.mktemp("shared")).start()
+    w = h.worker("--concurrency", "4")
+    app = App(h.url)
+    eventually("the worker's session", lambda: worker_live(h.url))
+    yield h, w, app
+    h.stop()
+
+
+def test_enqueue_wait_get(shared: tuple[Homing, Proc, App]) -> None:
+    _, _, app = shared
+    job = app.enqueue("py.add", {"a": 2, "b": 40}, idempotency_key="add-1", queue="py")
+    assert job.state in ("queued", "running", "succeeded")
+    done = app.wait(job.id, timeout=30)
+    assert done.state == "succeeded", done
+    assert done.result["sum"] == 42
+    # ctx.idempotency_key is the key for external systems: the job id, as for Rust handlers.
+    assert done.result["job"] == job.id and done.result["key"] == job.id
+    assert done.result["epoch"] == done.epoch
+    assert app.get(job.id).result == done.result
+    # The same idempotency key gives back the same job.
+    again = app.enqueue("py.add", {"a": 2, "b": 40}, idempotency_key="add-1", queue="py")
+    assert again.id == job.id
+
+
+def test_async_task(shared: tuple[Homing, Proc, App]) -> None:
+    _, _, app = shared
+    done = app.wait(app.enqueue("py.async_add", {"a": 1, "b": 2}, queue="py").id, timeout=30)
+    assert (done.state, done.result) == ("succeeded", 3)
+
+
+def test_retry_then_success_uses_declared_retries(shared: tuple[Homing, Proc, App]) -> None:
+    _, _, app = shared
+    done = app.wait(app.enqueue("py.flaky", {"fails": 2}, queue="py").id, timeout=30)
+    assert done.state == "succeeded", done
+    assert done.attempts == 2
+
+
+def test_exception_traceback_and_fatal(shared: tuple[Homing, Proc, App]) -> None:
+    _, _, app = shared
+    boom = app.wait(app.enqueue("py.boom", {}, queue="py").id, timeout=30)
+    assert boom.state == "failed", boom
+    assert boom.error is not None
+    assert "Traceback" in boom.error and "ValueError: kaboom from python" in boom.error
+    fatal = app.wait(app.enqueue("py.fatal", {}, queue="py").id, timeout=30)
+    assert fatal.state == "failed", fatal
+    assert fatal.attempts <= 1 and "can never work" in (fatal.error or "")
+
+
+def test_non_json_result_fails_the_job_not_the_worker(shared: tuple[Homing, Proc, App]) -> None:
+    _, w, app = shared
+    bad = app.wait(app.enqueue("py.set", {}, queue="py").id, timeout=30)
+    assert bad.state == "failed" and "not JSON" in (bad.error or ""), bad
+    good = app.wait(app.enqueue("py.add", {"a": 1, "b": 1}, queue="py").id, timeout=30)
+    assert good.result["sum"] == 2
+    assert w.p.poll() is None
+
+
+def test_countdown(shared: tuple[Homing, Proc, App]) -> None:
+    _, _, app = shared
+    job = app.enqueue("py.add", {"a": 0, "b": 0}, queue="py", countdown=1.0)
+    assert job.state == "scheduled"
+    assert app.wait(job.id, timeout=30).state == "succeeded"
+
+
+def test_cancel_reaches_a_running_task(shared: tuple[Homing, Proc, App]) -> None:
+    h, _, app = shared
+    job = app.enqueue("py.sleep", {"seconds": 30}, queue="py")
+    eventually("the job to run", lambda: app.get(job.id).state == "running")
+    eventually("progress", lambda: app.get(job.id).progress is not None)
+    r = httpx.post(f"{h.url}/v1/jobs/{job.id}/cancel", timeout=10)
+    assert r.status_code < 300, r.text
+    assert app.wait(job.id, timeout=30).state == "cancelled"
+
+
+def test_enqueue_errors_are_api_errors(shared: tuple[Homing, Proc, App]) -> None:
+    _, _, app = shared
+    with pytest.raises(ApiError) as e:
+        app.enqueue("py.no_such_task", {}, queue="py")
+    assert e.value.status == 422 and e.value.code == "unknown_task"
+    with pytest.raises(TimeoutError):
+        app.wait(app.enqueue("py.sleep", {"seconds": 2}, queue="py").id, timeout=0.2)
+
+
+def test_sigterm_finishes_running_jobs_and_exits_0(tmp_path: Path) -> None:
+    h = Homing(tmp_path).start()
+    try:
+        app = App(h.url)
+        w = h.worker("--concurrency", "1", "--grace", "20s")
+        eventually("a worker", lambda: worker_live(h.url))
+        job = app.enqueue("py.sleep", {"seconds": 1.5}, queue="py")
+        eventually("the job to run", lambda: app.get(job.id).state == "running")
+        w.p.send_signal(signal.SIGTERM)
+        assert w.wait(30) == 0, w.text()
+        assert app.get(job.id).state == "succeeded"
+        assert "stopped:" in w.text()
+    finally:
+        h.stop()
+
+
+def test_bad_token_exits_with_the_reason(tmp_path: Path) -> None:
+    h = Homing(tmp_path, token="the-right-token").start()
+    try:
+        w = h.worker(token="a-wrong-token")
+        assert w.wait(30) == 2
+        text = w.text()
+        assert "API token" in text, text
+        assert "a-wrong-token" not in text and "the-right-token" not in text
+    finally:
+        h.stop()
+
+
+def test_unknown_module_is_a_clear_error(tmp_path: Path) -> None:
+    h = Homing(tmp_path)
+    w = h.worker(module="no_such_module_here")
+    try:
+        assert w.wait(30) == 2
+        assert "cannot import module 'no_such_module_here'" in w.text()
+    finally:
+        w.stop()
+
+
+def test_server_down_at_start_then_up(tmp_path: Path) -> None:
+    h = Homing(tmp_path, port=free_port())
+    w = h.worker()
+    try:
+        eventually("the worker to say the server is unreachable",
+                   lambda: "unreachable" in w.text() and "retrying" in w.text())
+        assert w.p.poll() is None
+        h.start()
+        app = App(h.url)
+        job = eventually("the task to be known", lambda: try_enqueue(app))
+        assert app.wait(job.id, timeout=30).state == "succeeded"
+    finally:
+        h.stop()
+
+
+def try_enqueue(app: App) -> object:
+    try:
+        return app.enqueue("py.add", {"a": 1, "b": 2}, queue="py")
+    except ApiError:
+        return None
+
+
+def test_homing_bin_is_real() -> None:
+    assert Path(homing_bin()).is_file()
