@@ -37,6 +37,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0003_queues",
         sql: include_str!("sqlite/migrations/0003_queues.sql"),
     },
+    Migration {
+        version: 6,
+        name: "0006_limits",
+        sql: include_str!("sqlite/migrations/0006_limits.sql"),
+    },
 ];
 
 /// An open database file.

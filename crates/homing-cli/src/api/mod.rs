@@ -6,6 +6,7 @@
 mod events;
 mod jobs;
 mod metrics;
+mod queues;
 mod status;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -76,6 +77,8 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(events::stream))
         .route("/v1/queues", get(status::queues))
+        .route("/v1/queues/{name}/pause", post(queues::pause))
+        .route("/v1/queues/{name}/resume", post(queues::resume))
         .route("/v1/workers", get(status::workers))
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(middleware::from_fn_with_state(

@@ -29,6 +29,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0003_queues",
         sql: include_str!("migrations/0003_queues.sql"),
     },
+    Migration {
+        version: 6,
+        name: "0006_limits",
+        sql: include_str!("migrations/0006_limits.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are
