@@ -297,7 +297,13 @@ async fn a_reservation_waits_on_a_quiet_queue_without_timing_out() {
     let (b2, q2) = (b.clone(), q.clone());
     let publisher = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        b2.publish(&[ToPublish { id, queue: q2, priority: 0 }]).await.unwrap();
+        b2.publish(&[ToPublish {
+            id,
+            queue: q2,
+            priority: 0,
+        }])
+        .await
+        .unwrap();
     });
     let got = b
         .reserve("c", std::slice::from_ref(&q), 1, Duration::from_secs(30))

@@ -74,10 +74,16 @@ impl SqliteBroker {
                     if out.len() >= max {
                         break;
                     }
-                    let rows = st.query_map(
-                        params![consumer, t, q, (max - out.len()) as i64],
-                        |r| Ok((r.get::<_, i64>(4)?, r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?)),
-                    )?;
+                    let rows =
+                        st.query_map(params![consumer, t, q, (max - out.len()) as i64], |r| {
+                            Ok((
+                                r.get::<_, i64>(4)?,
+                                r.get::<_, i64>(0)?,
+                                r.get::<_, i64>(1)?,
+                                r.get::<_, String>(2)?,
+                                r.get::<_, String>(3)?,
+                            ))
+                        })?;
                     for r in rows {
                         out.push(r?);
                     }

@@ -38,7 +38,10 @@ pub async fn paused_queue_parks_and_resume_hands_back(s: Arc<dyn Store>) {
     s.mark_dispatched(&[a.id]).await.unwrap();
     assert!(s.set_paused(&q, true, now()).await.unwrap().is_empty());
     let settings = s.queue_settings().await.unwrap();
-    assert!(settings.iter().any(|x| x.queue == q && x.paused), "{settings:?}");
+    assert!(
+        settings.iter().any(|x| x.queue == q && x.paused),
+        "{settings:?}"
+    );
     // Pausing twice is harmless.
     s.set_paused(&q, true, now()).await.unwrap();
     // A job enqueued while paused is accepted.
@@ -49,9 +52,16 @@ pub async fn paused_queue_parks_and_resume_hands_back(s: Arc<dyn Store>) {
     for id in [a.id, b.id] {
         let j = s.get(id).await.unwrap().unwrap();
         assert_eq!((j.state, j.epoch, j.worker), (JobState::Queued, 0, None));
-        assert_eq!((j.attempts, j.crashes), (0, 0), "being held back counts nothing");
+        assert_eq!(
+            (j.attempts, j.crashes),
+            (0, 0),
+            "being held back counts nothing"
+        );
     }
-    let outbox = s.undispatched(now() + micros(Duration::from_secs(60)), 100).await.unwrap();
+    let outbox = s
+        .undispatched(now() + micros(Duration::from_secs(60)), 100)
+        .await
+        .unwrap();
     assert!(
         !outbox.iter().any(|d| d.queue == q),
         "a paused queue's jobs are not published again: {outbox:?}"
@@ -63,9 +73,17 @@ pub async fn paused_queue_parks_and_resume_hands_back(s: Arc<dyn Store>) {
     want.sort();
     assert_eq!(ids, want, "resume hands back every held job");
     assert!(back.iter().all(|d| d.queue == q));
-    assert!(!s.queue_settings().await.unwrap().iter().any(|x| x.queue == q && x.paused));
+    assert!(!s
+        .queue_settings()
+        .await
+        .unwrap()
+        .iter()
+        .any(|x| x.queue == q && x.paused));
     // Had the caller died before publishing, the reconciler would find them.
-    let outbox = s.undispatched(now() + micros(Duration::from_secs(60)), 1000).await.unwrap();
+    let outbox = s
+        .undispatched(now() + micros(Duration::from_secs(60)), 1000)
+        .await
+        .unwrap();
     assert_eq!(outbox.iter().filter(|d| d.queue == q).count(), 2);
     assert!(matches!(start(&*s, a.id).await, StartOutcome::Run(_)));
 }
@@ -100,14 +118,20 @@ pub async fn pause_spares_other_queues_and_finished_jobs(s: Arc<dyn Store>) {
     s.set_paused(&q, true, now()).await.unwrap();
     let free = insert(&*s, new_job(&other, "t")).await;
     assert!(matches!(start(&*s, free.id).await, StartOutcome::Run(_)));
-    assert_eq!(start(&*s, done.id).await, StartOutcome::Skip(JobState::Succeeded));
+    assert_eq!(
+        start(&*s, done.id).await,
+        StartOutcome::Skip(JobState::Succeeded)
+    );
     assert_eq!(
         s.start(&[due.id], "w1", now() + micros(Duration::from_secs(1)))
             .await
             .unwrap(),
         vec![StartOutcome::Parked]
     );
-    assert_eq!(s.get(due.id).await.unwrap().unwrap().state, JobState::Queued);
+    assert_eq!(
+        s.get(due.id).await.unwrap().unwrap().state,
+        JobState::Queued
+    );
     // The running job finishes normally.
     let c = s
         .complete(
@@ -120,7 +144,13 @@ pub async fn pause_spares_other_queues_and_finished_jobs(s: Arc<dyn Store>) {
         )
         .await
         .unwrap();
-    assert!(matches!(c[0], Committed::Applied { state: JobState::Succeeded, .. }));
+    assert!(matches!(
+        c[0],
+        Committed::Applied {
+            state: JobState::Succeeded,
+            ..
+        }
+    ));
 }
 
 /// A job's priority is stored, shown, and kept when its worker is lost and it is requeued.
@@ -138,7 +168,10 @@ pub async fn priority_is_stored_and_kept(s: Arc<dyn Store>) {
         panic!("not started")
     };
     assert_eq!(j.priority, 7);
-    assert_eq!(s.mark_lost(ins.id, "w1", now()).await.unwrap(), Lost::Requeued);
+    assert_eq!(
+        s.mark_lost(ins.id, "w1", now()).await.unwrap(),
+        Lost::Requeued
+    );
     let j = s.get(ins.id).await.unwrap().unwrap();
     assert_eq!((j.state, j.priority), (JobState::Queued, 7));
     let plain = insert(&*s, new_job(&q, "t")).await;
@@ -168,14 +201,21 @@ pub async fn unique_for_returns_the_same_job(s: Arc<dyn Store>) {
     let mut other_task = unique(&q, serde_json::json!({"a": 1, "b": [1, 2]}), w);
     other_task.task = "t.other".into();
     assert!(!insert(&*s, other_task).await.existed);
-    let other_queue = unique(&unique_queue("uniq2"), serde_json::json!({"a": 1, "b": [1, 2]}), w);
+    let other_queue = unique(
+        &unique_queue("uniq2"),
+        serde_json::json!({"a": 1, "b": [1, 2]}),
+        w,
+    );
     assert!(!insert(&*s, other_queue).await.existed);
     // Running still counts as the same job.
     let StartOutcome::Run(r) = start(&*s, first.id).await else {
         panic!("not started")
     };
     let again = insert(&*s, unique(&q, serde_json::json!({"a": 1, "b": [1, 2]}), w)).await;
-    assert_eq!((again.id, again.existed, again.state), (first.id, true, JobState::Running));
+    assert_eq!(
+        (again.id, again.existed, again.state),
+        (first.id, true, JobState::Running)
+    );
     // Two equal unique jobs in one batch: one job.
     let batch = s
         .insert(vec![
@@ -213,7 +253,10 @@ pub async fn unique_for_window_counts_from_the_finish(s: Arc<dyn Store>) {
     let mut inside = unique(&q, args.clone(), w);
     inside.created_at = finish + micros(Duration::from_secs(4));
     let got = insert(&*s, inside).await;
-    assert_eq!((got.id, got.existed, got.state), (first.id, true, JobState::Failed));
+    assert_eq!(
+        (got.id, got.existed, got.state),
+        (first.id, true, JobState::Failed)
+    );
     // Past it: a new job.
     let mut after = unique(&q, args.clone(), w);
     after.created_at = finish + micros(Duration::from_secs(6));

@@ -562,28 +562,30 @@ fn start_each(
             out.push(StartOutcome::Missing);
             continue;
         };
-        out.push(match transition::start_gated(&job, now, gate(tx, &job.queue)?) {
-            transition::Start::Skip(state) => StartOutcome::Skip(state),
-            transition::Start::Park => {
-                transit(tx, id, Guard::NotStarted, &transition::park(), now)?;
-                StartOutcome::Parked
-            }
-            transition::Start::Defer(at) => StartOutcome::Defer(at),
-            transition::Start::Dead(reason) => {
-                transit(tx, id, Guard::Any, &Change::dead(reason), now)?;
-                StartOutcome::Dead
-            }
-            transition::Start::Run => {
-                let job = tx
-                    .prepare_cached(&format!(
-                        "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
+        out.push(
+            match transition::start_gated(&job, now, gate(tx, &job.queue)?) {
+                transition::Start::Skip(state) => StartOutcome::Skip(state),
+                transition::Start::Park => {
+                    transit(tx, id, Guard::NotStarted, &transition::park(), now)?;
+                    StartOutcome::Parked
+                }
+                transition::Start::Defer(at) => StartOutcome::Defer(at),
+                transition::Start::Dead(reason) => {
+                    transit(tx, id, Guard::Any, &Change::dead(reason), now)?;
+                    StartOutcome::Dead
+                }
+                transition::Start::Run => {
+                    let job = tx
+                        .prepare_cached(&format!(
+                            "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
                          started_at = ?3, dispatched = 1, updated_at = ?3 WHERE id = ?1 \
                          RETURNING {COLUMNS}"
-                    ))?
-                    .query_row(params![id, worker, now], row_to_job)?;
-                StartOutcome::Run(Box::new(job))
-            }
-        });
+                        ))?
+                        .query_row(params![id, worker, now], row_to_job)?;
+                    StartOutcome::Run(Box::new(job))
+                }
+            },
+        );
     }
     Ok(Some(out))
 }

@@ -995,14 +995,13 @@ async fn start_tx(
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
-    let paused: HashSet<String> = sqlx::query_scalar(
-        "SELECT name FROM homing_queues WHERE paused AND name = ANY($1)",
-    )
-    .bind(&queues)
-    .fetch_all(&mut *tx)
-    .await?
-    .into_iter()
-    .collect();
+    let paused: HashSet<String> =
+        sqlx::query_scalar("SELECT name FROM homing_queues WHERE paused AND name = ANY($1)")
+            .bind(&queues)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect();
     enum Decision {
         Done(StartOutcome),
         Run(JobId),
@@ -1441,11 +1440,10 @@ impl Store for PgStore {
 
     async fn queue_settings(&self) -> Result<Vec<QueueSettings>> {
         self.call(async {
-            let rows = sqlx::query(
-                "SELECT name, paused FROM homing_queues WHERE paused ORDER BY name",
-            )
-            .fetch_all(&self.pool)
-            .await?;
+            let rows =
+                sqlx::query("SELECT name, paused FROM homing_queues WHERE paused ORDER BY name")
+                    .fetch_all(&self.pool)
+                    .await?;
             rows.iter()
                 .map(|r| {
                     Ok(QueueSettings {
