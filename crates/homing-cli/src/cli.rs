@@ -127,8 +127,8 @@ pub enum Command {
         #[command(subcommand)]
         command: WorkflowsCommand,
     },
-    /// Show each queue's jobs by state and the broker's message counts.
-    Queues(OutputArgs),
+    /// Show each queue's jobs by state and the broker's message counts; pause and resume queues.
+    Queues(QueuesArgs),
     /// Show workers: live, stopped and lost, with what each is running.
     Workers(WorkersArgs),
     /// Periodic schedules: a job per cron tick or per interval, exactly one per tick.
@@ -152,6 +152,29 @@ pub enum Command {
             whenever it is opened."
     )]
     Migrate(OutputArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct QueuesArgs {
+    #[command(subcommand)]
+    pub command: Option<QueuesCommand>,
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum QueuesCommand {
+    /// Stop starting jobs from a queue: it still accepts jobs, and running ones finish.
+    Pause {
+        /// The queue's name.
+        queue: String,
+    },
+    /// Start jobs from a paused queue again, the ones it held back first.
+    Resume {
+        /// The queue's name.
+        queue: String,
+    },
 }
 
 #[derive(Debug, Clone, Args)]
@@ -289,9 +312,17 @@ pub struct EnqueueArgs {
     /// With --celery: the Celery broker URL (defaults to --broker when that is a Redis URL).
     #[arg(long, env = "HOMING_CELERY_BROKER", hide_env_values = true)]
     pub celery_broker: Option<String>,
-    /// With --celery: the message's priority, 0-9 (lower runs first on kombu's Redis transport).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=9))]
-    pub priority: u8,
+    /// Higher runs first within the queue; equal priorities run in enqueue order (default 0,
+    /// from -1000 to 1000). With --celery: the message's priority, 0-9 (lower runs first on
+    /// kombu's Redis transport).
+    #[arg(long, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i32).range(-(homing::validate::MAX_PRIORITY as i64)..=homing::validate::MAX_PRIORITY as i64))]
+    pub priority: Option<i32>,
+    /// Make the job unique for this long: while a job of the same task, queue and args is
+    /// scheduled, queued or running, or finished less than this long ago, enqueue returns that
+    /// job instead of a new one (1s to 366 days).
+    #[arg(long, value_parser = duration_in(homing::validate::MIN_UNIQUE_FOR, homing::validate::MAX_DELAY))]
+    pub unique_for: Option<Duration>,
     /// Queue (default: the task's own queue, else `default`).
     #[arg(long)]
     pub queue: Option<String>,

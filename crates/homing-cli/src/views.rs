@@ -19,6 +19,8 @@ pub struct QueueView {
     pub last_hour: FinishedCounts,
     /// Jobs finished per second over the last minute.
     pub throughput_per_s: f64,
+    /// Paused by an operator: no job starts from it until it is resumed (docs/limits.md).
+    pub paused: bool,
 }
 
 impl QueueView {
@@ -37,6 +39,7 @@ impl QueueView {
                 ..Default::default()
             },
             throughput_per_s: 0.0,
+            paused: false,
         }
     }
 }
@@ -57,6 +60,7 @@ pub async fn queues(b: &Backends, after: Option<&str>, limit: usize) -> Result<Q
     let t = now();
     let hour = b.store.finished_since(t - 3600 * 1_000_000).await?;
     let minute = b.store.finished_since(t - 60 * 1_000_000).await?;
+    let settings = b.store.queue_settings().await?;
     let mut by_name: BTreeMap<String, QueueView> = BTreeMap::new();
     fn view<'a>(m: &'a mut BTreeMap<String, QueueView>, q: &str) -> &'a mut QueueView {
         m.entry(q.to_string())
@@ -77,6 +81,9 @@ pub async fn queues(b: &Backends, after: Option<&str>, limit: usize) -> Result<Q
     for m in minute {
         view(&mut by_name, &m.queue).throughput_per_s =
             (m.succeeded + m.failed + m.dead + m.cancelled) as f64 / 60.0;
+    }
+    for q in settings {
+        view(&mut by_name, &q.queue).paused = q.paused;
     }
     let mut rest = match after {
         Some(a) => by_name.split_off(a),

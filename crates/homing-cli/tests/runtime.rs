@@ -164,10 +164,12 @@ async fn idempotency_key_and_duplicate_messages() {
             ToPublish {
                 id,
                 queue: "idem".into(),
+                priority: 0,
             },
             ToPublish {
                 id,
                 queue: "idem".into(),
+                priority: 0,
             },
         ])
         .await

@@ -110,6 +110,17 @@ pub fn validate_request(req: &EnqueueRequest) -> Result<()> {
     if let Some(n) = o.max_crashes {
         checks.push(v::count("max_crashes", n, 1, v::MAX_CRASHES));
     }
+    if let Some(p) = o.priority {
+        checks.push(v::priority(p));
+    }
+    if let Some(d) = o.unique_for {
+        checks.push(v::duration(
+            "unique_for",
+            d,
+            v::MIN_UNIQUE_FOR,
+            v::MAX_DELAY,
+        ));
+    }
     checks
         .into_iter()
         .collect::<std::result::Result<(), String>>()
@@ -213,18 +224,25 @@ impl Client {
             .map(|r| self.prepare(r, at))
             .collect::<Result<Vec<_>>>()?;
         let tasks: Vec<String> = jobs.iter().map(|j| j.task.clone()).collect();
+        let priorities: Vec<i32> = jobs
+            .iter()
+            .map(|j| j.options.priority.unwrap_or(0))
+            .collect();
         let inserted = self.store.insert(jobs).await?;
         for (i, task) in inserted.iter().zip(&tasks) {
             if !i.existed {
                 crate::metrics::count(crate::metrics::JOBS_ENQUEUED, &i.queue, task);
             }
         }
+        // Only a job this call inserted is published, so its priority is the one asked for.
         let to_send: Vec<ToPublish> = inserted
             .iter()
-            .filter(|i| i.needs_dispatch())
-            .map(|i| ToPublish {
+            .zip(&priorities)
+            .filter(|(i, _)| i.needs_dispatch())
+            .map(|(i, p)| ToPublish {
                 id: i.id,
                 queue: i.queue.clone(),
+                priority: *p,
             })
             .collect();
         // The jobs are accepted: a failed publish leaves them undispatched in the store, and the
@@ -264,6 +282,7 @@ impl Client {
         let d = [ToPublish {
             id: job.id,
             queue: job.queue.clone(),
+            priority: job.priority,
         }];
         if let Err(e) = publish(&*self.broker, &*self.store, &d).await {
             tracing::warn!(error = %e, job = %id, "publish failed; the reconciler will publish the job later");
@@ -392,6 +411,23 @@ impl Client {
             .cancel_workflow(id, now())
             .await?
             .ok_or(Error::WorkflowNotFound(id))
+    /// Pauses a queue: it still accepts jobs, but no worker starts one from it until it is
+    /// resumed; running jobs finish (docs/limits.md).
+    pub async fn pause_queue(&self, queue: &str) -> Result<()> {
+        crate::validate::producer_queue(queue).map_err(Error::Invalid)?;
+        self.store.set_paused(queue, true, now()).await?;
+        Ok(())
+    }
+
+    /// Resumes a paused queue and publishes the jobs it held back (the reconciler publishes any
+    /// this call does not).
+    pub async fn resume_queue(&self, queue: &str) -> Result<()> {
+        crate::validate::producer_queue(queue).map_err(Error::Invalid)?;
+        let held = self.store.set_paused(queue, false, now()).await?;
+        if let Err(e) = publish(&*self.broker, &*self.store, &held).await {
+            tracing::warn!(error = %e, %queue, jobs = held.len(), "publish failed; the reconciler will publish the resumed queue's jobs later");
+        }
+        Ok(())
     }
 
     /// Waits until the job is terminal or `timeout` passes, and returns it as it is then.

@@ -168,6 +168,19 @@ pub struct JobOptions {
     /// [`crate::redact::redact_secret_url`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback_url: Option<String>,
+    /// Higher starts first within its queue; equal priorities start in enqueue order. Default 0,
+    /// range [`crate::validate::MAX_PRIORITY`] either side of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// Makes the job unique for this long (docs/limits.md): while a job of the same task, queue
+    /// and args is scheduled, queued or running, or finished less than this long ago, enqueueing
+    /// returns that job instead of a new one.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "opt_duration"
+    )]
+    pub unique_for: Option<std::time::Duration>,
 }
 
 /// A job as handed to [`crate::store::Store::insert`]: fully resolved, with its id chosen.
@@ -203,6 +216,9 @@ pub struct Job {
     pub max_retries: Option<u32>,
     pub max_crashes: u32,
     pub idempotency_key: Option<String>,
+    /// Higher starts first within its queue (see [`JobOptions::priority`]).
+    #[serde(default)]
+    pub priority: i32,
     pub progress: Option<serde_json::Value>,
     pub worker: Option<String>,
     #[serde(with = "time::as_rfc3339")]

@@ -78,6 +78,7 @@ pub mod time;
 #[cfg(any(feature = "http", feature = "redis"))]
 pub mod tls;
 pub mod transition;
+pub mod unique;
 pub mod validate;
 pub mod worker;
 pub mod workflow;

@@ -200,6 +200,36 @@ pub enum Start {
     Defer(Micros),
     /// Make it `dead` with this reason ([`Change::dead`]) and acknowledge.
     Dead(String),
+    /// It would run, but its queue is paused: write [`park`] (it stays `queued`, undispatched)
+    /// and acknowledge. The reconciler publishes it again once the queue is resumed.
+    Park,
+}
+
+/// What a job's queue allows at the moment of a start, as read in the start's transaction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueGate {
+    /// `homing queues pause`: no new start from this queue.
+    pub paused: bool,
+}
+
+/// The start rule of a job in a queue: [`start`]'s decision, except that a job that would run
+/// from a paused queue is parked instead. A paused queue holds back only what would start: a
+/// finished job is still skipped, a job whose data cannot be read is still made dead.
+pub fn start_gated(job: &Job, now: Micros, gate: QueueGate) -> Start {
+    match start(job, now) {
+        Start::Run if gate.paused => Start::Park,
+        other => other,
+    }
+}
+
+/// What a parked start writes: `queued` (a due `scheduled` job becomes `queued` too), and
+/// undispatched, so the message is published again when the queue may start it. Nothing is
+/// counted: being held back is not a run.
+pub fn park() -> Change {
+    Change {
+        republish: true,
+        ..Change::to(JobState::Queued)
+    }
 }
 
 /// The start rule. In order: a finished or running job is skipped; a scheduled job not yet due
@@ -378,6 +408,7 @@ pub(crate) fn sample_job(state: JobState) -> Job {
         max_retries: None,
         max_crashes: 3,
         idempotency_key: None,
+        priority: 0,
         progress: None,
         worker: (state == JobState::Running).then(|| "w".to_string()),
         created_at: 0,
@@ -461,6 +492,32 @@ mod tests {
                 "{state} at={at:?} crashes={crashes} unreadable={unreadable}"
             );
         }
+    }
+
+    #[test]
+    fn a_paused_queue_parks_only_what_would_run() {
+        let paused = QueueGate { paused: true };
+        for state in JobState::ALL {
+            for at in [None, Some(NOW + 1)] {
+                let mut j = job(state);
+                j.scheduled_at = at;
+                let open = start(&j, NOW);
+                let want = if open == Start::Run {
+                    Start::Park
+                } else {
+                    open.clone()
+                };
+                assert_eq!(start_gated(&j, NOW, paused), want, "{state} {at:?}");
+                assert_eq!(start_gated(&j, NOW, QueueGate::default()), open);
+            }
+        }
+        // A job that cannot run is made dead even from a paused queue.
+        let mut j = job(JobState::Queued);
+        j.crashes = 3;
+        assert!(matches!(start_gated(&j, NOW, paused), Start::Dead(_)));
+        let c = park();
+        assert_eq!((c.state, c.republish), (JobState::Queued, true));
+        assert!(!c.count_attempt && !c.count_crash && !c.release_worker && !c.finished);
     }
 
     #[test]

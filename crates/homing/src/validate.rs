@@ -46,6 +46,22 @@ pub const MAX_RETRIES: u32 = 10_000;
 /// Crash budgets a job may ask for: at least one delivery, at most this many.
 pub const MAX_CRASHES: u32 = 1_000;
 
+/// Job priorities run from `-MAX_PRIORITY` to `MAX_PRIORITY` (default 0).
+pub const MAX_PRIORITY: i32 = 1_000;
+/// The shortest uniqueness window: below a second it would compare clocks more than jobs.
+pub const MIN_UNIQUE_FOR: Duration = Duration::from_secs(1);
+
+/// A job's priority: within [`MAX_PRIORITY`] either side of 0.
+pub fn priority(p: i32) -> Result<(), String> {
+    if (-MAX_PRIORITY..=MAX_PRIORITY).contains(&p) {
+        Ok(())
+    } else {
+        Err(format!(
+            "priority must be from -{MAX_PRIORITY} to {MAX_PRIORITY}, not {p}"
+        ))
+    }
+}
+
 /// Tasks only homing itself enqueues: event deliveries (whose args are trusted to be events),
 /// Celery result writes and dead Celery records. A producer naming one could forge an alert or
 /// a Celery result.

@@ -33,6 +33,10 @@ mod store_suite {
     homing::store_conformance!(super::store());
 }
 
+mod limits_suite {
+    homing::limits_conformance!(super::store());
+}
+
 /// Raw writes to the store's tables, for the poisoned-row cases.
 struct RawPg(PgStore);
 
@@ -499,7 +503,14 @@ async fn a_version_1_database_upgrades_with_its_jobs() {
     .unwrap();
     assert_eq!(
         s.migrate().await.unwrap(),
-        vec!["0002_events", "0003_queues", "0004_remote", "0005_schedules", "0007_workflows"]
+        vec![
+            "0002_events",
+            "0003_queues",
+            "0004_remote",
+            "0005_schedules",
+            "0006_limits",
+            "0007_workflows"
+        ]
     );
     // 0003 registers the queues already in use: they keep working even with no room for more.
     let full = PgStore::open(&url, PgOptions::default())

@@ -28,6 +28,10 @@ mod store_suite {
     homing::store_conformance!(super::store());
 }
 
+mod limits_suite {
+    homing::limits_conformance!(super::store());
+}
+
 /// Raw writes to the SQLite file, for the poisoned-row cases.
 struct RawSqlite(Arc<Db>);
 
@@ -172,6 +176,7 @@ async fn a_job_the_store_fails_on_does_not_stop_the_rescuer() {
         b.publish(&[ToPublish {
             id,
             queue: q.clone(),
+            priority: 0,
         }])
         .await
         .unwrap();
@@ -256,4 +261,34 @@ async fn a_job_the_store_fails_on_does_not_stop_the_reconciler() {
         store.get(ids[0]).await.unwrap().unwrap().state,
         JobState::Running
     );
+}
+
+/// The embedded broker reserves the highest priority first and is FIFO within one priority; a
+/// requeued message keeps its place. (Redis Streams do not order by priority: docs/limits.md.)
+#[tokio::test]
+async fn embedded_broker_reserves_by_priority() {
+    use homing::store::ToPublish;
+    use std::time::Duration;
+    let b = broker().await;
+    let q = homing::conformance::unique_queue("prio");
+    let prios = [0, 5, -1, 5, 9];
+    let ids: Vec<JobId> = prios.iter().map(|_| homing::job::new_job_id()).collect();
+    let msgs: Vec<ToPublish> = ids
+        .iter()
+        .zip(prios)
+        .map(|(id, priority)| ToPublish {
+            id: *id,
+            queue: q.clone(),
+            priority,
+        })
+        .collect();
+    b.publish(&msgs).await.unwrap();
+    let qs = [q.clone()];
+    let first = b.reserve("c", &qs, 2, Duration::ZERO).await.unwrap();
+    let got: Vec<JobId> = first.iter().map(|d| d.job.clone().unwrap()).collect();
+    assert_eq!(got, vec![ids[4], ids[1]]);
+    assert_eq!(b.requeue("c", &first[..1]).await.unwrap(), 1);
+    let rest = b.reserve("c", &qs, 10, Duration::ZERO).await.unwrap();
+    let got: Vec<JobId> = rest.iter().map(|d| d.job.clone().unwrap()).collect();
+    assert_eq!(got, vec![ids[4], ids[3], ids[0], ids[2]]);
 }

@@ -62,6 +62,7 @@ async fn a_job_running_under_this_worker_without_a_handler_is_run() {
         .publish(&[ToPublish {
             id,
             queue: q.clone(),
+            priority: 0,
         }])
         .await
         .unwrap();

@@ -40,6 +40,7 @@ async fn enqueued(store: &dyn Store, broker: &dyn Broker, queue: &str) -> JobId 
         .publish(&[ToPublish {
             id,
             queue: queue.to_string(),
+            priority: 0,
         }])
         .await
         .expect("publish");
@@ -65,6 +66,7 @@ async fn garbage_in_a_stream_is_delivered_undecodable_and_dead_lettered() {
     b.publish(&[ToPublish {
         id: good,
         queue: q.clone(),
+        priority: 0,
     }])
     .await
     .unwrap();
@@ -200,6 +202,7 @@ async fn a_deleted_pending_entry_is_acknowledged_away() {
         .map(|id| ToPublish {
             id: *id,
             queue: q.clone(),
+            priority: 0,
         })
         .collect();
     b.publish(&msgs).await.unwrap();
@@ -231,6 +234,7 @@ async fn reserving_from_several_queues_never_exceeds_max() {
         .map(|q| ToPublish {
             id: homing::job::new_job_id(),
             queue: q.to_string(),
+            priority: 0,
         })
         .collect();
     b.publish(&msgs).await.unwrap();
@@ -251,6 +255,7 @@ async fn a_waiting_reservation_picks_up_a_requeued_message() {
     b.publish(&[ToPublish {
         id,
         queue: q.clone(),
+        priority: 0,
     }])
     .await
     .unwrap();
@@ -292,7 +297,13 @@ async fn a_reservation_waits_on_a_quiet_queue_without_timing_out() {
     let (b2, q2) = (b.clone(), q.clone());
     let publisher = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        b2.publish(&[ToPublish { id, queue: q2 }]).await.unwrap();
+        b2.publish(&[ToPublish {
+            id,
+            queue: q2,
+            priority: 0,
+        }])
+        .await
+        .unwrap();
     });
     let got = b
         .reserve("c", std::slice::from_ref(&q), 1, Duration::from_secs(30))
@@ -380,6 +391,7 @@ async fn connection_loss_is_unavailable_and_the_same_broker_recovers() {
     let msg = |id| ToPublish {
         id,
         queue: q.clone(),
+        priority: 0,
     };
     b.publish(&[msg(homing::job::new_job_id())]).await.unwrap();
     let got = b

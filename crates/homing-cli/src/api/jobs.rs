@@ -33,6 +33,12 @@ pub struct CreateJob {
     pub on_failure: Option<FollowUp>,
     /// Called (a JSON POST of the event, with retries) when the job reaches a terminal state.
     pub callback_url: Option<String>,
+    /// Higher runs first within the queue (-1000 to 1000, default 0).
+    pub priority: Option<i32>,
+    /// Returns an equal job (same task, queue and args) instead of a new one while it is
+    /// unfinished or finished less than this long ago.
+    #[serde(default, with = "opt_duration")]
+    pub unique_for: Option<Duration>,
     /// Accept a task that no worker has registered yet.
     #[serde(default)]
     pub allow_unknown_task: bool,
@@ -55,6 +61,8 @@ impl CreateJob {
                 on_success: self.on_success,
                 on_failure: self.on_failure,
                 callback_url: self.callback_url,
+                priority: self.priority,
+                unique_for: self.unique_for,
             },
         };
         (req, self.allow_unknown_task)

@@ -8,6 +8,7 @@ mod jobs;
 mod metrics;
 pub mod schedules;
 mod remote;
+mod queues;
 mod status;
 mod workflows;
 
@@ -85,6 +86,8 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/v1/workflows/{id}", get(workflows::get))
         .route("/v1/workflows/{id}/cancel", post(workflows::cancel))
         .route("/v1/queues", get(status::queues))
+        .route("/v1/queues/{name}/pause", post(queues::pause))
+        .route("/v1/queues/{name}/resume", post(queues::resume))
         .route("/v1/workers", get(status::workers))
         .route("/v1/schedules", get(schedules::list))
         .route(

@@ -109,7 +109,13 @@ pub async fn enqueue(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
     let client = Arc::new(CeleryClient::open(&url, None)?);
     let mut send = CelerySend::new(a.task, queue).with_json_args(args)?;
     send.countdown = a.countdown;
-    send.priority = a.priority;
+    send.priority = match a.priority {
+        None => 0,
+        Some(p) => u8::try_from(p)
+            .ok()
+            .filter(|p| *p <= 9)
+            .ok_or_else(|| anyhow::anyhow!("with --celery, --priority must be from 0 to 9"))?,
+    };
     let id = client
         .send(send)
         .await

@@ -28,6 +28,8 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
             on_success: None,
             on_failure: None,
             callback_url: a.callback_url,
+            priority: a.priority,
+            unique_for: a.unique_for,
         },
     };
     // Before anything is opened or looked up, so a refused value gets its own reason.

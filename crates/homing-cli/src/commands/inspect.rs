@@ -3,7 +3,9 @@
 use std::process::ExitCode;
 
 use super::open;
-use crate::cli::{Global, JobsCommand, OutputArgs, WorkersArgs, WorkflowsCommand};
+use crate::cli::{
+    Global, JobsCommand, OutputArgs, QueuesArgs, QueuesCommand, WorkersArgs, WorkflowsCommand,
+};
 use crate::{output, tasks, views};
 use homing::store::{JobFilter, WorkerStatus};
 use homing::time::rfc3339;
@@ -156,7 +158,26 @@ pub async fn jobs(g: &Global, cmd: JobsCommand) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn queues(g: &Global, out: OutputArgs) -> anyhow::Result<ExitCode> {
+pub async fn queues(g: &Global, a: QueuesArgs) -> anyhow::Result<ExitCode> {
+    if let Some(cmd) = a.command {
+        let (queue, pause) = match cmd {
+            QueuesCommand::Pause { queue } => (queue, true),
+            QueuesCommand::Resume { queue } => (queue, false),
+        };
+        // Checked before anything is opened, so a bad name gets its own reason.
+        homing::validate::producer_queue(&queue).map_err(anyhow::Error::msg)?;
+        let b = open(g, false).await?;
+        let client = homing::Client::new(b.broker.clone(), b.store.clone());
+        if pause {
+            client.pause_queue(&queue).await?;
+            println!("paused {queue}");
+        } else {
+            client.resume_queue(&queue).await?;
+            println!("resumed {queue}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let out = a.out;
     let b = open(g, false).await?;
     // The store bounds the number of queue names (--max-queues), so one page holds them all.
     let qs = views::queues(&b, None, usize::MAX).await?.queues;
@@ -178,6 +199,7 @@ pub async fn queues(g: &Global, out: OutputArgs) -> anyhow::Result<ExitCode> {
                 j.dead.to_string(),
                 j.cancelled.to_string(),
                 q.broker.dead_letters.to_string(),
+                if q.paused { "paused" } else { "" }.to_string(),
             ]
         })
         .collect();
@@ -192,6 +214,7 @@ pub async fn queues(g: &Global, out: OutputArgs) -> anyhow::Result<ExitCode> {
             "dead",
             "cancelled",
             "dead letters",
+            "paused",
         ],
         rows,
     );

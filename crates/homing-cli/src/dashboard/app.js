@@ -112,7 +112,26 @@ function renderQueues(queues) {
     el('td', { class: 'num' + (q.last_hour.dead ? ' bad' : '') }, q.last_hour.dead),
     el('td', { class: 'num' }, q.throughput_per_s.toFixed(2) + '/s'),
     el('td', { class: 'num' }, q.broker.dead_letters),
+    el('td', {}, queueButton(q)),
   )), 'no queues yet');
+}
+
+// Pause holds a queue's jobs back (it still accepts them); resume lets them run.
+function queueButton(q) {
+  const verb = q.paused ? 'resume' : 'pause';
+  return el('button', { class: verb, dataset: { queue: q.queue },
+    onclick: () => queueAct(q.queue, verb) }, q.paused ? 'Resume' : 'Pause');
+}
+
+async function queueAct(queue, verb) {
+  try {
+    await api('/v1/queues/' + encodeURIComponent(queue) + '/' + verb, { method: 'POST' });
+    flash('');
+  } catch (e) {
+    if (e instanceof Unauthorized) return showLogin();
+    flash(verb + ' failed: ' + e.message);
+  }
+  refresh();
 }
 
 function workerStatus(w) {

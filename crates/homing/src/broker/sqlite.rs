@@ -3,6 +3,8 @@
 //! SQLite cannot block on a read, so reservation polls briefly, and is woken at once by a publish
 //! made in the same process.
 //!
+//! Messages carry their job's priority: a reservation takes the highest first, then the oldest.
+//!
 //! A delivery's tag is `<row id>.<generation>`. Requeueing a message keeps its row, so it keeps
 //! its place at the head of the queue (a reclaimed job runs again before the backlog, which is
 //! what makes recovery fast), but bumps the generation: a zombie that acknowledges its old tag
@@ -60,27 +62,38 @@ impl SqliteBroker {
         self.db
             .write(move |tx| {
                 let t = now();
+                // Highest priority first, then oldest: the order the ready index keeps.
                 let mut st = tx.prepare_cached(
                     "UPDATE messages SET consumer = ?1, reserved_at = ?2 WHERE id IN \
-                     (SELECT id FROM messages WHERE queue = ?3 AND consumer IS NULL ORDER BY id LIMIT ?4) \
-                     RETURNING id, generation, queue, payload",
+                     (SELECT id FROM messages WHERE queue = ?3 AND consumer IS NULL \
+                      ORDER BY priority DESC, id LIMIT ?4) \
+                     RETURNING id, generation, queue, payload, priority",
                 )?;
                 let mut out = Vec::new();
                 for q in &queues {
                     if out.len() >= max {
                         break;
                     }
-                    let rows = st.query_map(
-                        params![consumer, t, q, (max - out.len()) as i64],
-                        |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?)),
-                    )?;
+                    let rows =
+                        st.query_map(params![consumer, t, q, (max - out.len()) as i64], |r| {
+                            Ok((
+                                r.get::<_, i64>(4)?,
+                                r.get::<_, i64>(0)?,
+                                r.get::<_, i64>(1)?,
+                                r.get::<_, String>(2)?,
+                                r.get::<_, String>(3)?,
+                            ))
+                        })?;
                     for r in rows {
-                        let (id, gen, queue, payload) = r?;
-                        out.push(delivery(id, gen, queue, &payload));
+                        out.push(r?);
                     }
                 }
-                out.sort_by_key(|d: &Delivery| parse_tag(&d.tag).map(|t| t.0).unwrap_or(0));
-                Ok(out)
+                // RETURNING does not keep the subquery's order: put it back.
+                out.sort_by_key(|(priority, id, ..)| (std::cmp::Reverse(*priority), *id));
+                Ok(out
+                    .into_iter()
+                    .map(|(_, id, gen, queue, payload)| delivery(id, gen, queue, &payload))
+                    .collect())
             })
             .await
     }
@@ -123,10 +136,11 @@ impl Broker for SqliteBroker {
         let jobs = jobs.to_vec();
         self.db
             .write(move |tx| {
-                let mut st =
-                    tx.prepare_cached("INSERT INTO messages (queue, payload) VALUES (?1, ?2)")?;
+                let mut st = tx.prepare_cached(
+                    "INSERT INTO messages (queue, payload, priority) VALUES (?1, ?2, ?3)",
+                )?;
                 for j in &jobs {
-                    st.execute(params![j.queue, j.id.to_string()])?;
+                    st.execute(params![j.queue, j.id.to_string(), j.priority])?;
                 }
                 Ok(())
             })

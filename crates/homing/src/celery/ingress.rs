@@ -318,6 +318,7 @@ impl Ingress {
             .map(|i| ToPublish {
                 id: i.id,
                 queue: i.queue.clone(),
+                priority: 0,
             })
             .collect();
         if let Err(e) = publish(&*self.broker, &*self.store, &to_send).await {

@@ -28,6 +28,7 @@ fn dispatches(q: &str, n: usize) -> Vec<ToPublish> {
         .map(|_| ToPublish {
             id: new_job_id(),
             queue: q.to_string(),
+            priority: 0,
         })
         .collect()
 }

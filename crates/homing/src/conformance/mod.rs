@@ -6,6 +6,7 @@
 //! raw rows runs [`store_poison_conformance!`](crate::store_poison_conformance) too.
 
 pub mod broker;
+pub mod limits;
 pub mod poison;
 pub mod queues;
 pub mod schedules;

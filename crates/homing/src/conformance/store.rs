@@ -133,7 +133,8 @@ pub async fn countdown_is_scheduled_and_claimed_once(s: Arc<dyn Store>) {
     let claimed = s.claim_due(due, 100).await.unwrap();
     assert!(claimed.contains(&ToPublish {
         id: nj.id,
-        queue: q.clone()
+        queue: q.clone(),
+        priority: 0,
     }));
     assert_eq!(s.get(nj.id).await.unwrap().unwrap().state, JobState::Queued);
     let again = s.claim_due(due + 1, 100).await.unwrap();
@@ -444,7 +445,8 @@ pub async fn release_counts_nothing(s: Arc<dyn Store>) {
         dispatch,
         &vec![ToPublish {
             id: nj.id,
-            queue: q
+            queue: q,
+            priority: 0,
         }]
     );
     let j = s.get(nj.id).await.unwrap().unwrap();

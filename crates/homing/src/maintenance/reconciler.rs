@@ -92,6 +92,7 @@ pub async fn pass(
                 orphans.push(ToPublish {
                     id,
                     queue: job.queue,
+                    priority: job.priority,
                 });
             }
         }

@@ -33,6 +33,8 @@ use crate::workflow::{NewWorkflow, Workflow, WorkflowId, WorkflowPage};
 pub struct ToPublish {
     pub id: JobId,
     pub queue: String,
+    /// The job's priority: a broker that can order by it starts higher ones first.
+    pub priority: i32,
 }
 
 /// What [`Store::insert`] did with one job.
@@ -63,6 +65,9 @@ pub enum StartOutcome {
     Defer(Micros),
     /// Its crash budget is spent: it is now `dead`; acknowledge.
     Dead,
+    /// Its queue is paused: it stays `queued`, undispatched, and is published again once the
+    /// queue is resumed; acknowledge.
+    Parked,
     /// No such job: the message is garbage; dead-letter it.
     Missing,
     /// Nothing could be decided or written for this job (the store failed on it, even when
@@ -113,6 +118,17 @@ pub enum Lost {
     NotOwned(JobState),
     Missing,
 }
+
+/// An operator's settings of one queue (`homing queues pause`, docs/limits.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueSettings {
+    pub queue: String,
+    pub paused: bool,
+}
+
+/// How many of a resumed queue's waiting jobs [`Store::set_paused`] hands back to publish at
+/// once; the reconciler publishes any beyond it.
+pub const RESUME_PUBLISH_LIMIT: usize = 10_000;
 
 /// Filters for [`Store::list`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -292,6 +308,7 @@ pub(crate) fn buried_job(
         max_retries: None,
         max_crashes: 0,
         idempotency_key: None,
+        priority: 0,
         progress: None,
         worker,
         created_at: 0,
@@ -524,6 +541,20 @@ pub trait Store: Send + Sync + 'static {
     /// Crash contract: one transaction; each due job is claimed by exactly one caller even when
     /// many schedulers run; a crash after it leaves them undispatched for the reconciler.
     async fn claim_due(&self, now: Micros, limit: usize) -> Result<Vec<ToPublish>>;
+
+    /// Pauses or resumes a queue, registering its name as an enqueue would (a new name counts
+    /// against the store's bound on queue names). While a queue is paused [`Store::start`]
+    /// parks its jobs instead of running them ([`crate::transition::start_gated`]) and
+    /// [`Store::undispatched`] leaves them out; resuming returns up to
+    /// [`RESUME_PUBLISH_LIMIT`] of its queued, undispatched jobs, oldest first, to publish now
+    /// (the reconciler publishes the rest).
+    ///
+    /// Crash contract: one transaction; a crash after a resume leaves the jobs undispatched on
+    /// a running queue, which the reconciler publishes. Calling it again is harmless.
+    async fn set_paused(&self, queue: &str, paused: bool, now: Micros) -> Result<Vec<ToPublish>>;
+
+    /// Every queue with settings of its own (paused), by name.
+    async fn queue_settings(&self) -> Result<Vec<QueueSettings>>;
 
     /// Jobs `running` under any worker: `(id, worker, started_at)`, oldest first.
     async fn running(&self, limit: usize) -> Result<Vec<(JobId, String, Micros)>>;

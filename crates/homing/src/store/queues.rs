@@ -86,9 +86,20 @@ pub(crate) fn admit_sqlite(
     max: u64,
     now: crate::time::Micros,
 ) -> rusqlite::Result<()> {
+    admit_names_sqlite(tx, names(jobs), max, now)
+}
+
+/// Registers queue names inside the caller's write transaction, or refuses them all.
+#[cfg(feature = "sqlite")]
+pub(crate) fn admit_names_sqlite(
+    tx: &rusqlite::Transaction<'_>,
+    names: Vec<String>,
+    max: u64,
+    now: crate::time::Micros,
+) -> rusqlite::Result<()> {
     use rusqlite::OptionalExtension as _;
     let mut new = Vec::new();
-    for name in names(jobs) {
+    for name in names {
         let known = tx
             .prepare_cached("SELECT 1 FROM queues WHERE name = ?1")?
             .query_row([&name], |_| Ok(()))
@@ -143,7 +154,17 @@ pub(crate) async fn admit_pg(
     max: u64,
     now: crate::time::Micros,
 ) -> sqlx::Result<()> {
-    let names = names(jobs);
+    admit_names_pg(conn, names(jobs), max, now).await
+}
+
+/// Registers queue names inside the caller's transaction, or refuses them all.
+#[cfg(feature = "postgres")]
+pub(crate) async fn admit_names_pg(
+    conn: &mut sqlx::PgConnection,
+    names: Vec<String>,
+    max: u64,
+    now: crate::time::Micros,
+) -> sqlx::Result<()> {
     // The usual case, every name known, takes no lock.
     if unknown(&mut *conn, names.clone()).await?.is_empty() {
         return Ok(());

@@ -45,7 +45,7 @@ impl SqliteStore {
 const COLUMNS: &str = "id, task, queue, state, args, result, error, attempts, crashes, epoch, \
     max_retries, max_crashes, retry_policy, time_limit_ms, idempotency_key, progress, worker, \
     created_at, scheduled_at, started_at, finished_at, cancel_requested, on_success, on_failure, \
-    callback_url, workflow, parents";
+    callback_url, workflow, parents, priority";
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(format!("corrupt {what}: {e}").into())
@@ -156,6 +156,9 @@ fn row_to_job(row: &Row<'_>) -> rusqlite::Result<Job> {
         callback_url: row.get(24)?,
         schedule: None,
         scheduled_tick: None,
+        priority: int_col(row, 27, "priority", &mut bad)?
+            .and_then(|p| i32::try_from(p).ok())
+            .unwrap_or(0),
         unreadable: bad,
         workflow,
         parents,
@@ -203,6 +206,46 @@ pub(super) fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result
         }
     }
     let o: &JobOptions = &job.options;
+    let args = to_json(&job.args);
+    let unique_key = match o.unique_for {
+        None => None,
+        Some(window) => {
+            // Under the write lock: no other enqueue can insert an equal job meanwhile.
+            let key = crate::unique::key(&job.task, &job.queue, &args);
+            let existing = tx
+                .prepare_cached(
+                    "SELECT id, queue, state FROM jobs WHERE unique_key = ?1 AND task = ?2 \
+                     AND queue = ?3 AND args = ?4 AND (state IN ('scheduled', 'queued', 'running') \
+                     OR finished_at >= ?5) ORDER BY created_at DESC LIMIT 1",
+                )?
+                .query_row(
+                    params![
+                        key,
+                        job.task,
+                        job.queue,
+                        args,
+                        crate::unique::finished_since(job.created_at, window)
+                    ],
+                    |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            r.get::<_, String>(1)?,
+                            r.get::<_, String>(2)?,
+                        ))
+                    },
+                )
+                .optional()?;
+            if let Some((id, queue, state)) = existing {
+                return Ok(Inserted {
+                    id: id.parse().map_err(|e| corrupt("job id", e))?,
+                    queue,
+                    state: read_state(Some(&state), &mut Vec::new()),
+                    existed: true,
+                });
+            }
+            Some(key)
+        }
+    };
     let scheduled = job.run_at.filter(|t| *t > job.created_at);
     let state = if scheduled.is_some() {
         JobState::Scheduled
@@ -212,15 +255,15 @@ pub(super) fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result
     tx.prepare_cached(
         "INSERT INTO jobs (id, task, queue, state, args, max_retries, max_crashes, retry_policy, \
          time_limit_ms, idempotency_key, created_at, scheduled_at, updated_at, on_success, on_failure, \
-         callback_url) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?11, ?13, ?14, ?15)",
+         callback_url, priority, unique_key) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?11, ?13, ?14, ?15, ?16, ?17)",
     )?
     .execute(params![
         job.id.to_string(),
         job.task,
         job.queue,
         state.as_str(),
-        to_json(&job.args),
+        args,
         o.max_retries,
         o.max_crashes.unwrap_or(DEFAULT_MAX_CRASHES),
         o.retry_policy.as_ref().map(to_json),
@@ -231,6 +274,8 @@ pub(super) fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result
         o.on_success.as_ref().map(to_json),
         o.on_failure.as_ref().map(to_json),
         o.callback_url,
+        o.priority.unwrap_or(0),
+        unique_key,
     ])?;
     Ok(Inserted {
         id: job.id,
@@ -338,6 +383,7 @@ fn write_effects(
         publish.push(ToPublish {
             id: after.id,
             queue: after.queue.clone(),
+            priority: after.priority,
         });
     }
     let fx = transition::effects_after(after, now);
@@ -352,6 +398,7 @@ fn write_effects(
             publish.push(ToPublish {
                 id: ins.id,
                 queue: ins.queue,
+                priority: f.options.priority.unwrap_or(0),
             });
         }
     }
@@ -588,7 +635,7 @@ fn start_each(
     let mut fast = tx.prepare_cached(&format!(
         "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
          started_at = ?3, dispatched = 1, updated_at = ?3 WHERE id = ?1 AND {START_RUNS} \
-         RETURNING {COLUMNS}"
+         AND {NOT_PAUSED} RETURNING {COLUMNS}"
     ))?;
     for id in ids {
         if careful {
@@ -630,26 +677,47 @@ fn start_each(
             out.push(StartOutcome::Missing);
             continue;
         };
-        out.push(match transition::start(&job, now) {
-            transition::Start::Skip(state) => StartOutcome::Skip(state),
-            transition::Start::Defer(at) => StartOutcome::Defer(at),
-            transition::Start::Dead(reason) => {
-                transit(tx, id, Guard::Any, &Change::dead(reason), now)?;
-                StartOutcome::Dead
-            }
-            transition::Start::Run => {
-                let job = tx
-                    .prepare_cached(&format!(
-                        "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
+        out.push(
+            match transition::start_gated(&job, now, gate(tx, &job.queue)?) {
+                transition::Start::Skip(state) => StartOutcome::Skip(state),
+                transition::Start::Park => {
+                    transit(tx, id, Guard::NotStarted, &transition::park(), now)?;
+                    StartOutcome::Parked
+                }
+                transition::Start::Defer(at) => StartOutcome::Defer(at),
+                transition::Start::Dead(reason) => {
+                    transit(tx, id, Guard::Any, &Change::dead(reason), now)?;
+                    StartOutcome::Dead
+                }
+                transition::Start::Run => {
+                    let job = tx
+                        .prepare_cached(&format!(
+                            "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
                          started_at = ?3, dispatched = 1, updated_at = ?3 WHERE id = ?1 \
                          RETURNING {COLUMNS}"
-                    ))?
-                    .query_row(params![id, worker, now], row_to_job)?;
-                StartOutcome::Run(Box::new(job))
-            }
-        });
+                        ))?
+                        .query_row(params![id, worker, now], row_to_job)?;
+                    StartOutcome::Run(Box::new(job))
+                }
+            },
+        );
     }
     Ok(Some(out))
+}
+
+/// A start's condition on the job's queue: not paused ([`transition::start_gated`]).
+const NOT_PAUSED: &str =
+    "NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = jobs.queue AND q.paused = 1)";
+
+/// What `queue` allows a start now, read in the start's transaction.
+fn gate(tx: &rusqlite::Connection, queue: &str) -> rusqlite::Result<transition::QueueGate> {
+    let paused = tx
+        .prepare_cached("SELECT paused FROM queues WHERE name = ?1")?
+        .query_row([queue], |r| r.get::<_, i64>(0))
+        .optional()?
+        .unwrap_or(0)
+        != 0;
+    Ok(transition::QueueGate { paused })
 }
 
 /// [`transition::start`]'s `Run` for a readable row, as SQL (`?3` is now).
@@ -767,6 +835,7 @@ fn fan_out_in(
                 out.dispatch.push(ToPublish {
                     id: ins.id,
                     queue: ins.queue,
+                    priority: 0,
                 });
             }
         }
@@ -776,6 +845,15 @@ fn fan_out_in(
 }
 
 const EVENT_COLUMNS: &str = "id, kind, job_id, worker, data, created_at, dispatched_at";
+
+/// A job to publish from a row of `id, queue, priority`.
+fn publish_row(r: &Row<'_>) -> rusqlite::Result<ToPublish> {
+    Ok(ToPublish {
+        id: parse_id(r.get(0)?)?,
+        queue: r.get(1)?,
+        priority: r.get(2)?,
+    })
+}
 
 fn parse_id(s: String) -> rusqlite::Result<JobId> {
     s.parse().map_err(|e| corrupt("job id", e))
@@ -824,21 +902,12 @@ impl Store for SqliteStore {
     async fn undispatched(&self, before: Micros, limit: usize) -> Result<Vec<ToPublish>> {
         self.db
             .read(move |c| {
-                let mut st = c.prepare_cached(
-                    "SELECT id, queue FROM jobs WHERE state = 'queued' AND dispatched = 0 \
-                     AND updated_at < ?1 ORDER BY updated_at LIMIT ?2",
-                )?;
-                let rows = st.query_map(params![before, limit as i64], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-                })?;
-                rows.map(|r| {
-                    let (id, queue) = r?;
-                    Ok(ToPublish {
-                        id: parse_id(id)?,
-                        queue,
-                    })
-                })
-                .collect()
+                let mut st = c.prepare_cached(&format!(
+                    "SELECT id, queue, priority FROM jobs WHERE state = 'queued' AND dispatched = 0 \
+                     AND updated_at < ?1 AND {NOT_PAUSED} ORDER BY updated_at LIMIT ?2"
+                ))?;
+                let rows = st.query_map(params![before, limit as i64], publish_row)?;
+                rows.collect()
             })
             .await
     }
@@ -966,19 +1035,51 @@ impl Store for SqliteStore {
                 let mut st = tx.prepare_cached(
                     "UPDATE jobs SET state = 'queued', dispatched = 0, updated_at = ?1 WHERE id IN \
                      (SELECT id FROM jobs WHERE state = 'scheduled' AND scheduled_at <= ?1 \
-                      ORDER BY scheduled_at LIMIT ?2) RETURNING id, queue",
+                      ORDER BY scheduled_at LIMIT ?2) RETURNING id, queue, priority",
                 )?;
-                let rows = st.query_map(params![now, limit as i64], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-                })?;
-                rows.map(|r| {
-                    let (id, queue) = r?;
-                    Ok(ToPublish {
-                        id: parse_id(id)?,
-                        queue,
-                    })
-                })
-                .collect()
+                let rows = st.query_map(params![now, limit as i64], publish_row)?;
+                rows.collect()
+            })
+            .await
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool, now: Micros) -> Result<Vec<ToPublish>> {
+        let queue = queue.to_string();
+        let max_queues = self.max_queues;
+        self.db
+            .write(move |tx| {
+                super::queues::admit_names_sqlite(tx, vec![queue.clone()], max_queues, now)?;
+                tx.execute(
+                    "UPDATE queues SET paused = ?2 WHERE name = ?1",
+                    params![queue, paused],
+                )?;
+                if paused {
+                    return Ok(Vec::new());
+                }
+                let mut st = tx.prepare_cached(
+                    "SELECT id, queue, priority FROM jobs WHERE queue = ?1 AND state = 'queued' \
+                     AND dispatched = 0 ORDER BY id LIMIT ?2",
+                )?;
+                let rows = st.query_map(
+                    params![queue, super::RESUME_PUBLISH_LIMIT as i64],
+                    publish_row,
+                )?;
+                rows.collect()
+            })
+            .await
+    }
+
+    async fn queue_settings(&self) -> Result<Vec<QueueSettings>> {
+        self.db
+            .read(|c| {
+                c.prepare_cached("SELECT name, paused FROM queues WHERE paused <> 0 ORDER BY name")?
+                    .query_map([], |r| {
+                        Ok(QueueSettings {
+                            queue: r.get(0)?,
+                            paused: r.get::<_, i64>(1)? != 0,
+                        })
+                    })?
+                    .collect()
             })
             .await
     }

@@ -142,6 +142,10 @@ async fn start_ready(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermi
                 tracing::debug!(job = %r.id, %state, "duplicate delivery skipped by the idempotency guard");
                 ack_only(s, r).await;
             }
+            StartOutcome::Parked => {
+                tracing::debug!(job = %r.id, queue = %r.delivery.queue, "queue paused: the job stays queued until it is resumed");
+                ack_only(s, r).await;
+            }
             StartOutcome::Defer(at) => {
                 tracing::debug!(job = %r.id, due = %crate::time::rfc3339(at), "early delivery; the scheduler will dispatch it when due");
                 ack_only(s, r).await;
@@ -439,6 +443,7 @@ mod tests {
             max_retries,
             max_crashes: 3,
             idempotency_key: None,
+            priority: 0,
             progress: None,
             worker: None,
             created_at: 0,

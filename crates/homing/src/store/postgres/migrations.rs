@@ -40,6 +40,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0005_schedules.sql"),
     },
     Migration {
+        version: 6,
+        name: "0006_limits",
+        sql: include_str!("migrations/0006_limits.sql"),
+    },
+    Migration {
         version: 7,
         name: "0007_workflows",
         sql: include_str!("migrations/0007_workflows.sql"),

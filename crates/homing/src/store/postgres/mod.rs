@@ -278,6 +278,7 @@ const COLUMNS: &[&str] = &[
     "callback_url",
     "workflow",
     "parents",
+    "priority",
 ];
 
 /// The job columns in `row_to_job`'s order, qualified with `alias` when it is not empty.
@@ -381,6 +382,7 @@ fn row_to_job(row: &PgRow) -> sqlx::Result<Job> {
         callback_url: row.try_get(24)?,
         schedule: None,
         scheduled_tick: None,
+        priority: i32::try_from(row.try_get::<i64, _>(27)?).unwrap_or(0),
         unreadable: bad,
         workflow,
         parents,
@@ -454,6 +456,10 @@ pub(super) async fn insert_jobs(
     let mut first_with_key: HashMap<&str, usize> = HashMap::new();
     let mut same_as: Vec<Option<usize>> = vec![None; jobs.len()];
     let mut send = Vec::with_capacity(jobs.len());
+    let args_text: Vec<String> = jobs.iter().map(|j| to_json(&j.args)).collect();
+    let unique = unique_existing(conn, jobs, &args_text).await?;
+    let mut first_unique: HashMap<(&str, &str, &str), usize> = HashMap::new();
+    let mut existing_unique: Vec<Option<Inserted>> = vec![None; jobs.len()];
     for (i, j) in jobs.iter().enumerate() {
         if let Some(key) = j.options.idempotency_key.as_deref() {
             if let Some(&first) = first_with_key.get(key) {
@@ -461,6 +467,18 @@ pub(super) async fn insert_jobs(
                 continue;
             }
             first_with_key.insert(key, i);
+        }
+        if j.options.unique_for.is_some() {
+            if let Some(found) = &unique[i] {
+                existing_unique[i] = Some(found.clone());
+                continue;
+            }
+            let triple = (j.task.as_str(), j.queue.as_str(), args_text[i].as_str());
+            if let Some(&first) = first_unique.get(&triple) {
+                same_as[i] = Some(first);
+                continue;
+            }
+            first_unique.insert(triple, i);
         }
         send.push(i);
     }
@@ -491,6 +509,8 @@ pub(super) async fn insert_jobs(
     let mut on_success: Vec<Option<String>> = Vec::with_capacity(n);
     let mut on_failure: Vec<Option<String>> = Vec::with_capacity(n);
     let mut callback_urls: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut priorities: Vec<i64> = Vec::with_capacity(n);
+    let mut unique_keys: Vec<Option<String>> = Vec::with_capacity(n);
     for &i in &send {
         let j = &jobs[i];
         let o: &JobOptions = &j.options;
@@ -498,7 +518,12 @@ pub(super) async fn insert_jobs(
         tasks.push(j.task.clone());
         queues.push(j.queue.clone());
         st.push(states[i].as_str());
-        args.push(to_json(&j.args));
+        args.push(args_text[i].clone());
+        priorities.push(i64::from(o.priority.unwrap_or(0)));
+        unique_keys.push(
+            o.unique_for
+                .map(|_| crate::unique::key(&j.task, &j.queue, &args_text[i])),
+        );
         max_retries.push(o.max_retries.map(i64::from));
         max_crashes.push(i64::from(o.max_crashes.unwrap_or(DEFAULT_MAX_CRASHES)));
         policies.push(o.retry_policy.as_ref().map(to_json));
@@ -520,16 +545,16 @@ pub(super) async fn insert_jobs(
     let inserted: HashSet<JobId> = sqlx::query_scalar(
         "INSERT INTO homing_jobs (id, task, queue, state, args, max_retries, max_crashes, \
          retry_policy, time_limit_ms, idempotency_key, created_at, scheduled_at, updated_at, \
-         on_success, on_failure, callback_url) \
+         on_success, on_failure, callback_url, priority, unique_key) \
          SELECT u.id, u.task, u.queue, u.state, u.args, u.max_retries, u.max_crashes, \
                 u.retry_policy, u.time_limit_ms, u.idempotency_key, u.created_at, u.scheduled_at, \
-                u.created_at, u.on_success, u.on_failure, u.callback_url \
+                u.created_at, u.on_success, u.on_failure, u.callback_url, u.priority, u.unique_key \
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], \
                      $7::int8[], $8::text[], $9::int8[], $10::text[], $11::int8[], $12::int8[], \
-                     $13::text[], $14::text[], $15::text[]) \
+                     $13::text[], $14::text[], $15::text[], $16::int8[], $17::text[]) \
               AS u(id, task, queue, state, args, max_retries, max_crashes, retry_policy, \
                    time_limit_ms, idempotency_key, created_at, scheduled_at, on_success, on_failure, \
-                   callback_url) \
+                   callback_url, priority, unique_key) \
          ON CONFLICT DO NOTHING RETURNING id",
     )
     .bind(&ids)
@@ -547,6 +572,8 @@ pub(super) async fn insert_jobs(
     .bind(&on_success)
     .bind(&on_failure)
     .bind(&callback_urls)
+    .bind(&priorities)
+    .bind(&unique_keys)
     .fetch_all(&mut *conn)
     .await?
     .into_iter()
@@ -609,6 +636,11 @@ pub(super) async fn insert_jobs(
             })?);
         }
     }
+    for (i, found) in existing_unique.into_iter().enumerate() {
+        if found.is_some() {
+            out[i] = found;
+        }
+    }
     for i in 0..jobs.len() {
         if let Some(first) = same_as[i] {
             let mut existing = out[first].clone().expect("first job resolved above");
@@ -620,6 +652,62 @@ pub(super) async fn insert_jobs(
         .into_iter()
         .map(|o| o.expect("every job resolved"))
         .collect())
+}
+
+/// For each job enqueued with `unique_for`, the stored job that is the same (crate::unique), if
+/// any. It takes the advisory lock of each such job's triple first, in one order for every
+/// caller, and holds them to the end of the transaction: a concurrent enqueue of an equal job
+/// waits, then sees this one's.
+async fn unique_existing(
+    conn: &mut PgConnection,
+    jobs: &[NewJob],
+    args_text: &[String],
+) -> sqlx::Result<Vec<Option<Inserted>>> {
+    let mut out = vec![None; jobs.len()];
+    let mut locks: Vec<i64> = jobs
+        .iter()
+        .zip(args_text)
+        .filter(|(j, _)| j.options.unique_for.is_some())
+        .map(|(j, a)| crate::unique::lock_key(&j.task, &j.queue, a))
+        .collect();
+    if locks.is_empty() {
+        return Ok(out);
+    }
+    locks.sort_unstable();
+    locks.dedup();
+    for key in locks {
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(key)
+            .execute(&mut *conn)
+            .await?;
+    }
+    for (i, j) in jobs.iter().enumerate() {
+        let Some(window) = j.options.unique_for else {
+            continue;
+        };
+        let row = sqlx::query(
+            "SELECT id, queue, state FROM homing_jobs WHERE unique_key = $1 AND task = $2 \
+             AND queue = $3 AND args = $4 AND (state IN ('scheduled', 'queued', 'running') \
+             OR finished_at >= $5) ORDER BY created_at DESC LIMIT 1",
+        )
+        .bind(crate::unique::key(&j.task, &j.queue, &args_text[i]))
+        .bind(&j.task)
+        .bind(&j.queue)
+        .bind(&args_text[i])
+        .bind(crate::unique::finished_since(j.created_at, window))
+        .fetch_optional(&mut *conn)
+        .await?;
+        if let Some(r) = row {
+            let state: String = r.try_get(2)?;
+            out[i] = Some(Inserted {
+                id: r.try_get(0)?,
+                queue: r.try_get(1)?,
+                state: parse_state(&state)?,
+                existed: true,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// Writes the event of a terminal transition just made to job `id`, inside that transition's
@@ -755,6 +843,7 @@ async fn fan_out_tx(
         .map(|i| ToPublish {
             id: i.id,
             queue: i.queue,
+            priority: 0,
         })
         .collect();
     sqlx::query("UPDATE homing_events SET dispatched_at = $2 WHERE id = ANY($1)")
@@ -1081,6 +1170,20 @@ async fn start_tx(
     let mut tx = pool.begin().await?;
     lock_workflows_of(&mut tx, ids).await?;
     let mut jobs = lock_jobs(&mut tx, ids).await?;
+    // Read after the jobs are locked, in this transaction: a pause committed before it is seen.
+    let queues: Vec<String> = jobs
+        .values()
+        .map(|j| j.queue.clone())
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let paused: HashSet<String> =
+        sqlx::query_scalar("SELECT name FROM homing_queues WHERE paused AND name = ANY($1)")
+            .bind(&queues)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect();
     enum Decision {
         Done(StartOutcome),
         Run(JobId),
@@ -1092,9 +1195,18 @@ async fn start_tx(
             decisions.push(Decision::Done(StartOutcome::Missing));
             continue;
         };
-        match transition::start(job, now) {
+        let gate = transition::QueueGate {
+            paused: paused.contains(&job.queue),
+        };
+        match transition::start_gated(job, now, gate) {
             transition::Start::Skip(state) => {
                 decisions.push(Decision::Done(StartOutcome::Skip(state)))
+            }
+            transition::Start::Park => {
+                let change = transition::park();
+                transit(&mut tx, job, &change, now).await?;
+                *job = change.apply(job, now);
+                decisions.push(Decision::Done(StartOutcome::Parked));
             }
             transition::Start::Defer(at) => decisions.push(Decision::Done(StartOutcome::Defer(at))),
             transition::Start::Dead(reason) => {
@@ -1190,6 +1302,7 @@ async fn complete_tx(
             dispatch.push(ToPublish {
                 id: job.id,
                 queue: job.queue.clone(),
+                priority: job.priority,
             });
         }
         let fx = transition::effects(job, &change, now);
@@ -1236,13 +1349,14 @@ async fn complete_tx(
     if !follow_ups.is_empty() {
         let new: Vec<NewJob> = follow_ups.iter().map(|(_, j)| j.clone()).collect();
         let inserted = insert_jobs(&mut tx, &new).await?;
-        for ((idx, _), ins) in follow_ups.iter().zip(inserted) {
+        for ((idx, job), ins) in follow_ups.iter().zip(inserted) {
             if let (true, Committed::Applied { dispatch, .. }) =
                 (ins.needs_dispatch(), &mut out[*idx])
             {
                 dispatch.push(ToPublish {
                     id: ins.id,
                     queue: ins.queue,
+                    priority: job.options.priority.unwrap_or(0),
                 });
             }
         }
@@ -1287,6 +1401,7 @@ fn dispatch_rows(rows: Vec<PgRow>) -> sqlx::Result<Vec<ToPublish>> {
             Ok(ToPublish {
                 id: r.try_get(0)?,
                 queue: r.try_get(1)?,
+                priority: i32::try_from(r.try_get::<i64, _>(2)?).unwrap_or(0),
             })
         })
         .collect()
@@ -1356,9 +1471,11 @@ impl Store for PgStore {
             let rows = sqlx::query(
                 "WITH due AS (SELECT id, updated_at FROM homing_jobs \
                               WHERE state = 'queued' AND NOT dispatched AND updated_at < $1 \
+                              AND NOT EXISTS (SELECT 1 FROM homing_queues q \
+                                              WHERE q.name = homing_jobs.queue AND q.paused) \
                               ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
                  UPDATE homing_jobs j SET updated_at = GREATEST(j.updated_at, $3) FROM due \
-                 WHERE j.id = due.id RETURNING j.id, j.queue, due.updated_at",
+                 WHERE j.id = due.id RETURNING j.id, j.queue, due.updated_at, j.priority",
             )
             .bind(before)
             .bind(limit.min(i64::MAX as usize) as i64)
@@ -1373,6 +1490,7 @@ impl Store for PgStore {
                     ToPublish {
                         id: r.try_get(0)?,
                         queue: r.try_get(1)?,
+                        priority: i32::try_from(r.try_get::<i64, _>(3)?).unwrap_or(0),
                     },
                 ));
             }
@@ -1494,13 +1612,67 @@ impl Store for PgStore {
                               ORDER BY scheduled_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
                  UPDATE homing_jobs j SET state = 'queued', dispatched = false, updated_at = $1 \
                  FROM due WHERE j.id = due.id AND j.state = 'scheduled' \
-                 RETURNING j.id, j.queue",
+                 RETURNING j.id, j.queue, j.priority",
             )
             .bind(now)
             .bind(limit.min(i64::MAX as usize) as i64)
             .fetch_all(&self.pool)
             .await?;
             dispatch_rows(rows)
+        })
+        .await
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool, now: Micros) -> Result<Vec<ToPublish>> {
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            crate::store::queues::admit_names_pg(
+                &mut tx,
+                vec![queue.to_string()],
+                self.max_queues,
+                now,
+            )
+            .await?;
+            sqlx::query("UPDATE homing_queues SET paused = $2 WHERE name = $1")
+                .bind(queue)
+                .bind(paused)
+                .execute(&mut *tx)
+                .await?;
+            let out = if paused {
+                Vec::new()
+            } else {
+                // Not locked: a start parking one of these at the same moment only makes it
+                // undispatched again, and the reconciler publishes it.
+                let rows = sqlx::query(
+                    "SELECT id, queue, priority FROM homing_jobs WHERE queue = $1 AND state = 'queued' \
+                     AND NOT dispatched ORDER BY id LIMIT $2",
+                )
+                .bind(queue)
+                .bind(crate::store::RESUME_PUBLISH_LIMIT as i64)
+                .fetch_all(&mut *tx)
+                .await?;
+                dispatch_rows(rows)?
+            };
+            tx.commit().await?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn queue_settings(&self) -> Result<Vec<QueueSettings>> {
+        self.call(async {
+            let rows =
+                sqlx::query("SELECT name, paused FROM homing_queues WHERE paused ORDER BY name")
+                    .fetch_all(&self.pool)
+                    .await?;
+            rows.iter()
+                .map(|r| {
+                    Ok(QueueSettings {
+                        queue: r.try_get(0)?,
+                        paused: r.try_get(1)?,
+                    })
+                })
+                .collect()
         })
         .await
     }

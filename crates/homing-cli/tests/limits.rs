@@ -1,0 +1,315 @@
+//! Pause/resume, unique jobs and priorities (docs/limits.md) through the `homing` binary: real
+//! worker processes on the embedded backend and on Redis + PostgreSQL, steered by the CLI and
+//! the HTTP API.
+
+#[path = "../../homing/tests/support/redis_server.rs"]
+mod redis_server;
+mod support;
+
+use std::time::Duration;
+
+use homing::{EnqueueRequest, JobId, JobState};
+use redis_server::{unique_prefix, RedisServer};
+use support::*;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+async fn redis_postgres(server: &RedisServer, what: &str) -> Env {
+    let mut env = Env::sqlite_broker_postgres_store().await;
+    env.broker = server.url(&unique_prefix(what));
+    env
+}
+
+fn noop(queue: &str, n: u32) -> EnqueueRequest {
+    let mut r = EnqueueRequest::new("builtin.noop", serde_json::json!({ "n": n }));
+    r.options.queue = Some(queue.into());
+    r
+}
+
+/// A paused queue accepts jobs and starts none; the job running when it was paused finishes;
+/// resume runs the held ones.
+async fn pause_and_resume(env: Env) {
+    let client = env.client().await;
+    let counter = Counter::start().await;
+    let _w = env.worker("w", "pq", &["--concurrency", "2"]);
+    wait_workers(&client, "pq", 1, Duration::from_secs(20)).await;
+    // A slow job, running when the pause comes.
+    let mut slow = http_job(&counter.url("delay_ms=1500"));
+    slow.options.queue = Some("pq".into());
+    let slow = client.enqueue(slow).await.unwrap();
+    wait_state(&client, slow.id, JobState::Running, LIMIT).await;
+    let (code, out, err) = env.run(&["queues", "pause", "pq"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("paused pq"), "{out}");
+    let mut held = Vec::new();
+    for n in 0..3 {
+        held.push(client.enqueue(noop("pq", n)).await.unwrap().id);
+    }
+    wait_state(&client, slow.id, JobState::Succeeded, LIMIT).await;
+    // Deliveries have had every chance to start them: they are parked, not run.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for id in &held {
+        let j = client.get(*id).await.unwrap();
+        assert_eq!(
+            (j.state, j.started_at, j.attempts),
+            (JobState::Queued, None, 0),
+            "{j:?}"
+        );
+    }
+    let (code, out, _) = env.run(&["queues", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let pq = v["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "pq")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(pq["paused"], true, "{out}");
+    let (code, out, err) = env.run(&["queues", "resume", "pq"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let mut done = 0;
+        for id in &held {
+            if client.get(*id).await.unwrap().state == JobState::Succeeded {
+                done += 1;
+            }
+        }
+        if done == held.len() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "held jobs did not run after resume; worker log:\n{}",
+            _w.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pause_and_resume_embedded() {
+    pause_and_resume(Env::sqlite()).await;
+}
+
+// Not run on Redis + PostgreSQL yet: there, after a resume, only one of three held jobs ran
+// within a minute in every attempt (the others were never delivered to the live session; the
+// worker log showed two sessions of one process). Open, see docs/limits.md.
+
+fn enqueue_unique(env: &Env, args: &str, window: &str) -> JobId {
+    let (code, out, err) = env.run(&[
+        "enqueue",
+        "builtin.noop",
+        "--queue",
+        "uq",
+        "--args",
+        args,
+        "--unique-for",
+        window,
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("a job id: {out}"))
+}
+
+/// `--unique-for`: the same job while it waits and within the window after it finished; a new
+/// one after the window, or with other args.
+async fn unique_windows(env: Env) {
+    let client = env.client().await;
+    let first = enqueue_unique(&env, r#"{"a":1}"#, "3s");
+    assert_eq!(
+        enqueue_unique(&env, r#"{"a":1}"#, "3s"),
+        first,
+        "while queued"
+    );
+    let other = enqueue_unique(&env, r#"{"a":2}"#, "3s");
+    assert_ne!(other, first);
+    let _w = env.worker("w", "uq", &[]);
+    let done = wait_all_terminal(&client, &[first, other], LIMIT).await;
+    assert!(done.iter().all(|j| j.state == JobState::Succeeded));
+    let finished = done[0].finished_at.unwrap();
+    let again = enqueue_unique(&env, r#"{"a":1}"#, "3s");
+    let elapsed = homing::time::now() - finished;
+    if elapsed < 3_000_000 {
+        assert_eq!(again, first, "within the window after its finish");
+    }
+    // Past the window: a new job.
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    let late = enqueue_unique(&env, r#"{"a":1}"#, "3s");
+    assert_ne!(late, first);
+    assert_eq!(
+        wait_all_terminal(&client, &[late], LIMIT).await[0].state,
+        JobState::Succeeded
+    );
+    // A window under a second is refused at the door.
+    let (code, _, err) = env.run(&[
+        "enqueue",
+        "builtin.noop",
+        "--queue",
+        "uq",
+        "--unique-for",
+        "10ms",
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("unique"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unique_windows_embedded() {
+    unique_windows(Env::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unique_windows_on_redis_and_postgres() {
+    let server = RedisServer::unix();
+    unique_windows(redis_postgres(&server, "unique").await).await;
+}
+
+/// The HTTP API: pause/resume routes, `priority` and `unique_for` on enqueue, and their
+/// validation (400 with the reason).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn http_pause_resume_and_options() {
+    let env = Env::sqlite();
+    let (_up, base) = start_up(&env, &[]).await;
+    let http = http_client();
+    // `homing up` runs a worker on `default`.
+    let r = http
+        .post(format!("{base}/v1/queues/default/pause"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v, serde_json::json!({"queue": "default", "paused": true}));
+    let body = serde_json::json!({"task": "builtin.noop", "queue": "default", "priority": 5,
+                                  "unique_for": "1m", "args": {"x": 1}});
+    let a: serde_json::Value = http
+        .post(format!("{base}/v1/jobs"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let b: serde_json::Value = http
+        .post(format!("{base}/v1/jobs"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(a["id"], b["id"], "{a} {b}");
+    let queues: serde_json::Value = http
+        .get(format!("{base}/v1/queues"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let hq = queues["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "default")
+        .cloned()
+        .unwrap();
+    assert_eq!(hq["paused"], true);
+    let id = a["id"].as_str().unwrap().to_string();
+    let client = env.client().await;
+    let job_id: JobId = id.parse().unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let j = client.get(job_id).await.unwrap();
+    assert_eq!((j.state, j.priority), (JobState::Queued, 5));
+    let r = http
+        .post(format!("{base}/v1/queues/default/resume"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    wait_state(&client, job_id, JobState::Succeeded, LIMIT).await;
+    for (body, word) in [
+        (
+            serde_json::json!({"task": "builtin.noop", "priority": 5000}),
+            "priority",
+        ),
+        (
+            serde_json::json!({"task": "builtin.noop", "unique_for": "0s"}),
+            "unique_for",
+        ),
+    ] {
+        let r = http
+            .post(format!("{base}/v1/jobs"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{body}");
+        let e: serde_json::Value = r.json().await.unwrap();
+        assert!(
+            e["error"]["message"].as_str().unwrap_or("").contains(word),
+            "{e}"
+        );
+    }
+    let r = http
+        .post(format!("{base}/v1/queues/bad%20name/pause"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = http
+        .post(format!("{base}/v1/queues/homing.webhooks/pause"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+}
+
+/// One worker running one job at a time starts a queue's backlog in strict priority order,
+/// equal priorities in enqueue order (the embedded broker; the Redis broker does not order by
+/// priority, see docs/limits.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn strict_priority_order_on_one_worker() {
+    let env = Env::sqlite();
+    let client = env.client().await;
+    let priorities = [0, 5, -2, 5, 10, 0, -2, 7];
+    let mut ids = Vec::new();
+    for (n, p) in priorities.iter().enumerate() {
+        let (code, out, err) = env.run(&[
+            "enqueue",
+            "builtin.noop",
+            "--queue",
+            "prio",
+            "--args",
+            &format!(r#"{{"n":{n}}}"#),
+            "--priority",
+            &p.to_string(),
+        ]);
+        assert_eq!(code, 0, "{out}\n{err}");
+        ids.push(out.trim().parse::<JobId>().unwrap());
+    }
+    let _w = env.worker("w", "prio", &["--concurrency", "1"]);
+    let done = wait_all_terminal(&client, &ids, LIMIT).await;
+    let mut by_start: Vec<(i64, usize)> = done
+        .iter()
+        .enumerate()
+        .map(|(n, j)| (j.started_at.expect("started"), n))
+        .collect();
+    by_start.sort();
+    let order: Vec<usize> = by_start.iter().map(|(_, n)| *n).collect();
+    let mut want: Vec<usize> = (0..priorities.len()).collect();
+    want.sort_by_key(|n| (std::cmp::Reverse(priorities[*n]), *n));
+    assert_eq!(order, want, "priorities {priorities:?}");
+    for (j, p) in done.iter().zip(priorities) {
+        assert_eq!(j.priority, p);
+    }
+    // Out of range: refused by the CLI with exit code 2.
+    let (code, _, err) = env.run(&["enqueue", "builtin.noop", "--priority", "1001"]);
+    assert_eq!(code, 2, "{err}");
+}
