@@ -133,7 +133,7 @@ impl Default for Recipe {
             drop_nested_lines: true,
             deskew: true,
             layout: true,
-            binarise: std::env::var_os("OCR_BINARISE").is_some(),
+            binarise: true,
             max_page_pixels: MAX_PAGE_PIXELS,
         }
     }
@@ -487,9 +487,6 @@ fn prepare(path: &Path, dpi: u32, recipe: &Recipe) -> Result<(), image::ImageErr
             image::codecs::png::FilterType::Sub,
         );
         img.write_with_encoder(png)?;
-        if let Some(d) = std::env::var_os("OCR_DEBUG_DIR") {
-            let _ = std::fs::copy(path, std::path::Path::new(&d).join("prepared.png"));
-        }
     }
     Ok(())
 }

@@ -41,6 +41,9 @@ pub struct Layout {
     /// The pixels of ruling lines (row-major, one per pixel of the page).
     pub rules: Vec<bool>,
     pub rule_pixels: usize,
+    /// The grey of the paper (the page's median): what an erased rule is painted with, so no
+    /// white grid is left on grey paper.
+    pub paper: u8,
 }
 
 /// Otsu's threshold: the grey level that best separates the image's histogram into two classes.
@@ -233,6 +236,7 @@ pub fn analyse(img: &GrayImage, dpi: u32) -> Layout {
         pieces: None,
         rules: ruled.clone(),
         rule_pixels,
+        paper,
     };
     let row_ink: Vec<bool> = (0..h).map(|y| mask[y * w..(y + 1) * w].contains(&true)).collect();
     let lines = runs(row_ink.iter().copied());
@@ -326,23 +330,24 @@ pub fn analyse(img: &GrayImage, dpi: u32) -> Layout {
         pieces: Some(pieces),
         rules: ruled,
         rule_pixels,
+        paper,
     }
 }
 
-/// `img` with the ruling lines painted over in white.
-pub fn erase_rules(img: &mut GrayImage, rules: &[bool]) {
+/// `img` with the ruling lines painted over in the paper's grey.
+pub fn erase_rules(img: &mut GrayImage, rules: &[bool], paper: u8) {
     for (p, &r) in img.pixels_mut().zip(rules) {
         if r {
-            *p = Luma([255]);
+            *p = Luma([paper]);
         }
     }
 }
 
-/// The `pieces` of `img` one under another, left-aligned, a line's height apart.
-pub fn compose(img: &GrayImage, pieces: &[Rect], gap: u32) -> GrayImage {
+/// The `pieces` of `img` one under another, left-aligned, `gap` apart on `paper`.
+pub fn compose(img: &GrayImage, pieces: &[Rect], gap: u32, paper: u8) -> GrayImage {
     let width = pieces.iter().map(|r| r.w).max().unwrap_or(1) + 2 * gap;
     let height = pieces.iter().map(|r| r.h + gap).sum::<u32>() + gap;
-    let mut out = GrayImage::from_pixel(width, height, Luma([255]));
+    let mut out = GrayImage::from_pixel(width, height, Luma([paper]));
     let mut y = gap;
     for r in pieces {
         for dy in 0..r.h {
@@ -365,10 +370,10 @@ pub fn prepare(img: &mut GrayImage, dpi: u32) -> (bool, bool) {
     if layout.rule_pixels == 0 && layout.pieces.is_none() {
         return (false, false);
     }
-    erase_rules(img, &layout.rules);
+    erase_rules(img, &layout.rules, layout.paper);
     let columns = layout.pieces.is_some();
     if let Some(pieces) = &layout.pieces {
-        *img = compose(img, pieces, dpi / 6);
+        *img = compose(img, pieces, dpi / 6, layout.paper);
     }
     (true, columns)
 }
@@ -440,7 +445,7 @@ mod tests {
         let layout = analyse(&img, 150);
         assert_eq!(layout.pieces, None, "rows are read across");
         assert!(layout.rule_pixels > 5 * 801, "{}", layout.rule_pixels);
-        erase_rules(&mut img, &layout.rules);
+        erase_rules(&mut img, &layout.rules, layout.paper);
         assert_eq!(img.get_pixel(500, 101).0[0], 255);
         assert_eq!(img.get_pixel(130, 130).0[0], 0, "the cells stay");
     }
