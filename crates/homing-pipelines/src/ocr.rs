@@ -86,7 +86,7 @@ pub struct Recipe {
     /// lines, and lay columns one under another in reading order.
     pub layout: bool,
     /// Hand Tesseract a black-on-white page of our own thresholding (smoothed, specks removed,
-    /// `ocr/clean.rs`) instead of the grey render.
+    /// `ocr/clean.rs`) instead of the grey render, when the page is a worn scan (grey paper).
     pub binarise: bool,
     pub max_page_pixels: u64,
 }
@@ -471,7 +471,7 @@ fn prepare(path: &Path, dpi: u32, recipe: &Recipe) -> Result<(), image::ImageErr
             changed = true;
         }
     }
-    if recipe.binarise {
+    if recipe.binarise && clean::is_worn(&img) {
         img = clean::binarise(&img, dpi);
         changed = true;
     }

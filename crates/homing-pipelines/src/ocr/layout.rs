@@ -439,7 +439,7 @@ mod tests {
         }
         for r in 0..4 {
             for c in 0..3 {
-                bar(&mut img, 120 + c * 267, 115 + r * 60, 90, 30);
+                bar(&mut img, 120 + c * 267, 115 + r * 60, 60, 30);
             }
         }
         let layout = analyse(&img, 150);
