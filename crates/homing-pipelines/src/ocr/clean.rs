@@ -40,8 +40,12 @@ fn box_mean(img: &GrayImage, r: u32) -> GrayImage {
     };
     let rows = pass(&src, w, h, &|y, x| y * w + x);
     let both = pass(&rows, h, w, &|x, y| y * w + x);
-    GrayImage::from_raw(w as u32, h as u32, both.into_iter().map(|v| v as u8).collect())
-        .unwrap_or_else(|| img.clone())
+    GrayImage::from_raw(
+        w as u32,
+        h as u32,
+        both.into_iter().map(|v| v as u8).collect(),
+    )
+    .unwrap_or_else(|| img.clone())
 }
 
 /// Paper at least this light (the page's median grey) is clean: Tesseract's own threshold reads
@@ -53,7 +57,7 @@ const WHITE_PAPER: u8 = 245;
 pub fn is_worn(img: &GrayImage) -> bool {
     let mut hist = [0usize; 256];
     img.pixels().for_each(|p| hist[usize::from(p.0[0])] += 1);
-    let half = (img.pixels().len() + 1) / 2;
+    let half = img.pixels().len().div_ceil(2);
     let mut seen = 0;
     let median = hist
         .iter()
@@ -96,7 +100,10 @@ mod tests {
         });
         let out = binarise(&img, 400);
         assert_eq!(out.get_pixel(20, 20).0[0], 255, "a speck is removed");
-        assert!((50..250).all(|x| out.get_pixel(x, 95).0[0] == 0), "the stroke stays");
+        assert!(
+            (50..250).all(|x| out.get_pixel(x, 95).0[0] == 0),
+            "the stroke stays"
+        );
         let stray = out
             .enumerate_pixels()
             .filter(|(_, y, p)| !(85..105).contains(y) && p.0[0] == 0)

@@ -53,7 +53,11 @@ pub fn otsu(img: &GrayImage) -> u8 {
         hist[usize::from(p.0[0])] += 1;
     }
     let total: u64 = hist.iter().sum();
-    let sum_all: f64 = hist.iter().enumerate().map(|(i, &n)| i as f64 * n as f64).sum();
+    let sum_all: f64 = hist
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| i as f64 * n as f64)
+        .sum();
     let (mut w0, mut sum0, mut best, mut at) = (0u64, 0.0f64, -1.0f64, 128u8);
     for (t, &n) in hist.iter().enumerate() {
         w0 += n;
@@ -121,7 +125,9 @@ pub(super) fn drop_specks(mask: &mut [bool], w: usize, h: usize, min_area: usize
 fn rules(dark: &[bool], w: usize, h: usize, min_len: usize, gap: usize, pad: usize) -> Vec<bool> {
     let mut out = vec![false; dark.len()];
     // Runs along one line of `len` pixels, `at(i)` being the index of its i-th pixel.
-    let mut scan = |len: usize, at: &dyn Fn(usize) -> usize, across: &dyn Fn(usize, usize) -> Option<usize>| {
+    let mut scan = |len: usize,
+                    at: &dyn Fn(usize) -> usize,
+                    across: &dyn Fn(usize, usize) -> Option<usize>| {
         let mut i = 0;
         while i < len {
             if !dark[at(i)] {
@@ -238,14 +244,14 @@ pub fn analyse(img: &GrayImage, dpi: u32) -> Layout {
         rule_pixels,
         paper,
     };
-    let row_ink: Vec<bool> = (0..h).map(|y| mask[y * w..(y + 1) * w].contains(&true)).collect();
+    let row_ink: Vec<bool> = (0..h)
+        .map(|y| mask[y * w..(y + 1) * w].contains(&true))
+        .collect();
     let lines = runs(row_ink.iter().copied());
     if lines.is_empty() {
         return empty;
     }
-    let col_ink: Vec<bool> = (0..w)
-        .map(|x| (0..h).any(|y| mask[y * w + x]))
-        .collect();
+    let col_ink: Vec<bool> = (0..w).map(|x| (0..h).any(|y| mask[y * w + x])).collect();
     let (Some(left), Some(right)) = (
         col_ink.iter().position(|&c| c),
         col_ink.iter().rposition(|&c| c),
@@ -256,7 +262,9 @@ pub fn analyse(img: &GrayImage, dpi: u32) -> Layout {
     let mut heights: Vec<usize> = lines.iter().map(|(s, e)| e - s).collect();
     heights.sort_unstable();
     let line_h = heights[heights.len() / 2].max(1);
-    let min_gutter = (line_h as f32 * GUTTER_LINES) as usize;
+    // Never narrower than a sixth of an inch: on a worn page leftover grain can make the
+    // median "line" short, and word spaces must not pass for gutters.
+    let min_gutter = ((line_h as f32 * GUTTER_LINES) as usize).max(dpi as usize / 6);
     let blank_of = |&(top, bottom): &(usize, usize)| -> Vec<bool> {
         (left..right)
             .map(|x| !(top..bottom).any(|y| mask[y * w + x]))
@@ -267,7 +275,8 @@ pub fn analyse(img: &GrayImage, dpi: u32) -> Layout {
     };
 
     // Sections: (top, bottom, gutters as page x ranges).
-    let mut sections: Vec<(usize, usize, Vec<(usize, usize)>)> = Vec::new();
+    type Section = (usize, usize, Vec<(usize, usize)>);
+    let mut sections: Vec<Section> = Vec::new();
     let mut shared: Option<Vec<bool>> = None;
     for line in &lines {
         let blank = blank_of(line);
@@ -294,15 +303,19 @@ pub fn analyse(img: &GrayImage, dpi: u32) -> Layout {
             }
             shared = None;
         } else {
-            sections.push((line.0, line.1, g.iter().map(|&(s, e)| (s + left, e + left)).collect()));
+            sections.push((
+                line.0,
+                line.1,
+                g.iter().map(|&(s, e)| (s + left, e + left)).collect(),
+            ));
             shared = Some(blank);
         }
     }
     // A section of one line with a wide gap reads the same either way; only a section of
     // several lines has columns worth rearranging.
-    let columns = sections.iter().any(|s| {
-        !s.2.is_empty() && lines.iter().filter(|l| l.0 >= s.0 && l.1 <= s.1).count() > 1
-    });
+    let columns = sections
+        .iter()
+        .any(|s| !s.2.is_empty() && lines.iter().filter(|l| l.0 >= s.0 && l.1 <= s.1).count() > 1);
     if !columns {
         return empty;
     }
@@ -325,6 +338,18 @@ pub fn analyse(img: &GrayImage, dpi: u32) -> Layout {
                 h: (bottom - top) as u32,
             });
         }
+    }
+    // A column narrower than an inch and a half is not a column of text (the corpus's are about
+    // three inches): something else was taken for gutters, and reading the page as it is is
+    // safer. The recomposed page must also stay within what Tesseract accepts (32 767 pixels
+    // on a side) and what the page itself was.
+    let narrow = pieces.iter().any(|r| (r.w as usize) < dpi as usize * 3 / 2);
+    let tall: u64 = pieces
+        .iter()
+        .map(|r| u64::from(r.h) + u64::from(dpi / 6))
+        .sum();
+    if narrow || tall > 30_000 || tall * u64::from(w as u32) > (w * h) as u64 * 2 {
+        return empty;
     }
     Layout {
         pieces: Some(pieces),
@@ -411,8 +436,14 @@ mod tests {
         let pieces = layout.pieces.expect("columns");
         assert_eq!(pieces.len(), 3, "{pieces:?}");
         assert!(pieces[0].y < pieces[1].y && pieces[0].w > 700, "{pieces:?}");
-        assert!(pieces[1].x < 200 && pieces[1].x + pieces[1].w < 560, "{pieces:?}");
-        assert!(pieces[2].x > 460 && pieces[2].y == pieces[1].y, "{pieces:?}");
+        assert!(
+            pieces[1].x < 200 && pieces[1].x + pieces[1].w < 560,
+            "{pieces:?}"
+        );
+        assert!(
+            pieces[2].x > 460 && pieces[2].y == pieces[1].y,
+            "{pieces:?}"
+        );
         assert_eq!(layout.rule_pixels, 0);
     }
 
@@ -426,6 +457,17 @@ mod tests {
         let layout = analyse(&img, 150);
         assert_eq!(layout.pieces, None);
         assert_eq!(layout.rule_pixels, 0);
+    }
+
+    #[test]
+    fn narrow_strips_are_not_taken_for_columns() {
+        // Six strips of words 100 px wide with 60 px gaps, on eight lines: what grain or a list
+        // of short items can look like. Recomposed, the page would be a strip 20 000 px tall.
+        let mut img = GrayImage::from_pixel(1000, 700, Luma([255]));
+        for c in 0..6 {
+            text(&mut img, 20 + c * 160, 20 + c * 160 + 100, 50, 8);
+        }
+        assert_eq!(analyse(&img, 150).pieces, None);
     }
 
     #[test]
