@@ -6,9 +6,13 @@
 //! Recognition is not one fixed command: a scan is read by the [`Pass`]es of a [`Recipe`] in
 //! order (a resolution, a page segmentation mode, the languages), and the page keeps the text of
 //! the pass Tesseract is most confident about; once a pass is confident enough the rest are
-//! skipped. The default recipe was chosen by measuring the character error rate on a generated
-//! corpus (`scripts/bench-ocr`, BENCHMARKS.md "OCR"). Every recognised page keeps its mean word
-//! confidence, and a page below [`LOW_CONFIDENCE`] is reported rather than silently passed.
+//! skipped. Before Tesseract sees a page it is prepared in-process (docs/ocr.md): straightened
+//! (`ocr/deskew.rs`), thresholded when it is a worn scan (`ocr/clean.rs`), and its columns laid
+//! one under another in reading order with a table's rules erased (`ocr/layout.rs`): Tesseract's
+//! own layout analysis was the corpus's worst loss. The default recipe was chosen by measuring
+//! the character error rate on a generated corpus (`scripts/bench-ocr`, BENCHMARKS.md "OCR").
+//! Every recognised page keeps its mean word confidence, and a page below [`LOW_CONFIDENCE`] is
+//! reported rather than silently passed.
 //!
 //! The rendered size of a page is capped ([`MAX_PAGE_PIXELS`]): a huge page is rendered at a
 //! lower resolution, and a page that would need less than [`MIN_DPI`] to fit is refused with a
