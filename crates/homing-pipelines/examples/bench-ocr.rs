@@ -4,7 +4,7 @@
 //!
 //! `--sweep` also measures single passes over resolutions and segmentation modes, the numbers
 //! the default recipe was chosen by. `--case NAME` limits the run to the cases whose name
-//! contains NAME.
+//! contains NAME. `--after-only` skips the old command (for iterating on the recipe).
 
 #[path = "../tests/ocr_corpus/mod.rs"]
 mod corpus;
@@ -66,6 +66,7 @@ fn pct(v: f64) -> String {
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let sweep = args.iter().any(|a| a == "--sweep");
+    let after_only = args.iter().any(|a| a == "--after-only");
     let only = args
         .iter()
         .position(|a| a == "--case")
@@ -91,6 +92,9 @@ async fn main() {
         ("before".into(), Recipe::baseline()),
         ("after".into(), Recipe::default()),
     ];
+    if after_only {
+        recipes.remove(0);
+    }
     if sweep {
         for dpi in [300, 400] {
             for psm in [None, Some(4), Some(6)] {
@@ -139,6 +143,16 @@ async fn main() {
     println!("| case | script | scan | CER before | CER after | s/page before | s/page after | confidence after | dpi after |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for (case, s) in &rows {
+        if after_only {
+            println!(
+                "| {} | {} | {:.1} | {:.0} |",
+                case.name,
+                pct(s[0].cer),
+                s[0].seconds,
+                s[0].confidence.unwrap_or(-1.0)
+            );
+            continue;
+        }
         let scan = if case.is_clean() {
             format!("clean, {} dpi", case.dpi)
         } else {

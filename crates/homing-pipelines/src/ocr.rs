@@ -6,9 +6,13 @@
 //! Recognition is not one fixed command: a scan is read by the [`Pass`]es of a [`Recipe`] in
 //! order (a resolution, a page segmentation mode, the languages), and the page keeps the text of
 //! the pass Tesseract is most confident about; once a pass is confident enough the rest are
-//! skipped. The default recipe was chosen by measuring the character error rate on a generated
-//! corpus (`scripts/bench-ocr`, BENCHMARKS.md "OCR"). Every recognised page keeps its mean word
-//! confidence, and a page below [`LOW_CONFIDENCE`] is reported rather than silently passed.
+//! skipped. Before Tesseract sees a page it is prepared in-process (docs/ocr.md): straightened
+//! (`ocr/deskew.rs`), thresholded when it is a worn scan (`ocr/clean.rs`), and its columns laid
+//! one under another in reading order with a table's rules erased (`ocr/layout.rs`): Tesseract's
+//! own layout analysis was the corpus's worst loss. The default recipe was chosen by measuring
+//! the character error rate on a generated corpus (`scripts/bench-ocr`, BENCHMARKS.md "OCR").
+//! Every recognised page keeps its mean word confidence, and a page below [`LOW_CONFIDENCE`] is
+//! reported rather than silently passed.
 //!
 //! The rendered size of a page is capped ([`MAX_PAGE_PIXELS`]): a huge page is rendered at a
 //! lower resolution, and a page that would need less than [`MIN_DPI`] to fit is refused with a
@@ -22,9 +26,11 @@ use std::time::Duration;
 use crate::tools::{self, ToolError};
 use homing::CancellationToken;
 
+mod clean;
 mod deskew;
 /// The page rotation deskewing applies, also used by the tests' scan simulator.
 pub use deskew::rotate;
+mod layout;
 mod words;
 
 /// A page with fewer visible characters than this in its text layer is treated as a scan.
@@ -39,8 +45,9 @@ pub const MAX_PAGE_PIXELS: u64 = 36_000_000;
 /// resolution exceeds [`MAX_PAGE_PIXELS`] (about 12 000 pt on each side) is refused.
 pub const MIN_DPI: u32 = 36;
 /// A recognised page whose mean word confidence (0–100, weighted by characters) is below this is
-/// listed in `low_confidence_pages`: on the generated corpus every clean page scores 91 or more
-/// and the two worst-read worn pages 71 and 56 (BENCHMARKS.md "OCR").
+/// listed in `low_confidence_pages`: on the generated corpus every clean page scores 91 or more,
+/// the worst-read worn pages scored 71 and 56 before the page preparation fixed them, and the
+/// tests' unreadable page is caught (BENCHMARKS.md "OCR").
 pub const LOW_CONFIDENCE: f32 = 75.0;
 const TOOL_LIMIT: Duration = Duration::from_secs(300);
 
@@ -80,9 +87,12 @@ pub struct Recipe {
     pub drop_nested_lines: bool,
     /// Straighten a page scanned askew (up to 4°) before reading it.
     pub deskew: bool,
-    /// The pass used instead when the first pass read straight across a gutter (two columns,
-    /// a table): one with Tesseract's own layout analysis, which finds columns.
-    pub columns: Option<Pass>,
+    /// Find the page's layout before reading it (`ocr/layout.rs`): erase a table's ruling
+    /// lines, and lay columns one under another in reading order.
+    pub layout: bool,
+    /// Hand Tesseract a black-on-white page of our own thresholding (smoothed, specks removed,
+    /// `ocr/clean.rs`) instead of the grey render, when the page is a worn scan (grey paper).
+    pub binarise: bool,
     pub max_page_pixels: u64,
 }
 
@@ -101,7 +111,8 @@ impl Recipe {
             doubt_below: 0.0,
             drop_nested_lines: false,
             deskew: false,
-            columns: None,
+            layout: false,
+            binarise: false,
             max_page_pixels: MAX_PAGE_PIXELS,
         }
     }
@@ -126,11 +137,8 @@ impl Default for Recipe {
             doubt_below: 93.0,
             drop_nested_lines: true,
             deskew: true,
-            columns: Some(Pass {
-                dpi: 300,
-                psm: None,
-                lang: "kor+eng".into(),
-            }),
+            layout: true,
+            binarise: true,
             max_page_pixels: MAX_PAGE_PIXELS,
         }
     }
@@ -382,13 +390,7 @@ pub async fn extract_with(
         for (i, pass) in recipe.passes.iter().enumerate() {
             let dpi = capped_dpi(pass.dpi, width, height, recipe.max_page_pixels)
                 .ok_or_else(too_large)?;
-            let (mut text, mut read, gutter) =
-                recognise(pdf, work, page, dpi, pass, recipe, cancel).await?;
-            if let (true, Some(columns)) = (gutter, &recipe.columns) {
-                let dpi = capped_dpi(columns.dpi, width, height, recipe.max_page_pixels)
-                    .ok_or_else(too_large)?;
-                (text, read, _) = recognise(pdf, work, page, dpi, columns, recipe, cancel).await?;
-            }
+            let (text, read) = recognise(pdf, work, page, dpi, pass, recipe, cancel).await?;
             let better = match &best {
                 None => true,
                 Some((_, b)) => read.confidence.unwrap_or(-1.0) > b.confidence.unwrap_or(-1.0),
@@ -460,8 +462,41 @@ async fn tesseract(
     Ok((txt?, tsv?))
 }
 
+/// Straightens the page image at `path` and finds its layout, as `recipe` asks, rewriting the
+/// file only when something changed.
+fn prepare(path: &Path, dpi: u32, recipe: &Recipe) -> Result<(), image::ImageError> {
+    if !recipe.deskew && !recipe.layout && !recipe.binarise {
+        return Ok(());
+    }
+    let mut img = image::open(path)?.to_luma8();
+    let mut changed = false;
+    if recipe.deskew {
+        if let Some(level) = deskew::straighten(&img) {
+            img = level;
+            changed = true;
+        }
+    }
+    if recipe.binarise && clean::is_worn(&img) {
+        img = clean::binarise(&img, dpi);
+        changed = true;
+    }
+    if recipe.layout {
+        changed |= layout::prepare(&mut img, dpi).0;
+    }
+    if changed {
+        // A page is tens of megapixels: fast compression saves seconds and costs disk only.
+        let out = std::io::BufWriter::new(std::fs::File::create(path)?);
+        let png = image::codecs::png::PngEncoder::new_with_quality(
+            out,
+            image::codecs::png::CompressionType::Fast,
+            image::codecs::png::FilterType::Sub,
+        );
+        img.write_with_encoder(png)?;
+    }
+    Ok(())
+}
+
 /// Renders `page` at `dpi` and reads it with one pass; the rendered image is removed after.
-/// Also tells whether the reading crossed a gutter.
 async fn recognise(
     pdf: &Path,
     work: &Path,
@@ -470,7 +505,7 @@ async fn recognise(
     pass: &Pass,
     recipe: &Recipe,
     cancel: &CancellationToken,
-) -> Result<(String, Page, bool), ExtractError> {
+) -> Result<(String, Page), ExtractError> {
     let n = page.to_string();
     let r = dpi.to_string();
     let prefix = work.join(format!("page-{page}"));
@@ -508,12 +543,12 @@ async fn recognise(
                 max: recipe.max_page_pixels,
             });
         }
-        if recipe.deskew {
-            let path = image.clone();
-            tokio::task::spawn_blocking(move || deskew::straighten(&path))
+        {
+            let (path, recipe) = (image.clone(), recipe.clone());
+            tokio::task::spawn_blocking(move || prepare(&path, dpi, &recipe))
                 .await
                 .map_err(std::io::Error::other)?
-                .map_err(|e| std::io::Error::other(format!("cannot straighten the page: {e}")))?;
+                .map_err(|e| std::io::Error::other(format!("cannot prepare the page: {e}")))?;
         }
         let (txt, tsv) = tesseract(&image, work, page, dpi, &pass.lang, pass.psm, cancel).await?;
         if !recipe.rebuilds() {
@@ -525,7 +560,6 @@ async fn recognise(
                     dpi: Some(dpi),
                     pixels: Some(pixels),
                 },
-                false,
             ));
         }
         let mut read = words::parse(&tsv, &txt);
@@ -547,7 +581,6 @@ async fn recognise(
                 dpi: Some(dpi),
                 pixels: Some(pixels),
             },
-            words::crosses_a_gutter(&read),
         ))
     }
     .await;

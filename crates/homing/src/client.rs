@@ -367,6 +367,8 @@ impl Client {
             .map(|i| ToPublish {
                 id: i.id,
                 queue: i.queue.clone(),
+                // Steps take no priority option (docs/workflows.md).
+                priority: 0,
             })
             .collect();
         if let Err(e) = publish(&*self.broker, &*self.store, &to_send).await {
@@ -411,6 +413,8 @@ impl Client {
             .cancel_workflow(id, now())
             .await?
             .ok_or(Error::WorkflowNotFound(id))
+    }
+
     /// Pauses a queue: it still accepts jobs, but no worker starts one from it until it is
     /// resumed; running jobs finish (docs/limits.md).
     pub async fn pause_queue(&self, queue: &str) -> Result<()> {

@@ -106,6 +106,8 @@ impl StepSpec {
             on_success: self.on_success.clone(),
             on_failure: self.on_failure.clone(),
             callback_url: self.callback_url.clone(),
+            priority: None,
+            unique_for: None,
         }
     }
 }

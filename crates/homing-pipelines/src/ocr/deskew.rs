@@ -77,15 +77,11 @@ pub fn rotate(img: &GrayImage, degrees: f32) -> GrayImage {
     })
 }
 
-/// Straightens the PNG at `path` in place; returns the angle corrected, if any.
-pub fn straighten(path: &std::path::Path) -> Result<Option<f32>, image::ImageError> {
-    let img = image::open(path)?.to_luma8();
-    match angle(&img) {
-        Some(a) if a.abs() >= LEVEL => {
-            rotate(&img, -a).save(path)?;
-            Ok(Some(a))
-        }
-        _ => Ok(None),
+/// `img` straightened, or `None` when it is level already (or holds no text).
+pub fn straighten(img: &GrayImage) -> Option<GrayImage> {
+    match angle(img) {
+        Some(a) if a.abs() >= LEVEL => Some(rotate(img, -a)),
+        _ => None,
     }
 }
 

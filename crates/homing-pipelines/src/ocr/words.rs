@@ -221,50 +221,6 @@ pub fn prefer_korean(base: Vec<Word>, korean: &[Word], below: f32) -> Vec<Word> 
         .collect()
 }
 
-/// Whether the lines read straight across the page run through a gutter — a wide gap at the
-/// same place on most lines — as they do when a single-column reading crosses two columns.
-pub fn crosses_a_gutter(words: &[Word]) -> bool {
-    let mut lines: Vec<Vec<&Word>> = Vec::new();
-    for w in words {
-        match lines.last_mut() {
-            Some(l) if l[0].line == w.line => l.push(w),
-            _ => lines.push(vec![w]),
-        }
-    }
-    let mut with_words = 0;
-    let mut gutters = Vec::new();
-    for l in &mut lines {
-        if l.len() < 2 {
-            continue;
-        }
-        with_words += 1;
-        l.sort_by_key(|w| w.left);
-        let mut heights: Vec<i64> = l.iter().map(|w| w.height).collect();
-        heights.sort_unstable();
-        let h = heights[heights.len() / 2].max(1);
-        let widest = l
-            .windows(2)
-            .map(|p| (p[1].left - p[0].right(), (p[0].right() + p[1].left) / 2))
-            .max_by_key(|(gap, _)| *gap);
-        if let Some((gap, at)) = widest {
-            if gap > h * 5 / 2 {
-                gutters.push((at, h));
-            }
-        }
-    }
-    if with_words < 3 || gutters.len() * 2 < with_words {
-        return false;
-    }
-    let mut at: Vec<i64> = gutters.iter().map(|g| g.0).collect();
-    at.sort_unstable();
-    let middle = at[at.len() / 2];
-    let aligned = gutters
-        .iter()
-        .filter(|(x, h)| (x - middle).abs() <= h * 3)
-        .count();
-    aligned * 2 >= with_words
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,23 +261,6 @@ mod tests {
         );
         let words = drop_nested_lines(parse(&tsv, "문서\nㄴㄴ\nThe\nnext"));
         assert_eq!(text(&words), "문서\nThe\nnext");
-    }
-
-    #[test]
-    fn a_reading_across_two_columns_is_told_from_one_column() {
-        let mut two = HEAD.to_string();
-        let mut one = HEAD.to_string();
-        for line in 1..=4 {
-            let top = i64::from(line) * 50;
-            two += &row(line, 0, top, 300, 40, 95.0, "left");
-            two += &row(line, 320, top, 300, 40, 95.0, "column");
-            two += &row(line, 800, top, 300, 40, 95.0, "right");
-            one += &row(line, 0, top, 300, 40, 95.0, "one");
-            one += &row(line, 320, top, 300, 40, 95.0, "column");
-            one += &row(line, 640, top, 300, 40, 95.0, "only");
-        }
-        assert!(crosses_a_gutter(&parse(&two, "")));
-        assert!(!crosses_a_gutter(&parse(&one, "")));
     }
 
     #[test]

@@ -95,6 +95,7 @@ pub async fn fire_due(broker: &dyn Broker, store: &dyn Store, now: Micros) -> Re
             .map(|i| ToPublish {
                 id: i.id,
                 queue: i.queue.clone(),
+                priority: s.def.options.priority.unwrap_or(0),
             })
             .collect();
         for i in inserted.iter().filter(|i| !i.existed) {

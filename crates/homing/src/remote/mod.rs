@@ -458,7 +458,8 @@ impl Gateway {
                     tracing::debug!(job = %id, %state, "duplicate delivery skipped by the idempotency guard");
                     to_ack.push(d);
                 }
-                StartOutcome::Defer(_) => to_ack.push(d),
+                // A paused queue's job stays queued (undispatched) until the queue resumes.
+                StartOutcome::Defer(_) | StartOutcome::Parked => to_ack.push(d),
                 StartOutcome::Dead => {
                     tracing::error!(event = "job.dead", job = %id, queue = %d.queue, "job is dead instead of starting");
                     crate::metrics::count(crate::metrics::JOBS_DEAD, &d.queue, "unknown");

@@ -432,15 +432,22 @@ fn settle_in(
     for d in &decided {
         match d {
             Settle::Ready { id, parents } => {
-                let queue: Option<String> = tx
+                let queue: Option<(String, i64)> = tx
                     .prepare_cached(
                         "UPDATE jobs SET state = 'queued', dispatched = 0, parents = ?2, \
-                         updated_at = ?3 WHERE id = ?1 AND state = 'waiting' RETURNING queue",
+                         updated_at = ?3 WHERE id = ?1 AND state = 'waiting' RETURNING queue, priority",
                     )?
-                    .query_row(params![id.to_string(), to_json(parents), now], |r| r.get(0))
+                    .query_row(params![id.to_string(), to_json(parents), now], |r| {
+                        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+                    })
                     .optional()?;
-                if let Some(queue) = queue {
-                    publish.push(ToPublish { id: *id, queue });
+                if let Some((queue, priority)) = queue {
+                    let priority = i32::try_from(priority).unwrap_or(0);
+                    publish.push(ToPublish {
+                        id: *id,
+                        queue,
+                        priority,
+                    });
                 }
             }
             Settle::Cancel { id } => {

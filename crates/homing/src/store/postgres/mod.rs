@@ -1008,17 +1008,22 @@ async fn settle_tx(
     for d in &decided {
         match d {
             Settle::Ready { id, parents } => {
-                let queue: Option<String> = sqlx::query_scalar(
+                let queue: Option<(String, i64)> = sqlx::query_as(
                     "UPDATE homing_jobs SET state = 'queued', dispatched = false, parents = $2, \
-                     updated_at = $3 WHERE id = $1 AND state = 'waiting' RETURNING queue",
+                     updated_at = $3 WHERE id = $1 AND state = 'waiting' RETURNING queue, priority",
                 )
                 .bind(id)
                 .bind(to_json(parents))
                 .bind(now)
                 .fetch_optional(&mut *conn)
                 .await?;
-                if let Some(queue) = queue {
-                    publish.push(ToPublish { id: *id, queue });
+                if let Some((queue, priority)) = queue {
+                    let priority = i32::try_from(priority).unwrap_or(0);
+                    publish.push(ToPublish {
+                        id: *id,
+                        queue,
+                        priority,
+                    });
                 }
             }
             Settle::Cancel { id } => {
