@@ -70,6 +70,7 @@ fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
     assert!(first.contains("applied 0003_queues"), "{first}");
     assert!(first.contains("applied 0004_remote"), "{first}");
     assert!(first.contains("applied 0005_schedules"), "{first}");
+    assert!(first.contains("applied 0006_limits"), "{first}");
     assert!(first.contains("applied 0007_workflows"), "{first}");
     assert!(first.contains("schema at version 7"), "{first}");
 
@@ -97,7 +98,8 @@ fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
     assert_eq!((rows[2].0, rows[2].1.as_str()), (3, "0003_queues"));
     assert_eq!((rows[3].0, rows[3].1.as_str()), (4, "0004_remote"));
     assert_eq!((rows[4].0, rows[4].1.as_str()), (5, "0005_schedules"));
-    assert_eq!((rows[5].0, rows[5].1.as_str()), (7, "0007_workflows"));
+    assert_eq!((rows[5].0, rows[5].1.as_str()), (6, "0006_limits"));
+    assert_eq!((rows[6].0, rows[6].1.as_str()), (7, "0007_workflows"));
     assert!(
         rows.iter().all(|r| r.2 > 0),
         "recorded with the time applied"
@@ -219,6 +221,7 @@ fn an_old_version_2_sqlite_store_gets_only_the_newer_migrations() {
             "0003_queues",
             "0004_remote",
             "0005_schedules",
+            "0006_limits",
             "0007_workflows"
         ],
         "recorded as applied"

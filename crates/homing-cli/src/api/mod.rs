@@ -6,9 +6,9 @@
 mod events;
 mod jobs;
 mod metrics;
-pub mod schedules;
-mod remote;
 mod queues;
+mod remote;
+pub mod schedules;
 mod status;
 mod workflows;
 
