@@ -123,6 +123,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         format="%(asctime)s homing-worker[%(process)d] %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    if args.log_level != "DEBUG":
+        # httpx logs every request at INFO: heartbeats and long polls would drown the
+        # worker's own lines. --log-level DEBUG shows them.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         app = load_app(args.module)
         if args.url:
