@@ -92,7 +92,7 @@ fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    assert_eq!(rows.len(), 4, "{rows:?}");
+    assert_eq!(rows.len(), 7, "{rows:?}");
     assert_eq!((rows[0].0, rows[0].1.as_str()), (1, "0001_init"));
     assert_eq!((rows[1].0, rows[1].1.as_str()), (2, "0002_events"));
     assert_eq!((rows[2].0, rows[2].1.as_str()), (3, "0003_queues"));
