@@ -1063,6 +1063,16 @@ impl Store for SqliteStore {
                 if paused {
                     return Ok(Vec::new());
                 }
+                // Every queued job of the queue is published again, not only the parked ones: a
+                // producer's late `mark_dispatched` can overwrite a park's `dispatched = 0`
+                // (the worker parked the job before its producer marked it), leaving a queued
+                // job with no message. A second message for a job is harmless (the start's
+                // idempotency guard skips it).
+                tx.execute(
+                    "UPDATE jobs SET dispatched = 0 WHERE queue = ?1 AND state = 'queued' \
+                     AND dispatched <> 0",
+                    params![queue],
+                )?;
                 let mut st = tx.prepare_cached(
                     "SELECT id, queue, priority FROM jobs WHERE queue = ?1 AND state = 'queued' \
                      AND dispatched = 0 ORDER BY id LIMIT ?2",

@@ -1646,8 +1646,19 @@ impl Store for PgStore {
             let out = if paused {
                 Vec::new()
             } else {
-                // Not locked: a start parking one of these at the same moment only makes it
-                // undispatched again, and the reconciler publishes it.
+                // Every queued job of the queue is published again, not only the parked ones: a
+                // producer's late `mark_dispatched` can overwrite a park's `dispatched = false`
+                // (the worker parked the job before its producer marked it), leaving a queued
+                // job with no message. A second message for a job is harmless (the start's
+                // idempotency guard skips it). Not locked: a start parking one of these at the
+                // same moment only makes it undispatched again, and the reconciler publishes it.
+                sqlx::query(
+                    "UPDATE homing_jobs SET dispatched = false WHERE queue = $1 \
+                     AND state = 'queued' AND dispatched",
+                )
+                .bind(queue)
+                .execute(&mut *tx)
+                .await?;
                 let rows = sqlx::query(
                     "SELECT id, queue, priority FROM homing_jobs WHERE queue = $1 AND state = 'queued' \
                      AND NOT dispatched ORDER BY id LIMIT $2",
