@@ -580,6 +580,22 @@ pub struct WorkflowPage {
     pub next_cursor: Option<String>,
 }
 
+impl WorkflowPage {
+    /// A page of workflows, newest first; `more` says that another page follows, whose cursor
+    /// is the last kept workflow's id.
+    pub fn new(workflows: Vec<Workflow>, more: bool) -> WorkflowPage {
+        let next_cursor = if more {
+            workflows.last().map(|w| w.id.to_string())
+        } else {
+            None
+        };
+        WorkflowPage {
+            workflows,
+            next_cursor,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1421,15 +1421,7 @@ impl Store for SqliteStore {
                         workflows.push(w);
                     }
                 }
-                let next_cursor = if more {
-                    workflows.last().map(|w| w.id.to_string())
-                } else {
-                    None
-                };
-                Ok(WorkflowPage {
-                    workflows,
-                    next_cursor,
-                })
+                Ok(WorkflowPage::new(workflows, more))
             })
             .await
     }

@@ -2052,15 +2052,7 @@ impl Store for PgStore {
                     workflows.push(w);
                 }
             }
-            let next_cursor = if more {
-                workflows.last().map(|w| w.id.to_string())
-            } else {
-                None
-            };
-            Ok(WorkflowPage {
-                workflows,
-                next_cursor,
-            })
+            Ok(WorkflowPage::new(workflows, more))
         })
         .await
     }
