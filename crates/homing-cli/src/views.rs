@@ -21,6 +21,8 @@ pub struct QueueView {
     pub throughput_per_s: f64,
     /// Paused by an operator: no job starts from it until it is resumed (docs/limits.md).
     pub paused: bool,
+    /// Cluster-wide limits (`homing queues limit`, `PUT /v1/queues/{name}`); empty when none.
+    pub limits: homing::limit::QueueLimits,
 }
 
 impl QueueView {
@@ -40,6 +42,7 @@ impl QueueView {
             },
             throughput_per_s: 0.0,
             paused: false,
+            limits: Default::default(),
         }
     }
 }
@@ -83,7 +86,9 @@ pub async fn queues(b: &Backends, after: Option<&str>, limit: usize) -> Result<Q
             (m.succeeded + m.failed + m.dead + m.cancelled) as f64 / 60.0;
     }
     for q in settings {
-        view(&mut by_name, &q.queue).paused = q.paused;
+        let v = view(&mut by_name, &q.queue);
+        v.paused = q.paused;
+        v.limits = q.limits;
     }
     let mut rest = match after {
         Some(a) => by_name.split_off(a),

@@ -49,6 +49,17 @@ fn chaos(args: &[&str]) -> serde_json::Value {
     assert!(ticks["ticks"].as_u64().unwrap_or(0) >= 50, "{report}");
     assert_eq!(ticks["duplicated"], 0, "{report}");
     assert_eq!(ticks["missing"], 0, "{report}");
+    // The limited queue (concurrency 2): fed in bursts of four, never more than two calls in
+    // flight, bar a presumed-dead worker's zombie call (explained, counted apart).
+    let limited = &report["limited"];
+    assert!(limited["jobs"].as_u64().unwrap_or(0) >= 40, "{report}");
+    if limited["explained_excess"] == 0 {
+        assert!(
+            limited["max_in_flight"].as_u64().unwrap_or(99)
+                <= limited["limit"].as_u64().unwrap_or(0),
+            "{report}"
+        );
+    }
     for (kind, n) in report["faults"].as_object().expect("faults") {
         if kind != "unplanned_worker_exits" {
             assert!(

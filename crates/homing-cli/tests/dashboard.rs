@@ -415,7 +415,7 @@ async fn dashboard_shows_jobs_and_retries_a_failed_one() {
 }
 
 /// The schedules table: each schedule with its next tick, last tick and a link to its last job;
-/// a paused one says so.
+/// a paused one says so. And the queue table shows a queue's limits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dashboard_lists_schedules() {
     let env = Env::sqlite();
@@ -481,6 +481,21 @@ async fn dashboard_lists_schedules() {
         nightly.contains("0 3 * * * (Europe/Paris)") && nightly.contains("paused"),
         "{nightly}"
     );
+    // A limited queue shows its limits in the queue table.
+    let r = http
+        .put(format!("{base}/v1/queues/bgm"))
+        .header("authorization", format!("Bearer {token}"))
+        .json(&serde_json::json!({"concurrency": 1, "rate": "10/1s", "key_arg": "track"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    browser
+        .wait_for(
+            "the bgm queue's limits",
+            "const r = document.querySelector('#queues tr[data-queue=\"bgm\"] td.limits'); return r && r.textContent === 'concurrency 1, rate 10/1s, per track' ? true : null;",
+        )
+        .await;
     let shot = browser.screenshot("dashboard-schedules.png").await;
     eprintln!("screenshot: {}", shot.display());
     browser.quit().await;

@@ -318,3 +318,282 @@ async fn strict_priority_order_on_one_worker() {
     let (code, _, err) = env.run(&["enqueue", "builtin.noop", "--priority", "1001"]);
     assert_eq!(code, 2, "{err}");
 }
+
+/// A stand-in for a service that must not be called too often at once (the seeds' inference
+/// server): it records, per path, how many calls are in flight and the most there ever were.
+#[derive(Clone, Default)]
+struct InFlight(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (u32, u32)>>>);
+
+impl InFlight {
+    async fn start() -> (InFlight, String) {
+        use axum::extract::{Query, State};
+        use axum::http::Uri;
+        let me = InFlight::default();
+        async fn handle(
+            State(me): State<InFlight>,
+            uri: Uri,
+            Query(q): Query<std::collections::HashMap<String, String>>,
+        ) -> String {
+            let path = uri.path().to_string();
+            {
+                let mut m = me.0.lock().unwrap();
+                let e = m.entry(path.clone()).or_default();
+                e.0 += 1;
+                e.1 = e.1.max(e.0);
+            }
+            // Decremented however the call ends, a dropped connection included.
+            struct Done(InFlight, String);
+            impl Drop for Done {
+                fn drop(&mut self) {
+                    if let Some(e) = self.0 .0.lock().unwrap().get_mut(&self.1) {
+                        e.0 -= 1;
+                    }
+                }
+            }
+            let _done = Done(me.clone(), path);
+            let ms = q.get("delay_ms").and_then(|v| v.parse().ok()).unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            "{}".into()
+        }
+        let app = axum::Router::new().fallback(handle).with_state(me.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (me, base)
+    }
+
+    /// The most calls to `path` that were ever in flight at once.
+    fn max(&self, path: &str) -> u32 {
+        self.0.lock().unwrap().get(path).map_or(0, |e| e.1)
+    }
+}
+
+fn call(queue: &str, url: String) -> EnqueueRequest {
+    let mut r = http_job(&url);
+    r.options.queue = Some(queue.into());
+    r
+}
+
+fn limit(env: &Env, args: &[&str]) -> String {
+    let mut all = vec!["queues", "limit"];
+    all.extend_from_slice(args);
+    let (code, out, err) = env.run(&all);
+    assert_eq!(code, 0, "{out}\n{err}");
+    out
+}
+
+/// Issue 13's proof of cluster-wide limits, on one deployment of three workers of concurrency
+/// 4: a queue limited to 2 running never has more than 2 calls in flight, even when the worker
+/// holding a slot is killed mid-run (the rescue frees the slot and the queue drains); a per-key
+/// limit of 1 runs one call per key at a time while keys run beside each other; a rate of 5/1s
+/// spreads starts over the windows.
+async fn limits_hold(env: Env) {
+    let client = env.client().await;
+    let (flight, base) = InFlight::start().await;
+    assert!(limit(&env, &["lq", "--concurrency", "2"]).contains("concurrency 2"));
+    assert!(limit(&env, &["kq", "--concurrency", "1", "--key-arg", "url"]).contains("per url"));
+    assert!(limit(&env, &["rq", "--rate", "5/1s"]).contains("rate 5/1s"));
+    let (code, out, _) = env.run(&["queues", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let shown = |q: &str| {
+        v["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["queue"] == q)
+            .map(|x| x["limits"].clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(shown("lq"), serde_json::json!({"concurrency": 2}), "{out}");
+    assert_eq!(shown("rq"), serde_json::json!({"rate": "5/1s"}), "{out}");
+    // Bad limits: a one-line reason and a non-zero exit, nothing changed.
+    for bad in [
+        vec!["queues", "limit", "lq", "--rate", "5"],
+        vec!["queues", "limit", "lq", "--concurrency", "0"],
+        vec!["queues", "limit", "lq"],
+    ] {
+        let (code, _, err) = env.run(&bad);
+        assert_ne!(code, 0, "{bad:?}");
+        assert!(!err.trim().is_empty(), "{bad:?}");
+    }
+
+    let extra = ["--concurrency", "4", "--queue", "kq", "--queue", "rq"];
+    let mut workers: Vec<Proc> = (0..3)
+        .map(|i| env.worker(&format!("w{i}"), "lq", &extra))
+        .collect();
+    wait_workers(&client, "lq", 3, Duration::from_secs(30)).await;
+
+    let mut ids = Vec::new();
+    for _ in 0..12 {
+        ids.push(
+            client
+                .enqueue(call("lq", format!("{base}/lq?delay_ms=400")))
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    for n in 0..8 {
+        let user = if n % 2 == 0 { "a" } else { "b" };
+        ids.push(
+            client
+                .enqueue(call("kq", format!("{base}/kq/{user}?delay_ms=300")))
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    let mut rate_ids = Vec::new();
+    for n in 0..15 {
+        rate_ids.push(client.enqueue(noop("rq", n)).await.unwrap().id);
+    }
+
+    // Kill -9 a worker while it holds one of lq's two slots.
+    let victim = eventually(Duration::from_secs(30), "an lq job running", || async {
+        let running = client.store().running(1000).await.ok()?;
+        running.iter().find_map(|(id, worker, _)| {
+            let pid = worker.rsplit('-').nth(1)?.parse::<u32>().ok()?;
+            let idx = workers.iter().position(|w| w.pid() == pid)?;
+            ids[..12].contains(id).then_some(idx)
+        })
+    })
+    .await;
+    workers[victim].kill9();
+
+    let done = wait_all_terminal(&client, &ids, Duration::from_secs(120)).await;
+    for j in &done {
+        assert_eq!(j.state, JobState::Succeeded, "{j:?}");
+        assert_eq!(j.attempts, 0, "a held job spends no retry: {j:?}");
+    }
+    assert!(
+        done[..12].iter().any(|j| j.crashes > 0),
+        "the killed worker's job was reclaimed and run again"
+    );
+    assert!(
+        flight.max("/lq") <= 2,
+        "lq had {} in flight",
+        flight.max("/lq")
+    );
+    assert_eq!(
+        flight.max("/lq"),
+        2,
+        "the limit is used, not only respected"
+    );
+    assert_eq!(flight.max("/kq/a"), 1);
+    assert_eq!(flight.max("/kq/b"), 1);
+
+    let rate_done = wait_all_terminal(&client, &rate_ids, Duration::from_secs(120)).await;
+    let mut starts: Vec<i64> = rate_done
+        .iter()
+        .map(|j| j.started_at.expect("started"))
+        .collect();
+    starts.sort();
+    // At most 5 starts in any second: the 6th start after any start is a second later (less
+    // 100 ms for the workers' clocks read in different processes).
+    for w in starts.windows(6) {
+        assert!(
+            w[5] - w[0] >= 900_000,
+            "six starts within {} µs: {starts:?}",
+            w[5] - w[0]
+        );
+    }
+    // Cleared: the queue is unlimited again.
+    assert!(limit(&env, &["lq", "--clear"]).contains("no limits"));
+    let (_, out, _) = env.run(&["queues", "--json"]);
+    assert!(!out.contains("\"concurrency\":2"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limits_hold_embedded() {
+    limits_hold(Env::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limits_hold_on_redis_and_postgres() {
+    let server = RedisServer::unix();
+    limits_hold(redis_postgres(&server, "limits").await).await;
+}
+
+/// `PUT /v1/queues/{name}` sets limits, `GET` shows them, `{}` clears them; refused limits are
+/// 400s and bodies that do not parse 422s, each with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn http_queue_limits() {
+    let env = Env::sqlite();
+    let (_up, base) = start_up(&env, &[]).await;
+    let http = http_client();
+    let body = serde_json::json!({"concurrency": 3, "rate": "10/1s", "key_arg": "user_id"});
+    let r = http
+        .put(format!("{base}/v1/queues/hq"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"queue": "hq", "paused": false, "limits": body})
+    );
+    let got: serde_json::Value = http
+        .get(format!("{base}/v1/queues/hq"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["limits"], body);
+    let all: serde_json::Value = http
+        .get(format!("{base}/v1/queues"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let hq = all["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "hq")
+        .cloned();
+    assert_eq!(hq.unwrap()["limits"], body);
+    for (bad, word, status) in [
+        (serde_json::json!({"concurrency": 0}), "concurrency", 400),
+        (serde_json::json!({"rate": "10"}), "rate", 422),
+        (serde_json::json!({"key_arg": "u"}), "key_arg", 400),
+        (serde_json::json!({"concurency": 1}), "concurency", 422),
+    ] {
+        let r = http
+            .put(format!("{base}/v1/queues/hq"))
+            .json(&bad)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{bad}");
+        let e: serde_json::Value = r.json().await.unwrap();
+        assert!(
+            e["error"]["message"].as_str().unwrap_or("").contains(word),
+            "{bad}: {e}"
+        );
+    }
+    let r = http
+        .put(format!("{base}/v1/queues/bad%20name"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = http
+        .put(format!("{base}/v1/queues/hq"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["limits"], serde_json::json!({}));
+}

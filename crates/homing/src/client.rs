@@ -434,6 +434,23 @@ impl Client {
         Ok(())
     }
 
+    /// Sets (replaces) a queue's cluster-wide limits (docs/limits.md); `QueueLimits::default()`
+    /// clears them. Jobs the old limits held back are published again, to be admitted or held
+    /// under the new ones.
+    pub async fn set_queue_limits(
+        &self,
+        queue: &str,
+        limits: &crate::limit::QueueLimits,
+    ) -> Result<()> {
+        crate::validate::producer_queue(queue).map_err(Error::Invalid)?;
+        limits.check().map_err(Error::Invalid)?;
+        let held = self.store.set_limits(queue, limits, now()).await?;
+        if let Err(e) = publish(&*self.broker, &*self.store, &held).await {
+            tracing::warn!(error = %e, %queue, jobs = held.len(), "publish failed; the reconciler will publish the queue's unparked jobs later");
+        }
+        Ok(())
+    }
+
     /// Waits until the job is terminal or `timeout` passes, and returns it as it is then.
     pub async fn wait(&self, id: JobId, timeout: Duration) -> Result<Job> {
         let deadline = tokio::time::Instant::now() + timeout;

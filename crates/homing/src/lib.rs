@@ -63,6 +63,7 @@ pub mod error;
 pub mod events;
 pub mod health;
 pub mod job;
+pub mod limit;
 pub mod maintenance;
 pub mod metrics;
 pub mod redact;

@@ -57,6 +57,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0007_workflows",
         sql: include_str!("sqlite/migrations/0007_workflows.sql"),
     },
+    Migration {
+        version: 8,
+        name: "0008_queue_limits",
+        sql: include_str!("sqlite/migrations/0008_queue_limits.sql"),
+    },
 ];
 
 /// An open database file.

@@ -210,14 +210,17 @@ pub enum Start {
 pub struct QueueGate {
     /// `homing queues pause`: no new start from this queue.
     pub paused: bool,
+    /// The queue's (or the job's key's) cluster-wide limit has no room now
+    /// ([`crate::limit::admits`], counted in the start's transaction).
+    pub full: bool,
 }
 
 /// The start rule of a job in a queue: [`start`]'s decision, except that a job that would run
-/// from a paused queue is parked instead. A paused queue holds back only what would start: a
+/// from a paused queue, or from one whose limit has no room, is parked instead. A paused queue holds back only what would start: a
 /// finished job is still skipped, a job whose data cannot be read is still made dead.
 pub fn start_gated(job: &Job, now: Micros, gate: QueueGate) -> Start {
     match start(job, now) {
-        Start::Run if gate.paused => Start::Park,
+        Start::Run if gate.paused || gate.full => Start::Park,
         other => other,
     }
 }
@@ -496,7 +499,14 @@ mod tests {
 
     #[test]
     fn a_paused_queue_parks_only_what_would_run() {
-        let paused = QueueGate { paused: true };
+        let paused = QueueGate {
+            paused: true,
+            full: false,
+        };
+        let full = QueueGate {
+            paused: false,
+            full: true,
+        };
         for state in JobState::ALL {
             for at in [None, Some(NOW + 1)] {
                 let mut j = job(state);
@@ -508,6 +518,7 @@ mod tests {
                     open.clone()
                 };
                 assert_eq!(start_gated(&j, NOW, paused), want, "{state} {at:?}");
+                assert_eq!(start_gated(&j, NOW, full), want, "{state} {at:?}");
                 assert_eq!(start_gated(&j, NOW, QueueGate::default()), open);
             }
         }

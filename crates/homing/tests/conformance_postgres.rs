@@ -37,6 +37,10 @@ mod limits_suite {
     homing::limits_conformance!(super::store());
 }
 
+mod cluster_limits_suite {
+    homing::cluster_limits_conformance!(super::store());
+}
+
 /// Raw writes to the store's tables, for the poisoned-row cases.
 struct RawPg(PgStore);
 

@@ -86,6 +86,7 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/v1/workflows/{id}", get(workflows::get))
         .route("/v1/workflows/{id}/cancel", post(workflows::cancel))
         .route("/v1/queues", get(status::queues))
+        .route("/v1/queues/{name}", get(queues::get).put(queues::put))
         .route("/v1/queues/{name}/pause", post(queues::pause))
         .route("/v1/queues/{name}/resume", post(queues::resume))
         .route("/v1/workers", get(status::workers))

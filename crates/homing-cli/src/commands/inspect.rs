@@ -163,6 +163,31 @@ pub async fn queues(g: &Global, a: QueuesArgs) -> anyhow::Result<ExitCode> {
         let (queue, pause) = match cmd {
             QueuesCommand::Pause { queue } => (queue, true),
             QueuesCommand::Resume { queue } => (queue, false),
+            QueuesCommand::Limit {
+                queue,
+                concurrency,
+                rate,
+                key_arg,
+                clear,
+            } => {
+                let limits = homing::limit::QueueLimits {
+                    concurrency,
+                    rate,
+                    key_arg,
+                };
+                if !clear && !limits.is_limited() {
+                    anyhow::bail!(
+                        "say --concurrency N and/or --rate COUNT/PERIOD, or --clear to remove the limits"
+                    );
+                }
+                homing::validate::producer_queue(&queue).map_err(anyhow::Error::msg)?;
+                limits.check().map_err(anyhow::Error::msg)?;
+                let b = open(g, false).await?;
+                let client = homing::Client::new(b.broker.clone(), b.store.clone());
+                client.set_queue_limits(&queue, &limits).await?;
+                println!("{queue}: {}", describe_limits(&limits));
+                return Ok(ExitCode::SUCCESS);
+            }
         };
         // Checked before anything is opened, so a bad name gets its own reason.
         homing::validate::producer_queue(&queue).map_err(anyhow::Error::msg)?;
@@ -200,6 +225,11 @@ pub async fn queues(g: &Global, a: QueuesArgs) -> anyhow::Result<ExitCode> {
                 j.cancelled.to_string(),
                 q.broker.dead_letters.to_string(),
                 if q.paused { "paused" } else { "" }.to_string(),
+                if q.limits.is_limited() {
+                    describe_limits(&q.limits)
+                } else {
+                    String::new()
+                },
             ]
         })
         .collect();
@@ -215,10 +245,29 @@ pub async fn queues(g: &Global, a: QueuesArgs) -> anyhow::Result<ExitCode> {
             "cancelled",
             "dead letters",
             "paused",
+            "limits",
         ],
         rows,
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// A queue's limits in one line, as `homing queues` shows them.
+pub fn describe_limits(l: &homing::limit::QueueLimits) -> String {
+    if !l.is_limited() {
+        return "no limits".into();
+    }
+    let mut parts = Vec::new();
+    if let Some(n) = l.concurrency {
+        parts.push(format!("concurrency {n}"));
+    }
+    if let Some(r) = &l.rate {
+        parts.push(format!("rate {r}"));
+    }
+    if let Some(k) = &l.key_arg {
+        parts.push(format!("per {k}"));
+    }
+    parts.join(", ")
 }
 
 pub async fn workers(g: &Global, a: WorkersArgs) -> anyhow::Result<ExitCode> {

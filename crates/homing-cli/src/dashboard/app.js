@@ -112,8 +112,18 @@ function renderQueues(queues) {
     el('td', { class: 'num' + (q.last_hour.dead ? ' bad' : '') }, q.last_hour.dead),
     el('td', { class: 'num' }, q.throughput_per_s.toFixed(2) + '/s'),
     el('td', { class: 'num' }, q.broker.dead_letters),
+    el('td', { class: 'limits' }, limitsText(q.limits || {})),
     el('td', {}, queueButton(q)),
   )), 'no queues yet');
+}
+
+// A queue's cluster-wide limits in words, as `homing queues` prints them.
+function limitsText(l) {
+  const parts = [];
+  if (l.concurrency) parts.push('concurrency ' + l.concurrency);
+  if (l.rate) parts.push('rate ' + l.rate);
+  if (l.key_arg && parts.length) parts.push('per ' + l.key_arg);
+  return parts.join(', ');
 }
 
 // Pause holds a queue's jobs back (it still accepts them); resume lets them run.

@@ -6,6 +6,9 @@
 //! job (the compare-and-set on the cursor, and behind it each tick's idempotency key), and a tick
 //! is late by at most one pass while any of them lives.
 //!
+//! The same pass unparks jobs that cluster-wide limits held back once their queue has room
+//! ([`unpark_ready`]): a rate limit's window rolls with time, not with any commit.
+//!
 //! Not to be confused with [`super::scheduler`], which publishes delayed jobs when they fall due.
 
 use std::sync::Arc;
@@ -29,12 +32,29 @@ pub(crate) async fn run(
     let mut pace = super::Pace::new("periodic", interval);
     let mut wait = interval;
     while super::tick(wait, &stop).await {
-        let outcome = fire_due(&*broker, &*store, now()).await;
+        let mut outcome = fire_due(&*broker, &*store, now()).await;
+        if outcome.is_ok() {
+            outcome = unpark_ready(&*broker, &*store, now()).await;
+        }
         wait = pace.after(&outcome);
         if let Err(e) = outcome {
             tracing::warn!(error = %e, retry_in = ?wait, "periodic schedules pass failed; will try again");
         }
     }
+}
+
+/// How many parked jobs one pass unparks at most.
+const UNPARK_BATCH: usize = 1000;
+
+/// Unparks what limited queues have room for now (a rate's window rolled, or a wake-up was lost
+/// to a crash between a commit and its publish) and publishes it; docs/limits.md. Returns how
+/// many were unparked. A failed publish leaves them undispatched for the reconciler.
+pub async fn unpark_ready(broker: &dyn Broker, store: &dyn Store, now: Micros) -> Result<usize> {
+    let ready = store.unpark_ready(now, UNPARK_BATCH).await?;
+    if let Err(e) = publish(broker, store, &ready).await {
+        tracing::warn!(error = %e, jobs = ready.len(), "publishing unparked jobs failed; the reconciler will publish them");
+    }
+    Ok(ready.len())
 }
 
 /// The job of one tick: the schedule's task, args, queue and options, with the tick's key.

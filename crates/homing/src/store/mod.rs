@@ -10,6 +10,7 @@
 //! as null, named in [`Job::unreadable`]), so one bad job cannot fail a page, a batch or a queue.
 
 #[cfg(feature = "postgres")]
+pub(crate) mod limits;
 pub mod postgres;
 pub mod queues;
 pub(crate) mod schedules;
@@ -124,6 +125,9 @@ pub enum Lost {
 pub struct QueueSettings {
     pub queue: String,
     pub paused: bool,
+    /// Cluster-wide limits (`homing queues limit`); all absent when unlimited.
+    #[serde(default)]
+    pub limits: crate::limit::QueueLimits,
 }
 
 /// How many of a resumed queue's waiting jobs [`Store::set_paused`] hands back to publish at
@@ -553,8 +557,34 @@ pub trait Store: Send + Sync + 'static {
     /// a running queue, which the reconciler publishes. Calling it again is harmless.
     async fn set_paused(&self, queue: &str, paused: bool, now: Micros) -> Result<Vec<ToPublish>>;
 
-    /// Every queue with settings of its own (paused), by name.
+    /// Every queue with settings of its own (paused or limited), by name.
     async fn queue_settings(&self) -> Result<Vec<QueueSettings>>;
+
+    /// Sets (replaces) a queue's cluster-wide limits, registering its name as
+    /// [`Store::set_paused`] does; `QueueLimits::default()` clears them. While a queue is limited
+    /// [`Store::start`] grants a start only when the limit has room, counted in the start's
+    /// transaction, and parks the job otherwise. Every parked job of the queue is unparked and
+    /// up to [`RESUME_PUBLISH_LIMIT`] of them returned to publish now, since the new limits may
+    /// admit them (a start parks again what they do not).
+    ///
+    /// Crash contract: one transaction; a crash after it leaves the unparked jobs undispatched
+    /// for the reconciler.
+    async fn set_limits(
+        &self,
+        queue: &str,
+        limits: &crate::limit::QueueLimits,
+        now: Micros,
+    ) -> Result<Vec<ToPublish>>;
+
+    /// Unparks, per limited queue (and key) that is not paused, as many parked jobs as its
+    /// limits have room for now, oldest first, at most `limit` in all, and returns them to
+    /// publish; forgets rate-limit starts older than their window. A released slot unparks in
+    /// its own transaction; this pass is what lets a rate limit's next window start parked jobs,
+    /// and what repairs a wake-up lost to a crash between commit and publish.
+    ///
+    /// Crash contract: one transaction per queue; a crash after one leaves its unparked jobs
+    /// undispatched for the reconciler.
+    async fn unpark_ready(&self, now: Micros, limit: usize) -> Result<Vec<ToPublish>>;
 
     /// Jobs `running` under any worker: `(id, worker, started_at)`, oldest first.
     async fn running(&self, limit: usize) -> Result<Vec<(JobId, String, Micros)>>;

@@ -526,11 +526,16 @@ fn transit(
 
 fn complete_one(tx: &Transaction<'_>, c: &Completion, now: Micros) -> rusqlite::Result<Committed> {
     let change = transition::complete(&c.outcome);
-    match transit(tx, &c.id.to_string(), Guard::Fence(c.epoch), &change, now)? {
-        Some((_, publish)) => Ok(Committed::Applied {
-            state: change.state,
-            dispatch: publish,
-        }),
+    let sid = c.id.to_string();
+    match transit(tx, &sid, Guard::Fence(c.epoch), &change, now)? {
+        Some((_, mut publish)) => {
+            // The run left `running`: its slot is free, in this transaction.
+            publish.extend(super::limits::sqlite::unpark_after_release(tx, &sid, now)?);
+            Ok(Committed::Applied {
+                state: change.state,
+                dispatch: publish,
+            })
+        }
         None => Ok(Committed::Stale),
     }
 }
@@ -641,8 +646,8 @@ fn start_each(
     let mut out = Vec::with_capacity(ids.len());
     let mut fast = tx.prepare_cached(&format!(
         "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
-         started_at = ?3, dispatched = 1, updated_at = ?3 WHERE id = ?1 AND {START_RUNS} \
-         AND {NOT_PAUSED} RETURNING {COLUMNS}"
+         started_at = ?3, dispatched = 1, parked = 0, updated_at = ?3 WHERE id = ?1 \
+         AND {START_RUNS} AND {OPEN_QUEUE} RETURNING {COLUMNS}"
     ))?;
     for id in ids {
         if careful {
@@ -684,30 +689,47 @@ fn start_each(
             out.push(StartOutcome::Missing);
             continue;
         };
-        out.push(
-            match transition::start_gated(&job, now, gate(tx, &job.queue)?) {
-                transition::Start::Skip(state) => StartOutcome::Skip(state),
-                transition::Start::Park => {
-                    transit(tx, id, Guard::NotStarted, &transition::park(), now)?;
-                    StartOutcome::Parked
+        let (paused, limits) = super::limits::sqlite::queue_of(tx, &job.queue)?;
+        let key = limits.key_of(&job.args);
+        let full = limits.is_limited()
+            && !crate::limit::admits(
+                &limits,
+                super::limits::sqlite::usage(tx, &job.queue, &limits, key.as_deref(), now)?,
+            );
+        let gate = transition::QueueGate { paused, full };
+        out.push(match transition::start_gated(&job, now, gate) {
+            transition::Start::Skip(state) => StartOutcome::Skip(state),
+            transition::Start::Park => {
+                transit(tx, id, Guard::NotStarted, &transition::park(), now)?;
+                super::limits::sqlite::parked(tx, id, key.as_deref())?;
+                StartOutcome::Parked
+            }
+            transition::Start::Defer(at) => StartOutcome::Defer(at),
+            transition::Start::Dead(reason) => {
+                transit(tx, id, Guard::Any, &Change::dead(reason), now)?;
+                StartOutcome::Dead
+            }
+            transition::Start::Run => {
+                if limits.is_limited() {
+                    super::limits::sqlite::granted(
+                        tx,
+                        id,
+                        &job.queue,
+                        &limits,
+                        key.as_deref(),
+                        now,
+                    )?;
                 }
-                transition::Start::Defer(at) => StartOutcome::Defer(at),
-                transition::Start::Dead(reason) => {
-                    transit(tx, id, Guard::Any, &Change::dead(reason), now)?;
-                    StartOutcome::Dead
-                }
-                transition::Start::Run => {
-                    let job = tx
-                        .prepare_cached(&format!(
-                            "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
-                         started_at = ?3, dispatched = 1, updated_at = ?3 WHERE id = ?1 \
-                         RETURNING {COLUMNS}"
-                        ))?
-                        .query_row(params![id, worker, now], row_to_job)?;
-                    StartOutcome::Run(Box::new(job))
-                }
-            },
-        );
+                let job = tx
+                    .prepare_cached(&format!(
+                        "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
+                         started_at = ?3, dispatched = 1, parked = 0, updated_at = ?3 \
+                         WHERE id = ?1 RETURNING {COLUMNS}"
+                    ))?
+                    .query_row(params![id, worker, now], row_to_job)?;
+                StartOutcome::Run(Box::new(job))
+            }
+        });
     }
     Ok(Some(out))
 }
@@ -716,16 +738,10 @@ fn start_each(
 const NOT_PAUSED: &str =
     "NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = jobs.queue AND q.paused = 1)";
 
-/// What `queue` allows a start now, read in the start's transaction.
-fn gate(tx: &rusqlite::Connection, queue: &str) -> rusqlite::Result<transition::QueueGate> {
-    let paused = tx
-        .prepare_cached("SELECT paused FROM queues WHERE name = ?1")?
-        .query_row([queue], |r| r.get::<_, i64>(0))
-        .optional()?
-        .unwrap_or(0)
-        != 0;
-    Ok(transition::QueueGate { paused })
-}
+/// The fast path's condition on the job's queue: neither paused nor limited (a limited queue's
+/// start counts first, on the path that reads the row).
+const OPEN_QUEUE: &str = "NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = jobs.queue \
+     AND (q.paused = 1 OR q.concurrency IS NOT NULL OR q.rate_count IS NOT NULL))";
 
 /// [`transition::start`]'s `Run` for a readable row, as SQL (`?3` is now).
 const START_RUNS: &str = "crashes < max_crashes AND (state = 'queued' OR (state = 'scheduled' \
@@ -854,7 +870,7 @@ fn fan_out_in(
 const EVENT_COLUMNS: &str = "id, kind, job_id, worker, data, created_at, dispatched_at";
 
 /// A job to publish from a row of `id, queue, priority`.
-fn publish_row(r: &Row<'_>) -> rusqlite::Result<ToPublish> {
+pub(crate) fn publish_row(r: &Row<'_>) -> rusqlite::Result<ToPublish> {
     Ok(ToPublish {
         id: parse_id(r.get(0)?)?,
         queue: r.get(1)?,
@@ -911,7 +927,7 @@ impl Store for SqliteStore {
             .read(move |c| {
                 let mut st = c.prepare_cached(&format!(
                     "SELECT id, queue, priority FROM jobs WHERE state = 'queued' AND dispatched = 0 \
-                     AND updated_at < ?1 AND {NOT_PAUSED} ORDER BY updated_at LIMIT ?2"
+                     AND parked = 0 AND updated_at < ?1 AND {NOT_PAUSED} ORDER BY updated_at LIMIT ?2"
                 ))?;
                 let rows = st.query_map(params![before, limit as i64], publish_row)?;
                 rows.collect()
@@ -1007,6 +1023,9 @@ impl Store for SqliteStore {
                     transition::Lost::NotOwned(state) => Ok(Lost::NotOwned(state)),
                     transition::Lost::Crashed(change) => {
                         transit(tx, &sid, Guard::Any, &change, now)?;
+                        // Its slot is free. `Lost` carries nothing to publish, so the unparked
+                        // job is stamped as old: the reconciler's next pass publishes it.
+                        super::limits::sqlite::unpark_after_release(tx, &sid, 0)?;
                         Ok(lost_as(change.state))
                     }
                 }
@@ -1069,8 +1088,8 @@ impl Store for SqliteStore {
                 // job with no message. A second message for a job is harmless (the start's
                 // idempotency guard skips it).
                 tx.execute(
-                    "UPDATE jobs SET dispatched = 0 WHERE queue = ?1 AND state = 'queued' \
-                     AND dispatched <> 0",
+                    "UPDATE jobs SET dispatched = 0, parked = 0 WHERE queue = ?1 \
+                     AND state = 'queued' AND (dispatched <> 0 OR parked <> 0)",
                     params![queue],
                 )?;
                 let mut st = tx.prepare_cached(
@@ -1087,17 +1106,30 @@ impl Store for SqliteStore {
     }
 
     async fn queue_settings(&self) -> Result<Vec<QueueSettings>> {
+        self.db.read(super::limits::sqlite::settings).await
+    }
+
+    async fn set_limits(
+        &self,
+        queue: &str,
+        limits: &crate::limit::QueueLimits,
+        now: Micros,
+    ) -> Result<Vec<ToPublish>> {
+        limits.check().map_err(Error::Invalid)?;
+        let queue = queue.to_string();
+        let limits = limits.clone();
+        let max_queues = self.max_queues;
         self.db
-            .read(|c| {
-                c.prepare_cached("SELECT name, paused FROM queues WHERE paused <> 0 ORDER BY name")?
-                    .query_map([], |r| {
-                        Ok(QueueSettings {
-                            queue: r.get(0)?,
-                            paused: r.get::<_, i64>(1)? != 0,
-                        })
-                    })?
-                    .collect()
+            .write(move |tx| {
+                super::queues::admit_names_sqlite(tx, vec![queue.clone()], max_queues, now)?;
+                super::limits::sqlite::set(tx, &queue, &limits, now)
             })
+            .await
+    }
+
+    async fn unpark_ready(&self, now: Micros, limit: usize) -> Result<Vec<ToPublish>> {
+        self.db
+            .write(move |tx| super::limits::sqlite::unpark_ready(tx, now, limit))
             .await
     }
 

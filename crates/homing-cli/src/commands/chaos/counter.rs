@@ -20,6 +20,18 @@ struct Inner {
     /// Keys whose next answer fires the one trap (a mid-commit kill).
     trap_keys: Vec<String>,
     trap: Option<oneshot::Sender<String>>,
+    /// (start, end) of every call to the limited queue's path ([`super::limited`]).
+    limited: Vec<(Micros, Micros)>,
+}
+
+/// Records a limited call's end however it ends, a dropped connection included.
+struct LimitedCall(Arc<Mutex<Inner>>, Micros);
+
+impl Drop for LimitedCall {
+    fn drop(&mut self) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        g.limited.push((self.1, now()));
+    }
 }
 
 #[derive(Clone)]
@@ -31,6 +43,7 @@ pub struct Counter {
 
 async fn handle(
     State(inner): State<Arc<Mutex<Inner>>>,
+    uri: axum::http::Uri,
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> (StatusCode, String) {
@@ -45,6 +58,7 @@ async fn handle(
         v.push(now());
         v.len()
     };
+    let _limited = (uri.path() == super::limited::PATH).then(|| LimitedCall(inner.clone(), now()));
     if let Some(ms) = q.get("delay_ms").and_then(|v| v.parse::<u64>().ok()) {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
@@ -82,6 +96,24 @@ impl Counter {
 
     pub fn url(&self, delay_ms: u64) -> String {
         format!("http://{}/call?delay_ms={delay_ms}", self.addr)
+    }
+
+    /// The same counter on the limited queue's path.
+    pub fn limited_url(&self, delay_ms: u64) -> String {
+        format!(
+            "http://{}{}?delay_ms={delay_ms}",
+            self.addr,
+            super::limited::PATH
+        )
+    }
+
+    /// (start, end) of every limited call that has ended.
+    pub fn limited_calls(&self) -> Vec<(Micros, Micros)> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .limited
+            .clone()
     }
 
     pub fn snapshot(&self) -> HashMap<String, Vec<Micros>> {

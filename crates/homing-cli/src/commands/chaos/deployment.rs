@@ -190,6 +190,7 @@ impl Deployment {
     fn spawn_worker(&mut self, slot: usize, generation: u32) -> anyhow::Result<Proc> {
         let mut c = self.command(&self.worker_broker(slot));
         c.args(["worker", "--queue", &self.plan.queue])
+            .args(["--queue", super::limited::QUEUE])
             .args(["--concurrency", &self.plan.concurrency.to_string()])
             .args([
                 "--heartbeat-interval",

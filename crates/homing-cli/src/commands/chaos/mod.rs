@@ -16,6 +16,7 @@ mod deployment;
 mod faults;
 mod hostile;
 mod invariants;
+mod limited;
 mod load;
 mod proxy;
 mod report;
@@ -78,8 +79,15 @@ async fn drain(
     let deadline = Instant::now() + limit;
     loop {
         let stats = b.store.queue_stats().await.ok();
+        // The limited queue's jobs must finish too (they are checked by `limited::check`).
+        let limited_open = stats.as_ref().map_or(0, |s| {
+            s.iter()
+                .filter(|s| s.queue == limited::QUEUE)
+                .map(|q| q.scheduled + q.queued + q.running)
+                .sum()
+        });
         if let Some(q) = stats.and_then(|s| s.into_iter().find(|s| s.queue == d.plan.queue)) {
-            let open = q.scheduled + q.queued + q.running;
+            let open = q.scheduled + q.queued + q.running + limited_open;
             let done = q.succeeded + q.failed + q.dead + q.cancelled;
             if open == 0 && done as usize >= want {
                 return Ok(());
@@ -167,6 +175,10 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         .await
         .context("cannot set the deployment's schedule")?;
 
+    limited::configure(&client)
+        .await
+        .context("cannot set the limited queue's limit")?;
+
     let ttl = a.heartbeat_interval * 3;
     let mut kinds = faults::applicable(d.redis.is_some(), d.pg.is_some());
     if let Some(only) = &a.faults {
@@ -189,6 +201,16 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
             max_crashes: a.max_crashes,
         },
         accepted.clone(),
+        stop_load.clone(),
+    ));
+
+    let limited_ids = Arc::new(Mutex::new(Vec::new()));
+    let limited_task = tokio::spawn(limited::run(
+        client.clone(),
+        // Long enough that a burst overlaps: without the limit, four calls would be in flight.
+        counter.limited_url(a.job_ms.max(200)),
+        a.max_crashes,
+        limited_ids.clone(),
         stop_load.clone(),
     ));
 
@@ -231,6 +253,8 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     let ticks_until = homing::time::now() - 1_000_000;
     let _ = load_task.await;
     let _ = hostile_task.await;
+    let _ = limited_task.await;
+    let limited_ids = std::mem::take(&mut *limited_ids.lock().unwrap_or_else(|p| p.into_inner()));
     let load_s = t0.elapsed().as_secs_f64();
     let (ids, enqueue_errors, workflows) = {
         let g = accepted.lock().unwrap_or_else(|p| p.into_inner());
@@ -256,6 +280,11 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         .into_iter()
         .filter(|j| j.schedule.as_deref() != Some(invariants::TICK_SCHEDULE))
         .collect();
+    // The limited queue's jobs are the load's too, not hostile ones.
+    let not_ticks: Vec<homing::Job> = not_ticks
+        .into_iter()
+        .filter(|j| j.queue != limited::QUEUE || j.task != "builtin.http")
+        .collect();
     let hostile_stored = hostile::stored(&not_ticks, &queue);
     let mut logs = d.worker_logs.clone();
     logs.push(d.dir.join("server.log"));
@@ -264,6 +293,14 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     let calls = counter.snapshot();
     let f = invariants::check(&ids, &jobs, &calls, &facts, &injected, settle);
     let workflow_violations = invariants::check_workflows(&workflows, &jobs, &calls, &facts);
+    let limited_jobs = all_jobs(&client, Some(limited::QUEUE)).await?;
+    let limited = limited::check(
+        &counter.limited_calls(),
+        &limited_jobs,
+        &limited_ids,
+        &injected,
+        settle,
+    );
     counter.shutdown();
 
     let mut fault_counts: BTreeMap<String, usize> =
@@ -307,6 +344,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     violations.extend(hostile.violations.iter().take(20).cloned());
     violations.extend(hostile_stored.iter().take(20).cloned());
     violations.extend(ticks.violations.iter().take(20).cloned());
+    violations.extend(limited.violations.iter().cloned());
     if a.hostile_rate > 0.0 && hostile.sent == 0 {
         violations.push("no hostile request was sent: the hostile load never ran".into());
     }
@@ -353,6 +391,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         recovery_s: report::summary(f.recovery.iter().map(|(_, s)| *s).collect()),
         drain_s: (drain_s * 10.0).round() / 10.0,
         schedule: ticks,
+        limited,
         violations,
         kept_dir: None,
     };

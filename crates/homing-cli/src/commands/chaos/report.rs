@@ -70,6 +70,8 @@ pub struct Report {
     pub drain_s: f64,
     /// The deployment's every-1s schedule: ticks, and ticks with two jobs or none (must be 0).
     pub schedule: super::invariants::Ticks,
+    /// The limited queue: the most calls in flight at once (must not exceed its limit).
+    pub limited: super::limited::Outcome,
     pub violations: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kept_dir: Option<String>,
@@ -130,6 +132,16 @@ impl Report {
                     format!(
                         "{} ({}, {})",
                         self.schedule.ticks, self.schedule.duplicated, self.schedule.missing
+                    ),
+                ],
+                vec![
+                    "limited queue: jobs, max in flight (must be <= limit), zombie overlaps".into(),
+                    format!(
+                        "{}, {} (limit {}), {}",
+                        self.limited.jobs,
+                        self.limited.max_in_flight,
+                        self.limited.limit,
+                        self.limited.explained_excess
                     ),
                 ],
                 vec![

@@ -49,6 +49,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0007_workflows",
         sql: include_str!("migrations/0007_workflows.sql"),
     },
+    Migration {
+        version: 8,
+        name: "0008_queue_limits",
+        sql: include_str!("migrations/0008_queue_limits.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are

@@ -1174,7 +1174,11 @@ async fn start_tx(
 ) -> sqlx::Result<Vec<StartOutcome>> {
     let mut tx = pool.begin().await?;
     lock_workflows_of(&mut tx, ids).await?;
+    let limited = super::limits::postgres::lock_limited(&mut tx, ids).await?;
     let mut jobs = lock_jobs(&mut tx, ids).await?;
+    // What this batch has granted per (queue, key), not yet written: counted with the store's.
+    let mut granted_here: HashMap<(String, Option<String>), u64> = HashMap::new();
+    let mut grants: Vec<(JobId, String, Option<String>, bool)> = Vec::new();
     // Read after the jobs are locked, in this transaction: a pause committed before it is seen.
     let queues: Vec<String> = jobs
         .values()
@@ -1200,8 +1204,23 @@ async fn start_tx(
             decisions.push(Decision::Done(StartOutcome::Missing));
             continue;
         };
+        let limits = limited.get(&job.queue);
+        let key = limits.and_then(|l| l.key_of(&job.args));
+        let mut full = false;
+        if let Some(l) = limits {
+            let mut u =
+                super::limits::postgres::usage(&mut tx, &job.queue, l, key.as_deref(), now).await?;
+            let here = granted_here
+                .get(&(job.queue.clone(), key.clone()))
+                .copied()
+                .unwrap_or(0);
+            u.running += here;
+            u.recent_starts += here;
+            full = !crate::limit::admits(l, u);
+        }
         let gate = transition::QueueGate {
             paused: paused.contains(&job.queue),
+            full,
         };
         match transition::start_gated(job, now, gate) {
             transition::Start::Skip(state) => {
@@ -1210,6 +1229,7 @@ async fn start_tx(
             transition::Start::Park => {
                 let change = transition::park();
                 transit(&mut tx, job, &change, now).await?;
+                super::limits::postgres::parked(&mut tx, job.id, key.as_deref()).await?;
                 *job = change.apply(job, now);
                 decisions.push(Decision::Done(StartOutcome::Parked));
             }
@@ -1224,6 +1244,12 @@ async fn start_tx(
                 // Marked here so that the same id twice in one batch starts once, as one by one
                 // would.
                 job.state = JobState::Running;
+                if let Some(l) = limits {
+                    *granted_here
+                        .entry((job.queue.clone(), key.clone()))
+                        .or_default() += 1;
+                    grants.push((*id, job.queue.clone(), key.clone(), l.rate.is_some()));
+                }
                 to_run.push(*id);
                 decisions.push(Decision::Run(*id));
             }
@@ -1246,6 +1272,7 @@ async fn start_tx(
             let j = row_to_job(&r)?;
             started.insert(j.id, j);
         }
+        super::limits::postgres::granted(&mut tx, &grants, now).await?;
     }
     tx.commit().await?;
     decisions
@@ -1269,7 +1296,10 @@ async fn complete_tx(
     let mut tx = pool.begin().await?;
     let ids: Vec<JobId> = done.iter().map(|c| c.id).collect();
     lock_workflows_of(&mut tx, &ids).await?;
+    let limited = super::limits::postgres::lock_limited(&mut tx, &ids).await?;
     let mut jobs = lock_jobs(&mut tx, &ids).await?;
+    // Runs of limited queues this batch ends, with their completion's index: each frees a slot.
+    let mut released: Vec<(usize, JobId, String)> = Vec::new();
     // The workflows whose step this batch ends, each with the first such completion, which
     // carries the steps made runnable.
     let mut workflows: Vec<(uuid::Uuid, usize)> = Vec::new();
@@ -1318,6 +1348,9 @@ async fn complete_tx(
             follow_ups.push((out.len(), f));
         }
         applied.push(job.id);
+        if limited.contains_key(&job.queue) {
+            released.push((out.len(), job.id, job.queue.clone()));
+        }
         if let (true, Some(link)) = (change.state.is_terminal(), &job.workflow) {
             if !workflows.iter().any(|(w, _)| *w == link.id) {
                 workflows.push((link.id, out.len()));
@@ -1373,6 +1406,16 @@ async fn complete_tx(
             dispatch.extend(ready);
         }
     }
+    for (idx, id, queue) in released {
+        let Some(l) = limited.get(&queue) else {
+            continue;
+        };
+        let next =
+            super::limits::postgres::unpark_after_release(&mut tx, id, &queue, l, now).await?;
+        if let (Some(next), Committed::Applied { dispatch, .. }) = (next, &mut out[idx]) {
+            dispatch.push(next);
+        }
+    }
     tx.commit().await?;
     Ok(out)
 }
@@ -1380,6 +1423,7 @@ async fn complete_tx(
 async fn mark_lost_tx(pool: &PgPool, id: JobId, worker: &str, now: Micros) -> sqlx::Result<Lost> {
     let mut tx = pool.begin().await?;
     lock_workflows_of(&mut tx, &[id]).await?;
+    let limited = super::limits::postgres::lock_limited(&mut tx, &[id]).await?;
     // The row lock is what makes concurrent rescuers count one crash: the second one waits here
     // and then sees the job no longer running under `worker`.
     let Some(job) = get_job(&mut tx, id, true).await? else {
@@ -1389,6 +1433,12 @@ async fn mark_lost_tx(pool: &PgPool, id: JobId, worker: &str, now: Micros) -> sq
         transition::Lost::NotOwned(state) => return Ok(Lost::NotOwned(state)),
         transition::Lost::Crashed(change) => {
             transit(&mut tx, &job, &change, now).await?;
+            if let Some(l) = limited.get(&job.queue) {
+                // Its slot is free. `Lost` carries nothing to publish, so the unparked job is
+                // stamped as old: the reconciler's next pass publishes it.
+                super::limits::postgres::unpark_after_release(&mut tx, id, &job.queue, l, 0)
+                    .await?;
+            }
             match change.state {
                 JobState::Dead => Lost::Dead,
                 JobState::Cancelled => Lost::Cancelled,
@@ -1475,7 +1525,8 @@ impl Store for PgStore {
         self.call(async {
             let rows = sqlx::query(
                 "WITH due AS (SELECT id, updated_at FROM homing_jobs \
-                              WHERE state = 'queued' AND NOT dispatched AND updated_at < $1 \
+                              WHERE state = 'queued' AND NOT dispatched AND NOT parked \
+                              AND updated_at < $1 \
                               AND NOT EXISTS (SELECT 1 FROM homing_queues q \
                                               WHERE q.name = homing_jobs.queue AND q.paused) \
                               ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
@@ -1653,8 +1704,8 @@ impl Store for PgStore {
                 // idempotency guard skips it). Not locked: a start parking one of these at the
                 // same moment only makes it undispatched again, and the reconciler publishes it.
                 sqlx::query(
-                    "UPDATE homing_jobs SET dispatched = false WHERE queue = $1 \
-                     AND state = 'queued' AND dispatched",
+                    "UPDATE homing_jobs SET dispatched = false, parked = false WHERE queue = $1 \
+                     AND state = 'queued' AND (dispatched OR parked)",
                 )
                 .bind(queue)
                 .execute(&mut *tx)
@@ -1677,18 +1728,51 @@ impl Store for PgStore {
 
     async fn queue_settings(&self) -> Result<Vec<QueueSettings>> {
         self.call(async {
-            let rows =
-                sqlx::query("SELECT name, paused FROM homing_queues WHERE paused ORDER BY name")
-                    .fetch_all(&self.pool)
-                    .await?;
-            rows.iter()
-                .map(|r| {
-                    Ok(QueueSettings {
-                        queue: r.try_get(0)?,
-                        paused: r.try_get(1)?,
-                    })
-                })
-                .collect()
+            let mut c = self.pool.acquire().await?;
+            super::limits::postgres::settings(&mut c).await
+        })
+        .await
+    }
+
+    async fn set_limits(
+        &self,
+        queue: &str,
+        limits: &crate::limit::QueueLimits,
+        now: Micros,
+    ) -> Result<Vec<ToPublish>> {
+        limits.check().map_err(Error::Invalid)?;
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            crate::store::queues::admit_names_pg(
+                &mut tx,
+                vec![queue.to_string()],
+                self.max_queues,
+                now,
+            )
+            .await?;
+            let out = super::limits::postgres::set(&mut tx, queue, limits, now).await?;
+            tx.commit().await?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn unpark_ready(&self, now: Micros, limit: usize) -> Result<Vec<ToPublish>> {
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            let (mut out, queues) =
+                super::limits::postgres::unpark_unheld(&mut tx, now, limit).await?;
+            tx.commit().await?;
+            for q in queues {
+                let left = limit.saturating_sub(out.len());
+                if left == 0 {
+                    break;
+                }
+                let mut tx = self.pool.begin().await?;
+                out.extend(super::limits::postgres::unpark_queue(&mut tx, &q, now, left).await?);
+                tx.commit().await?;
+            }
+            Ok(out)
         })
         .await
     }
