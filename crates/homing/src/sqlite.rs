@@ -57,6 +57,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0007_workflows",
         sql: include_str!("sqlite/migrations/0007_workflows.sql"),
     },
+    Migration {
+        version: 9,
+        name: "0009_audit",
+        sql: include_str!("sqlite/migrations/0009_audit.sql"),
+    },
 ];
 
 /// An open database file.

@@ -37,6 +37,10 @@ mod limits_suite {
     homing::limits_conformance!(super::store());
 }
 
+mod access_suite {
+    homing::access_conformance!(super::store());
+}
+
 /// Raw writes to the store's tables, for the poisoned-row cases.
 struct RawPg(PgStore);
 

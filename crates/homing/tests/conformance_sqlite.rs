@@ -32,6 +32,10 @@ mod limits_suite {
     homing::limits_conformance!(super::store());
 }
 
+mod access_suite {
+    homing::access_conformance!(super::store());
+}
+
 /// Raw writes to the SQLite file, for the poisoned-row cases.
 struct RawSqlite(Arc<Db>);
 

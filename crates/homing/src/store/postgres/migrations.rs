@@ -49,6 +49,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0007_workflows",
         sql: include_str!("migrations/0007_workflows.sql"),
     },
+    Migration {
+        version: 9,
+        name: "0009_audit",
+        sql: include_str!("migrations/0009_audit.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are
