@@ -310,3 +310,90 @@ async fn bulk_actions_count_change_and_are_audited() {
         ]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_bulk_shows_the_count_and_asks_before_it_runs() {
+    let env = Env::sqlite();
+    let client = env.client().await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let mut req = homing::EnqueueRequest::new("builtin.noop", serde_json::json!({}));
+        req.options.queue = Some("cli-parked".into());
+        ids.push(client.enqueue(req).await.unwrap().id);
+    }
+    // stdin is not a terminal: without --yes nothing runs, and the count is said.
+    let (code, _, err) = env.run(&[
+        "jobs",
+        "cancel",
+        "--state",
+        "queued",
+        "--queue",
+        "cli-parked",
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("3 jobs match") && err.contains("--yes"),
+        "{err}"
+    );
+    let queued = |c: homing::Client| async move {
+        c.count(&homing::store::JobFilter {
+            state: Some(homing::JobState::Queued),
+            queue: Some("cli-parked".into()),
+            task: None,
+        })
+        .await
+        .unwrap()
+    };
+    assert_eq!(queued(client.clone()).await, 3);
+    // Mistakes are one-line refusals.
+    for args in [
+        &["jobs", "delete", "--state", "queued", "--yes"][..],
+        &["jobs", "retry", "--yes"][..],
+        &["jobs", "retry", "--state", "nope", "--yes"][..],
+        &[
+            "jobs",
+            "cancel",
+            "00000000-0000-4000-8000-000000000000",
+            "--state",
+            "queued",
+        ][..],
+    ] {
+        let (code, _, err) = env.run(args);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(
+            !err.trim().is_empty() && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
+    let (code, out, err) = env.run(&[
+        "jobs",
+        "cancel",
+        "--state",
+        "queued",
+        "--queue",
+        "cli-parked",
+        "--yes",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"action": "cancel", "count": 3, "skipped": 0})
+    );
+    assert_eq!(queued(client.clone()).await, 0);
+    let (code, out, err) = env.run(&[
+        "jobs",
+        "delete",
+        "--state",
+        "cancelled",
+        "--queue",
+        "cli-parked",
+        "--yes",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("delete: 3 jobs"), "{out}");
+    for id in ids {
+        assert!(client.get(id).await.is_err(), "{id} is gone");
+    }
+}
