@@ -397,3 +397,63 @@ async fn cli_bulk_shows_the_count_and_asks_before_it_runs() {
         assert!(client.get(id).await.is_err(), "{id} is gone");
     }
 }
+
+/// A bulk cancel killed with SIGKILL halfway leaves every job queued or cancelled (nothing lost,
+/// nothing half-written), and running the same command again finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_action_killed_halfway_is_finished_by_running_it_again() {
+    let env = Env::sqlite();
+    let client = env.client().await;
+    let n = 8000usize;
+    for _ in 0..n / 1000 {
+        let reqs = (0..1000)
+            .map(|_| {
+                let mut r = homing::EnqueueRequest::new("builtin.noop", serde_json::json!({}));
+                r.options.queue = Some("crash-parked".into());
+                r
+            })
+            .collect();
+        client.enqueue_many(reqs).await.unwrap();
+    }
+    let count = |state| {
+        let c = client.clone();
+        async move {
+            c.count(&homing::store::JobFilter {
+                state: Some(state),
+                queue: Some("crash-parked".into()),
+                task: None,
+            })
+            .await
+            .unwrap() as usize
+        }
+    };
+    let args = [
+        "jobs",
+        "cancel",
+        "--state",
+        "queued",
+        "--queue",
+        "crash-parked",
+        "--yes",
+    ];
+    let mut bulk = env.spawn("bulk", &args);
+    eventually(Duration::from_secs(60), "the first cancels", || async {
+        (count(homing::JobState::Cancelled).await > 0).then_some(())
+    })
+    .await;
+    bulk.kill9();
+    let (queued, cancelled) = (
+        count(homing::JobState::Queued).await,
+        count(homing::JobState::Cancelled).await,
+    );
+    assert_eq!(queued + cancelled, n, "every job is queued or cancelled");
+    assert!(
+        cancelled < n,
+        "killed before it finished ({cancelled} of {n})"
+    );
+
+    let (code, out, err) = env.run(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&format!("cancel: {queued} jobs")), "{out}");
+    assert_eq!(count(homing::JobState::Cancelled).await, n);
+}
