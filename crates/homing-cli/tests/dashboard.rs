@@ -551,7 +551,7 @@ async fn dashboard_hides_writes_from_a_read_token_and_confirms_bulk_actions() {
         )
         .await;
     let buttons = browser
-        .eval("return document.querySelectorAll('#jobs button, #queues button, #workflow-detail button').length + (document.querySelector('#bulk').hidden ? 0 : 100);")
+        .eval("return document.querySelectorAll('#jobs button, #queues button, #workflow-detail button').length + (getComputedStyle(document.querySelector('#bulk')).display === 'none' ? 0 : 100);")
         .await;
     assert_eq!(buttons, 0, "no write button for a read token");
     browser.screenshot("dashboard-read-token.png").await;
@@ -566,7 +566,7 @@ async fn dashboard_hides_writes_from_a_read_token_and_confirms_bulk_actions() {
         .await;
     filter_queued().await;
     browser
-        .wait_for("the bulk cancel button", "return !document.querySelector('#bulk-cancel').hidden && document.querySelector('#bulk-retry').hidden;")
+        .wait_for("the bulk cancel button", "return getComputedStyle(document.querySelector('#bulk')).display !== 'none' && !document.querySelector('#bulk-cancel').hidden && document.querySelector('#bulk-retry').hidden;")
         .await;
     // First declined: nothing happens. Then confirmed.
     browser
@@ -606,6 +606,10 @@ async fn dashboard_hides_writes_from_a_read_token_and_confirms_bulk_actions() {
         )
         .await;
     browser.screenshot("dashboard-bulk-cancel.png").await;
+    browser
+        .eval("document.querySelector('#audit').scrollIntoView(); return true;")
+        .await;
+    browser.screenshot("dashboard-audit-log.png").await;
     for id in &ids {
         let j: serde_json::Value = http_client()
             .get(format!("{base}/v1/jobs/{id}"))

@@ -98,9 +98,11 @@ async function act(id, verb) {
   refresh();
 }
 
-function flash(msg) {
+// A message under the page: an error, or (done = true) what an action did.
+function flash(msg, done) {
   const m = $('#message');
   m.textContent = msg;
+  m.className = done ? 'done' : 'error';
   m.hidden = !msg;
 }
 
@@ -346,7 +348,7 @@ async function bulkAct(verb) {
     const what = Object.entries(filters).filter(([, v]) => v).map(([k, v]) => k + '=' + v).join(', ');
     if (!window.confirm(verb + ' ' + count + ' job' + (count === 1 ? '' : 's') + ' (' + what + ')?')) return;
     const r = await api('/v1/jobs/' + verb + '?' + q, { method: 'POST' });
-    flash(verb + ': ' + r.count + ' job' + (r.count === 1 ? '' : 's') + (r.skipped ? ', ' + r.skipped + ' skipped' : ''));
+    flash(verb + ': ' + r.count + ' job' + (r.count === 1 ? '' : 's') + (r.skipped ? ', ' + r.skipped + ' skipped' : ''), true);
   } catch (e) {
     if (e instanceof Unauthorized) return showLogin();
     flash(verb + ' failed: ' + e.message);
