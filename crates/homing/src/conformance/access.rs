@@ -17,7 +17,8 @@ macro_rules! access_conformance {
     ($make:expr) => {
         $crate::__conformance_cases!(access, $make;
             audit_is_recorded_paged_and_pruned, count_and_delete_take_only_finished_jobs,
-            bulk_walks_in_bounded_steps_and_a_rerun_finishes, bulk_cancel_requests_running_jobs
+            bulk_walks_in_bounded_steps_and_a_rerun_finishes, bulk_cancel_requests_running_jobs,
+            retention_prunes_an_audit_log_longer_than_a_batch
         );
     };
 }
@@ -292,4 +293,33 @@ pub async fn bulk_cancel_requests_running_jobs(s: Arc<dyn Store>) {
     .unwrap();
     assert_eq!(st.done.count, 1);
     assert_eq!(s.cancel_requested(&[a]).await.unwrap(), vec![a]);
+}
+
+/// The retention loop keeps purging while audit entries fill its batches, so a long audit log
+/// is pruned entirely in one pass, not one batch per retention interval.
+pub async fn retention_prunes_an_audit_log_longer_than_a_batch(s: Arc<dyn Store>) {
+    let n = 600u64; // more than the pruner's batch of 500
+    for i in 0..n {
+        s.record_audit(entry("old", i), 1000 + i as i64)
+            .await
+            .unwrap();
+    }
+    let kept = s.record_audit(entry("new", 0), now()).await.unwrap();
+    let purged = crate::maintenance::pruner::purge_before(
+        &*s,
+        1_000_000,
+        &tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(purged.audit, n);
+    let left: Vec<i64> = s
+        .audit(None, 10)
+        .await
+        .unwrap()
+        .entries
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(left, vec![kept]);
 }
