@@ -450,18 +450,54 @@ pub enum JobsCommand {
         #[command(flatten)]
         out: OutputArgs,
     },
-    /// Put a failed, dead or cancelled job back in its queue.
+    /// Put a failed, dead or cancelled job back in its queue; without an id, every job matching
+    /// --state (failed, dead or cancelled), --task and --queue.
     Retry {
-        id: String,
+        id: Option<String>,
+        #[command(flatten)]
+        bulk: BulkArgs,
         #[command(flatten)]
         out: OutputArgs,
     },
-    /// Cancel a queued, scheduled or running job.
+    /// Cancel a queued, scheduled or running job; without an id, every job matching --state
+    /// (scheduled, waiting, queued or running), --task and --queue.
     Cancel {
-        id: String,
+        id: Option<String>,
+        #[command(flatten)]
+        bulk: BulkArgs,
         #[command(flatten)]
         out: OutputArgs,
     },
+    /// Delete every finished job matching --state (succeeded, failed, dead or cancelled),
+    /// --task and --queue. Workflow steps are left to retention.
+    Delete {
+        #[command(flatten)]
+        bulk: BulkArgs,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+}
+
+/// The filter of a bulk action (docs/access.md): it shows how many jobs match and asks before
+/// it runs, unless --yes.
+#[derive(Debug, Args)]
+pub struct BulkArgs {
+    /// Only jobs in this state (required for a bulk action).
+    #[arg(long)]
+    pub state: Option<String>,
+    #[arg(long)]
+    pub queue: Option<String>,
+    #[arg(long)]
+    pub task: Option<String>,
+    /// Run without asking for confirmation (needed when stdin is not a terminal).
+    #[arg(long)]
+    pub yes: bool,
+}
+
+impl BulkArgs {
+    pub fn is_empty(&self) -> bool {
+        self.state.is_none() && self.queue.is_none() && self.task.is_none() && !self.yes
+    }
 }
 
 #[derive(Debug, Args)]

@@ -6,6 +6,11 @@
 //! Sources add up: `HOMING_API_TOKEN` plus the file's `api_tokens`; the file's `webhooks` plus
 //! `HOMING_WEBHOOKS` (a JSON array of subscriptions).
 //!
+//! A token has a role (docs/access.md): `admin` may do everything, `read` only the dashboard and
+//! `GET` routes. The file lists tokens as `{"token", "role", "name"}` or as a bare string, which
+//! stays `admin` as it always was; `HOMING_API_TOKEN` is `admin`. The name is what the audit log
+//! records, never the token.
+//!
 //! The file may also declare periodic schedules (`"schedules": [{"name", "task", "cron" or
 //! "every", ...}]`, the body of `PUT /v1/schedules/{name}` plus its name), checked when the file
 //! is read and set in the store by every process at start ([`Config::reconcile_schedules`]).
@@ -21,11 +26,140 @@ use homing::schedule::ScheduleDef;
 #[serde(deny_unknown_fields)]
 struct File {
     #[serde(default)]
-    api_tokens: Vec<String>,
+    api_tokens: Vec<serde_json::Value>,
     #[serde(default)]
     webhooks: Vec<Subscription>,
     #[serde(default)]
     schedules: Vec<serde_json::Value>,
+}
+
+/// One token of the file: a bare string (an unnamed `admin` token, as before roles existed) or
+/// `{"token", "role", "name"}`.
+#[derive(Debug)]
+enum TokenEntry {
+    Bare(String),
+    Full(FullToken),
+}
+
+impl TokenEntry {
+    /// Reads the `i`-th entry, with an error that says which entry and what is wrong with it.
+    /// serde's messages name fields and roles, not token values.
+    fn read(i: usize, v: serde_json::Value) -> anyhow::Result<TokenEntry> {
+        match v {
+            serde_json::Value::String(t) => Ok(TokenEntry::Bare(t)),
+            v @ serde_json::Value::Object(_) => serde_json::from_value(v)
+                .map(TokenEntry::Full)
+                .map_err(|e| anyhow::anyhow!("HOMING_CONFIG: api_tokens[{i}]: {e} (give {{\"token\", \"role\": \"read\" or \"admin\", \"name\"}})")),
+            _ => anyhow::bail!(
+                "HOMING_CONFIG: api_tokens[{i}] must be a token string or {{\"token\", \"role\", \"name\"}}"
+            ),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FullToken {
+    token: String,
+    role: Role,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// The dashboard and every `GET` route.
+    Read,
+    /// Everything, including the remote worker protocol.
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Read => "read",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// One API token with its role and the name the audit log shows for it.
+#[derive(Debug, Clone)]
+pub struct ApiToken {
+    pub token: Arc<str>,
+    pub role: Role,
+    pub name: Arc<str>,
+}
+
+/// Longest token name: it is shown in the dashboard and stored with every audit entry.
+const MAX_TOKEN_NAME: usize = 64;
+
+/// Turns the file's entries and `HOMING_API_TOKEN` into tokens, refusing empty tokens, bad
+/// names, and a token or name given twice (two roles for one token would make the role depend
+/// on the order of comparison; two tokens with one name would make the audit log ambiguous).
+fn tokens_from(
+    entries: Vec<serde_json::Value>,
+    env: Option<String>,
+) -> anyhow::Result<Vec<ApiToken>> {
+    let mut out: Vec<ApiToken> = Vec::with_capacity(entries.len() + 1);
+    for (i, e) in entries.into_iter().enumerate() {
+        let (token, role, name) = match TokenEntry::read(i, e)? {
+            TokenEntry::Bare(t) => (t, Role::Admin, format!("token-{}", i + 1)),
+            TokenEntry::Full(f) => {
+                let name = f.name.unwrap_or_else(|| format!("token-{}", i + 1));
+                (f.token, f.role, name)
+            }
+        };
+        // An empty token is almost always a mistake (an unset shell variable, a template left
+        // blank); taking it as "no authentication" would open the API silently, so refuse.
+        if token.trim().is_empty() {
+            anyhow::bail!(
+                "HOMING_CONFIG lists an empty API token: remove it, or give a real token (an empty token would turn authentication off)"
+            );
+        }
+        out.push(ApiToken {
+            token: token.into(),
+            role,
+            name: name.into(),
+        });
+    }
+    if let Some(t) = env {
+        if t.trim().is_empty() {
+            anyhow::bail!(
+                "HOMING_API_TOKEN is set but empty: unset it to run without authentication, or give a real token"
+            );
+        }
+        out.push(ApiToken {
+            token: t.into(),
+            role: Role::Admin,
+            name: "HOMING_API_TOKEN".into(),
+        });
+    }
+    for (i, t) in out.iter().enumerate() {
+        let ok = !t.name.is_empty()
+            && t.name.len() <= MAX_TOKEN_NAME
+            && t.name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.:@-".contains(c));
+        if !ok {
+            anyhow::bail!(
+                "HOMING_CONFIG: API token name '{}' must be 1-{MAX_TOKEN_NAME} characters of letters, digits and _.:@-",
+                t.name.escape_debug()
+            );
+        }
+        if out[..i].iter().any(|o| o.name == t.name) {
+            anyhow::bail!("HOMING_CONFIG: two API tokens are named '{}'", t.name);
+        }
+        if out[..i].iter().any(|o| o.token == t.token) {
+            anyhow::bail!(
+                "HOMING_CONFIG: the API token named '{}' is given twice (HOMING_API_TOKEN counts too)",
+                t.name
+            );
+        }
+    }
+    Ok(out)
 }
 
 /// One schedule of the file: `{"name": …}` plus the fields of `PUT /v1/schedules/{name}`.
@@ -47,8 +181,9 @@ fn schedule_from(mut v: serde_json::Value) -> Result<ScheduleDef, String> {
 /// The loaded configuration.
 #[derive(Debug, Clone, Default)]
 pub struct Config {
-    /// Any of these tokens opens the API; empty means no authentication.
-    pub api_tokens: Vec<Arc<str>>,
+    /// Any of these tokens opens the API, as far as its role allows; empty means no
+    /// authentication (everyone is `admin`).
+    pub api_tokens: Vec<ApiToken>,
     pub webhooks: Arc<Vec<Subscription>>,
     /// Schedules declared in the file, set at every start.
     pub schedules: Vec<ScheduleDef>,
@@ -69,25 +204,14 @@ impl Config {
                 )
             })?;
         }
-        let mut tokens = file.api_tokens;
-        // An empty token is almost always a mistake (an unset shell variable, a template left
-        // blank); taking it as "no authentication" would open the API silently, so refuse.
-        if tokens.iter().any(|t| t.trim().is_empty()) {
-            anyhow::bail!(
-                "HOMING_CONFIG lists an empty API token: remove it, or give a real token (an empty token would turn authentication off)"
-            );
-        }
-        if let Some(t) = std::env::var_os("HOMING_API_TOKEN") {
-            let t = t
-                .into_string()
-                .map_err(|_| anyhow::anyhow!("HOMING_API_TOKEN is not valid UTF-8"))?;
-            if t.trim().is_empty() {
-                anyhow::bail!(
-                    "HOMING_API_TOKEN is set but empty: unset it to run without authentication, or give a real token"
-                );
-            }
-            tokens.push(t);
-        }
+        let env_token = match std::env::var_os("HOMING_API_TOKEN") {
+            Some(t) => Some(
+                t.into_string()
+                    .map_err(|_| anyhow::anyhow!("HOMING_API_TOKEN is not valid UTF-8"))?,
+            ),
+            None => None,
+        };
+        let tokens = tokens_from(file.api_tokens, env_token)?;
         let mut webhooks = file.webhooks;
         if let Ok(text) = std::env::var("HOMING_WEBHOOKS") {
             if !text.trim().is_empty() {
@@ -107,7 +231,7 @@ impl Config {
             schedules.push(def);
         }
         Ok(Config {
-            api_tokens: tokens.into_iter().map(Arc::from).collect(),
+            api_tokens: tokens,
             webhooks: Arc::new(webhooks),
             schedules,
         })
@@ -163,4 +287,72 @@ pub fn egress_policy(store_url: &str) -> anyhow::Result<homing::egress::Policy> 
     };
     homing::egress::Policy::parse(&allow, &deny)
         .map_err(|e| anyhow::anyhow!("HOMING_HTTP_ALLOW / HOMING_HTTP_DENY: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Vec<serde_json::Value> {
+        serde_json::from_str::<File>(text).unwrap().api_tokens
+    }
+
+    #[test]
+    fn bare_strings_stay_admin_and_entries_carry_role_and_name() {
+        let t = tokens_from(
+            parse(r#"{"api_tokens": ["old-admin", {"token": "r1", "role": "read", "name": "ops-bob"}, {"token": "a2", "role": "admin"}]}"#),
+            Some("from-env".into()),
+        )
+        .unwrap();
+        let got: Vec<(&str, Role, &str)> =
+            t.iter().map(|t| (&*t.token, t.role, &*t.name)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("old-admin", Role::Admin, "token-1"),
+                ("r1", Role::Read, "ops-bob"),
+                ("a2", Role::Admin, "token-3"),
+                ("from-env", Role::Admin, "HOMING_API_TOKEN"),
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_token_lists_are_refused() {
+        for (text, env) in [
+            (
+                r#"{"api_tokens": [{"token": "sekrit-a", "role": "root"}]}"#,
+                None,
+            ),
+            (r#"{"api_tokens": [{"token": "sekrit-a"}]}"#, None),
+            (
+                r#"{"api_tokens": [{"token": "sekrit-a", "role": "read", "extra": 1}]}"#,
+                None,
+            ),
+            (r#"{"api_tokens": [5]}"#, None),
+            (r#"{"api_tokens": [" "]}"#, None),
+            (r#"{"api_tokens": []}"#, Some(" ")),
+            (
+                r#"{"api_tokens": [{"token": "sekrit-a", "role": "read", "name": "x"}, {"token": "sekrit-b", "role": "read", "name": "x"}]}"#,
+                None,
+            ),
+            (
+                r#"{"api_tokens": [{"token": "sekrit-a", "role": "read", "name": "x"}, "sekrit-a"]}"#,
+                None,
+            ),
+            (r#"{"api_tokens": ["sekrit-a"]}"#, Some("sekrit-a")),
+            (
+                r#"{"api_tokens": [{"token": "sekrit-a", "role": "read", "name": "bad name"}]}"#,
+                None,
+            ),
+            (
+                r#"{"api_tokens": [{"token": "sekrit-a", "role": "read", "name": ""}]}"#,
+                None,
+            ),
+        ] {
+            let r = tokens_from(parse(text), env.map(String::from));
+            let e = r.expect_err(text).to_string();
+            assert!(!e.contains("sekrit"), "never echoes a token: {e}");
+        }
+    }
 }

@@ -500,3 +500,142 @@ async fn dashboard_lists_schedules() {
     eprintln!("screenshot: {}", shot.display());
     browser.quit().await;
 }
+
+/// Roles in the page (docs/access.md): a read token sees the jobs and the audit log but no
+/// write button (the API would refuse it anyway); an admin token gets the bulk actions, which
+/// show the count and run only once it is confirmed, and land in the audit log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dashboard_hides_writes_from_a_read_token_and_confirms_bulk_actions() {
+    let env = Env::sqlite();
+    let config = env.path().join("config.json");
+    std::fs::write(
+        &config,
+        r#"{"api_tokens": [{"token": "dash-read-7", "role": "read", "name": "ops-bob"}, {"token": "dash-admin-7", "role": "admin", "name": "ops-alice"}]}"#,
+    )
+    .unwrap();
+    let (_up, base) = start_up(&env, &[("HOMING_CONFIG", config.to_str().unwrap())]).await;
+    let browser = Browser::start(&env).await;
+    // A queue nobody serves: its jobs wait, cancellable.
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(
+            enqueue(
+                &base,
+                "dash-admin-7",
+                serde_json::json!({"task": "builtin.noop", "queue": "parked"}),
+            )
+            .await,
+        );
+    }
+
+    let login = |token: &'static str| {
+        let browser = &browser;
+        async move {
+            browser
+                .wait_for(
+                    "the token form",
+                    "return !document.querySelector('#login').hidden;",
+                )
+                .await;
+            browser.type_into("#token-input", token).await;
+            browser.click("#token-submit").await;
+        }
+    };
+    let filter_queued = || async {
+        browser
+            .eval("document.querySelector('#f-state').value = 'queued'; document.querySelector('#f-queue').value = 'parked'; document.querySelector('#filters button[type=submit]').click(); return true;")
+            .await;
+    };
+
+    browser.goto(&format!("{base}/")).await;
+    login("dash-read-7").await;
+    browser
+        .wait_for(
+            "the read token's name",
+            "return document.querySelector('#whoami').textContent === 'ops-bob (read)';",
+        )
+        .await;
+    filter_queued().await;
+    browser
+        .wait_for("the queued jobs", &row_is(&ids[0], "queued"))
+        .await;
+    browser
+        .wait_for(
+            "the queues table",
+            "return document.querySelectorAll('#queues tbody tr[data-queue]').length > 0;",
+        )
+        .await;
+    let buttons = browser
+        .eval("return document.querySelectorAll('#jobs button, #queues button, #workflow-detail button').length + (getComputedStyle(document.querySelector('#bulk')).display === 'none' ? 0 : 100);")
+        .await;
+    assert_eq!(buttons, 0, "no write button for a read token");
+    browser.screenshot("dashboard-read-token.png").await;
+
+    browser.click("#logout").await;
+    login("dash-admin-7").await;
+    browser
+        .wait_for(
+            "the admin token's name",
+            "return document.querySelector('#whoami').textContent === 'ops-alice (admin)';",
+        )
+        .await;
+    filter_queued().await;
+    browser
+        .wait_for("the bulk cancel button", "return getComputedStyle(document.querySelector('#bulk')).display !== 'none' && !document.querySelector('#bulk-cancel').hidden && document.querySelector('#bulk-retry').hidden;")
+        .await;
+    // First declined: nothing happens. Then confirmed.
+    browser
+        .eval("window.__asked = []; window.confirm = (m) => { window.__asked.push(m); return window.__asked.length > 1; }; return true;")
+        .await;
+    browser.click("#bulk-cancel").await;
+    browser
+        .wait_for("the first question", "return window.__asked.length === 1;")
+        .await;
+    browser
+        .wait_for("the jobs still queued", &row_is(&ids[2], "queued"))
+        .await;
+    browser.click("#bulk-cancel").await;
+    let asked = browser
+        .wait_for(
+            "the second question",
+            "return window.__asked.length === 2 ? window.__asked : null;",
+        )
+        .await;
+    assert!(
+        asked[0]
+            .as_str()
+            .unwrap()
+            .contains("cancel 3 jobs (state=queued, queue=parked)"),
+        "{asked}"
+    );
+    browser
+        .wait_for(
+            "the result",
+            "return document.querySelector('#message').textContent.includes('cancel: 3 jobs');",
+        )
+        .await;
+    browser
+        .wait_for(
+            "the audit entry",
+            "return [...document.querySelectorAll('#audit tbody tr')].some((r) => r.textContent.includes('POST /v1/jobs/cancel') && r.dataset.actor === 'ops-alice');",
+        )
+        .await;
+    browser.screenshot("dashboard-bulk-cancel.png").await;
+    browser
+        .eval("document.querySelector('#audit').scrollIntoView(); return true;")
+        .await;
+    browser.screenshot("dashboard-audit-log.png").await;
+    for id in &ids {
+        let j: serde_json::Value = http_client()
+            .get(format!("{base}/v1/jobs/{id}"))
+            .header("authorization", "Bearer dash-read-7")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(j["state"], "cancelled");
+    }
+    browser.quit().await;
+}

@@ -290,6 +290,21 @@ impl Client {
         Ok(job)
     }
 
+    /// Runs a bulk action on every job matching `filter` (docs/access.md): each job through the
+    /// same transition as a single retry, cancel or delete, in bounded steps.
+    pub async fn bulk(
+        &self,
+        action: crate::bulk::Action,
+        filter: &crate::store::JobFilter,
+    ) -> Result<crate::bulk::Outcome> {
+        crate::bulk::run(&*self.store, &*self.broker, action, filter).await
+    }
+
+    /// How many jobs match `filter`: what a bulk action on it would meet.
+    pub async fn count(&self, filter: &crate::store::JobFilter) -> Result<u64> {
+        self.store.count(filter).await
+    }
+
     /// Cancels a job (a running one is stopped by its worker).
     pub async fn cancel(&self, id: JobId) -> Result<Job> {
         self.store.cancel(id, now()).await

@@ -54,6 +54,7 @@
 pub mod backend;
 pub mod broker;
 pub mod builtin;
+pub mod bulk;
 #[cfg(feature = "celery")]
 pub mod celery;
 pub mod client;

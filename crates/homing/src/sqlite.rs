@@ -62,6 +62,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0008_queue_limits",
         sql: include_str!("sqlite/migrations/0008_queue_limits.sql"),
     },
+    Migration {
+        version: 9,
+        name: "0009_audit",
+        sql: include_str!("sqlite/migrations/0009_audit.sql"),
+    },
 ];
 
 /// An open database file.

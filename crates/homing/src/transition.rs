@@ -388,10 +388,31 @@ pub fn cancel(job: &Job) -> Cancel {
 /// An operator's retry: `Ok` means back to `queued` (undispatched) with attempts, crashes and
 /// the cancel request reset, no worker, no finish or schedule time; `Err` refuses with a message.
 pub fn operator_retry(job: &Job) -> Result<(), &'static str> {
-    match job.state {
-        JobState::Failed | JobState::Dead | JobState::Cancelled => Ok(()),
-        _ => Err("only failed, dead or cancelled jobs can be retried"),
+    if retryable(job.state) {
+        Ok(())
+    } else {
+        Err("only failed, dead or cancelled jobs can be retried")
     }
+}
+
+/// Whether an operator's retry takes a job in `state` ([`operator_retry`]); a bulk retry
+/// (docs/access.md) admits only these states as its filter.
+pub fn retryable(state: JobState) -> bool {
+    matches!(
+        state,
+        JobState::Failed | JobState::Dead | JobState::Cancelled
+    )
+}
+
+/// Whether an operator's cancel takes a job in `state` ([`cancel`] does not refuse it).
+pub fn cancellable(state: JobState) -> bool {
+    !state.is_terminal()
+}
+
+/// Whether an operator may delete a job in `state`: only a finished one, whose row nobody
+/// reads again (a job still to run, or running, would lose its run; docs/access.md).
+pub fn deletable(state: JobState) -> bool {
+    state.is_terminal()
 }
 
 /// A plain job in `state`, for the unit tests of the stores' decisions.
@@ -806,5 +827,19 @@ mod tests {
             (Some("r"), Some(NOW))
         );
         assert_eq!(after.worker.as_deref(), Some("w"));
+    }
+
+    #[test]
+    fn bulk_admissions_agree_with_the_single_decisions() {
+        for state in JobState::ALL {
+            let job = sample_job(state);
+            assert_eq!(retryable(state), operator_retry(&job).is_ok(), "{state}");
+            assert_eq!(
+                cancellable(state),
+                !matches!(cancel(&job), Cancel::Refuse(_)),
+                "{state}"
+            );
+            assert_eq!(deletable(state), state.is_terminal(), "{state}");
+        }
     }
 }

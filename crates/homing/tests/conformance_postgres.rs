@@ -41,6 +41,10 @@ mod cluster_limits_suite {
     homing::cluster_limits_conformance!(super::store());
 }
 
+mod access_suite {
+    homing::access_conformance!(super::store());
+}
+
 /// Raw writes to the store's tables, for the poisoned-row cases.
 struct RawPg(PgStore);
 
@@ -505,9 +509,13 @@ async fn a_version_1_database_upgrades_with_its_jobs() {
     .execute(s.pool())
     .await
     .unwrap();
+    // Every migration after the first, whatever this build's newest is.
+    let applied = s.migrate().await.unwrap();
+    let after_first: Vec<&str> = MIGRATIONS[1..].iter().map(|m| m.name).collect();
+    assert_eq!(applied, after_first);
     assert_eq!(
-        s.migrate().await.unwrap(),
-        vec![
+        &applied[..6],
+        &[
             "0002_events",
             "0003_queues",
             "0004_remote",

@@ -36,6 +36,10 @@ mod cluster_limits_suite {
     homing::cluster_limits_conformance!(super::store());
 }
 
+mod access_suite {
+    homing::access_conformance!(super::store());
+}
+
 /// Raw writes to the SQLite file, for the poisoned-row cases.
 struct RawSqlite(Arc<Db>);
 

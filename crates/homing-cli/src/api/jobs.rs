@@ -185,6 +185,86 @@ pub async fn cancel(
     Ok(Json(state.client.cancel(id).await?).into_response())
 }
 
+/// The filter of a bulk action or a count: `state`, `queue`, `task`, all optional here (a bulk
+/// action refuses a missing state itself, with the states it takes).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilterQuery {
+    pub state: Option<String>,
+    pub queue: Option<String>,
+    pub task: Option<String>,
+}
+
+impl FilterQuery {
+    fn filter(self) -> Result<JobFilter, ApiError> {
+        let state = self
+            .state
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse::<JobState>())
+            .transpose()
+            .map_err(ApiError::bad_request)?;
+        Ok(JobFilter {
+            state,
+            queue: self.queue.filter(|s| !s.is_empty()),
+            task: self.task.filter(|s| !s.is_empty()),
+        })
+    }
+}
+
+/// `GET /v1/jobs/count`: how many jobs match, the number a bulk action shows before it runs.
+pub async fn count(
+    State(state): State<AppState>,
+    q: Result<Query<FilterQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = q?;
+    let n = state.client.count(&q.filter()?).await?;
+    Ok(Json(serde_json::json!({ "count": n })).into_response())
+}
+
+async fn bulk(
+    state: AppState,
+    action: homing::bulk::Action,
+    q: Result<Query<FilterQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = q?;
+    let filter = q.filter()?;
+    homing::bulk::check(action, &filter).map_err(ApiError::bad_request)?;
+    let out = state.client.bulk(action, &filter).await?;
+    let mut resp = Json(serde_json::json!({
+        "action": action.as_str(),
+        "count": out.count,
+        "skipped": out.skipped,
+    }))
+    .into_response();
+    resp.extensions_mut().insert(super::audit::Count(out.count));
+    Ok(resp)
+}
+
+/// `POST /v1/jobs/retry?state=failed&task=…`: retries every matching job (docs/access.md).
+pub async fn bulk_retry(
+    State(state): State<AppState>,
+    q: Result<Query<FilterQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    bulk(state, homing::bulk::Action::Retry, q).await
+}
+
+/// `POST /v1/jobs/cancel?state=queued&queue=…`: cancels every matching job.
+pub async fn bulk_cancel(
+    State(state): State<AppState>,
+    q: Result<Query<FilterQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    bulk(state, homing::bulk::Action::Cancel, q).await
+}
+
+/// `POST /v1/jobs/delete?state=succeeded&…`: deletes every matching finished job.
+pub async fn bulk_delete(
+    State(state): State<AppState>,
+    q: Result<Query<FilterQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    bulk(state, homing::bulk::Action::Delete, q).await
+}
+
 /// Property tests of the API's door: any body either is refused (while reading it, or by the
 /// rules) or, once accepted, is made only of values that serialise and read back, including the
 /// values homing derives from them.

@@ -2,7 +2,13 @@
 //! Prometheus endpoint at `/metrics`, and the dashboard at `/`. Handlers are thin: they parse,
 //! call the library's [`homing::Client`] or store, and map errors to `{"error": {code, message}}`
 //! without leaking internals — never a 500 for a client's mistake.
+//!
+//! Access (docs/access.md): with tokens configured, every route but the open ones needs a
+//! token; a `read` token may only `GET` (and `HEAD`), everything else answers 403 `forbidden`.
+//! Every write an operator makes (everything but the producer's and remote workers' traffic)
+//! is recorded in the audit log after it is answered.
 
+mod audit;
 mod events;
 mod jobs;
 mod metrics;
@@ -19,6 +25,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use std::sync::Arc;
 
+use crate::config::{ApiToken, Role};
 use homing::{Backends, Client, Registry};
 use homing_pipelines::api::refuse_declared_over;
 /// One error type for the whole API, shared with the pipelines' routes.
@@ -41,8 +48,8 @@ pub struct AppState {
     /// Tasks this binary knows without any worker registering them.
     pub builtin: Registry,
     /// When not empty, every route but `/healthz` and the dashboard's static files requires
-    /// one of these tokens.
-    pub tokens: Arc<Vec<Arc<str>>>,
+    /// one of these tokens, and its role decides what it may do.
+    pub tokens: Arc<Vec<ApiToken>>,
     /// Renders this process's metrics; `None` when no recorder is installed.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// `/healthz` reports a background loop that has failed for longer than this.
@@ -50,7 +57,7 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(backends: Backends, builtin: Registry, tokens: Vec<Arc<str>>) -> Self {
+    pub fn new(backends: Backends, builtin: Registry, tokens: Vec<ApiToken>) -> Self {
         let client = Client::new(backends.broker.clone(), backends.store.clone())
             .with_registry(builtin.clone());
         Self {
@@ -75,6 +82,10 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/metrics", get(metrics::render))
         .route("/v1/openapi.json", get(status::openapi))
         .route("/v1/jobs", post(jobs::create).get(jobs::list))
+        .route("/v1/jobs/count", get(jobs::count))
+        .route("/v1/jobs/retry", post(jobs::bulk_retry))
+        .route("/v1/jobs/cancel", post(jobs::bulk_cancel))
+        .route("/v1/jobs/delete", post(jobs::bulk_delete))
         .route("/v1/jobs/{id}", get(jobs::get))
         .route("/v1/jobs/{id}/retry", post(jobs::retry))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
@@ -90,6 +101,8 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/v1/queues/{name}/pause", post(queues::pause))
         .route("/v1/queues/{name}/resume", post(queues::resume))
         .route("/v1/workers", get(status::workers))
+        .route("/v1/whoami", get(audit::whoami))
+        .route("/v1/audit", get(audit::list))
         .route("/v1/schedules", get(schedules::list))
         .route(
             "/v1/schedules/{name}",
@@ -128,34 +141,83 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Whether `given` equals any of `tokens`. Every token is compared, in constant time each, so
-/// the time taken reveals neither which token nor how much of one matched.
-fn token_matches(given: &[u8], tokens: &[Arc<str>]) -> bool {
-    tokens
-        .iter()
-        .fold(false, |ok, t| ok | constant_time_eq(given, t.as_bytes()))
+/// Which of `tokens` equals `given`. Every token is compared, in constant time each, so the
+/// time taken reveals neither which token nor how much of one matched. Tokens are distinct
+/// (the configuration refuses one given twice), so at most one matches.
+fn token_match<'a>(given: &[u8], tokens: &'a [ApiToken]) -> Option<&'a ApiToken> {
+    tokens.iter().fold(None, |found, t| {
+        let eq = constant_time_eq(given, t.token.as_bytes());
+        if eq {
+            Some(t)
+        } else {
+            found
+        }
+    })
 }
 
-async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if state.tokens.is_empty() || is_open(req.uri().path()) {
+/// Who is calling: put on every request that passed [`auth`], for the handlers and the audit
+/// log.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub name: Arc<str>,
+    pub role: Role,
+}
+
+/// Whether a request only reads: what a `read` token may do.
+fn is_read(method: &axum::http::Method) -> bool {
+    method == axum::http::Method::GET || method == axum::http::Method::HEAD
+}
+
+async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    if is_open(req.uri().path()) {
         return next.run(req).await;
     }
-    let given = req
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if token_matches(given.as_bytes(), &state.tokens) {
-        next.run(req).await
+    let caller = if state.tokens.is_empty() {
+        Caller {
+            name: "anonymous".into(),
+            role: Role::Admin,
+        }
     } else {
-        ApiError::new(
-            axum::http::StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing or wrong API token: send `Authorization: Bearer <token>` (HOMING_API_TOKEN or api_tokens in HOMING_CONFIG)",
+        let given = req
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        match token_match(given.as_bytes(), &state.tokens) {
+            Some(t) => Caller {
+                name: t.name.clone(),
+                role: t.role,
+            },
+            None => {
+                return ApiError::new(
+                    axum::http::StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "missing or wrong API token: send `Authorization: Bearer <token>` (HOMING_API_TOKEN or api_tokens in HOMING_CONFIG)",
+                )
+                .into_response()
+            }
+        }
+    };
+    if caller.role == Role::Read && !is_read(req.method()) {
+        let refused = ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "the token '{}' has the role read: it may only GET; {} needs an admin token",
+                caller.name,
+                req.method()
+            ),
         )
-        .into_response()
+        .into_response();
+        let entry = audit::refusal(&caller, &req, refused.status().as_u16());
+        return audit::refused(&state, entry, refused).await;
     }
+    req.extensions_mut().insert(caller.clone());
+    if is_read(req.method()) {
+        return next.run(req).await;
+    }
+    audit::recorded(&state, caller, req, next).await
 }
 
 #[cfg(test)]
@@ -169,11 +231,21 @@ mod tests {
     }
 
     #[test]
-    fn any_configured_token_opens() {
-        let tokens: Vec<std::sync::Arc<str>> = vec!["alpha".into(), "beta-token".into()];
-        assert!(super::token_matches(b"alpha", &tokens));
-        assert!(super::token_matches(b"beta-token", &tokens));
-        assert!(!super::token_matches(b"beta", &tokens));
-        assert!(!super::token_matches(b"", &tokens));
+    fn any_configured_token_opens_with_its_own_role() {
+        use crate::config::{ApiToken, Role};
+        let t = |token: &str, role, name: &str| ApiToken {
+            token: token.into(),
+            role,
+            name: name.into(),
+        };
+        let tokens = vec![
+            t("alpha", Role::Admin, "a"),
+            t("beta-token", Role::Read, "b"),
+        ];
+        let who = |given: &[u8]| super::token_match(given, &tokens).map(|t| (&*t.name, t.role));
+        assert_eq!(who(b"alpha"), Some(("a", Role::Admin)));
+        assert_eq!(who(b"beta-token"), Some(("b", Role::Read)));
+        assert_eq!(who(b"beta"), None);
+        assert_eq!(who(b""), None);
     }
 }

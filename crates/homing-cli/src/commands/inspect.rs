@@ -99,8 +99,34 @@ pub async fn jobs(g: &Global, cmd: JobsCommand) -> anyhow::Result<ExitCode> {
         .with_registry(tasks::registry(&crate::pipelines::for_routing()));
     let (job, out) = match cmd {
         JobsCommand::Get { id, out } => (client.get(parse_id(&id)?).await?, out),
-        JobsCommand::Retry { id, out } => (client.retry(parse_id(&id)?).await?, out),
-        JobsCommand::Cancel { id, out } => (client.cancel(parse_id(&id)?).await?, out),
+        JobsCommand::Retry {
+            id: Some(id),
+            bulk,
+            out,
+        } if bulk.is_empty() => (client.retry(parse_id(&id)?).await?, out),
+        JobsCommand::Cancel {
+            id: Some(id),
+            bulk,
+            out,
+        } if bulk.is_empty() => (client.cancel(parse_id(&id)?).await?, out),
+        JobsCommand::Retry { id: Some(_), .. } | JobsCommand::Cancel { id: Some(_), .. } => {
+            anyhow::bail!(
+                "give either a job id or a filter (--state, --queue, --task, --yes), not both"
+            )
+        }
+        JobsCommand::Retry {
+            id: None,
+            bulk,
+            out,
+        } => return run_bulk(&client, homing::bulk::Action::Retry, bulk, out).await,
+        JobsCommand::Cancel {
+            id: None,
+            bulk,
+            out,
+        } => return run_bulk(&client, homing::bulk::Action::Cancel, bulk, out).await,
+        JobsCommand::Delete { bulk, out } => {
+            return run_bulk(&client, homing::bulk::Action::Delete, bulk, out).await
+        }
         JobsCommand::List {
             state,
             queue,
@@ -316,5 +342,59 @@ pub async fn workers(g: &Global, a: WorkersArgs) -> anyhow::Result<ExitCode> {
         ],
         rows,
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A bulk action from the CLI: counts the matching jobs, asks for confirmation on a terminal
+/// (refuses without --yes when nobody can answer), then runs it and prints what it did.
+async fn run_bulk(
+    client: &Client,
+    action: homing::bulk::Action,
+    bulk: crate::cli::BulkArgs,
+    out: crate::cli::OutputArgs,
+) -> anyhow::Result<ExitCode> {
+    use std::io::{BufRead as _, IsTerminal as _, Write as _};
+    let state = bulk
+        .state
+        .as_deref()
+        .map(|s| s.parse::<JobState>())
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let filter = JobFilter {
+        state,
+        queue: bulk.queue,
+        task: bulk.task,
+    };
+    homing::bulk::check(action, &filter).map_err(anyhow::Error::msg)?;
+    let matching = client.count(&filter).await?;
+    let verb = action.as_str();
+    if !bulk.yes {
+        if !std::io::stdin().is_terminal() {
+            anyhow::bail!(
+                "{matching} jobs match; pass --yes to {verb} them without a prompt (stdin is not a terminal)"
+            );
+        }
+        eprint!("{matching} jobs match; {verb} them? [y/N] ");
+        let _ = std::io::stderr().flush();
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            eprintln!("nothing done");
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    let done = client.bulk(action, &filter).await?;
+    if out.json {
+        output::json(&serde_json::json!({
+            "action": verb,
+            "count": done.count,
+            "skipped": done.skipped,
+        }));
+    } else {
+        println!(
+            "{verb}: {} jobs ({} skipped: changed by someone else meanwhile, or workflow steps)",
+            done.count, done.skipped
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

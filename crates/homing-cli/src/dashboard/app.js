@@ -1,7 +1,8 @@
 // The homing dashboard: reads and steers everything through the public API (/v1), the same
 // calls a script would make, so the page can never do what the API does not allow. It refreshes
 // itself every 2 s. With an API token configured, it asks for the token once and keeps it in
-// sessionStorage (this tab only).
+// sessionStorage (this tab only). A read token sees everything and no write button (the API
+// refuses its writes anyway: the buttons are hidden so nobody is offered what will fail).
 'use strict';
 
 const TOKEN_KEY = 'homing.token';
@@ -10,6 +11,7 @@ let filters = { state: '', queue: '', task: '' };
 let cursor = null;      // the page of jobs shown; null = newest
 let nextCursor = null;
 let timer = null;
+let canWrite = false;   // the token's role is admin (GET /v1/whoami)
 
 const $ = (sel) => document.querySelector(sel);
 
@@ -75,6 +77,7 @@ function fill(id, rows, empty) {
 
 function actions(job) {
   const out = [];
+  if (!canWrite) return out;
   if (['failed', 'dead', 'cancelled'].includes(job.state)) {
     out.push(el('button', { class: 'retry', dataset: { id: job.id }, onclick: () => act(job.id, 'retry') }, 'Retry'));
   }
@@ -95,9 +98,11 @@ async function act(id, verb) {
   refresh();
 }
 
-function flash(msg) {
+// A message under the page: an error, or (done = true) what an action did.
+function flash(msg, done) {
   const m = $('#message');
   m.textContent = msg;
+  m.className = done ? 'done' : 'error';
   m.hidden = !msg;
 }
 
@@ -128,6 +133,7 @@ function limitsText(l) {
 
 // Pause holds a queue's jobs back (it still accepts them); resume lets them run.
 function queueButton(q) {
+  if (!canWrite) return '';
   const verb = q.paused ? 'resume' : 'pause';
   return el('button', { class: verb, dataset: { queue: q.queue },
     onclick: () => queueAct(q.queue, verb) }, q.paused ? 'Resume' : 'Pause');
@@ -290,7 +296,7 @@ function renderWorkflow(w) {
     el('td', {}, s.run_on),
     el('td', {}, s.error || ''),
   ));
-  const cancel = w.state === 'running'
+  const cancel = w.state === 'running' && canWrite
     ? el('button', { onclick: () => actWorkflow(w.id) }, 'cancel workflow') : '';
   d.replaceChildren(
     el('div', { class: 'detail-head' },
@@ -321,6 +327,57 @@ function routeWorkflow() {
   return m ? m[1] : null;
 }
 
+// The states each bulk action takes (the server checks the same: crates/homing/src/transition.rs).
+const BULK = {
+  retry: ['failed', 'dead', 'cancelled'],
+  cancel: ['scheduled', 'waiting', 'queued', 'running'],
+  delete: ['succeeded', 'failed', 'dead', 'cancelled'],
+};
+
+function filterQuery() {
+  const p = new URLSearchParams();
+  for (const [k, v] of Object.entries(filters)) if (v) p.set(k, v);
+  return p.toString();
+}
+
+function renderBulk() {
+  let any = false;
+  for (const [verb, states] of Object.entries(BULK)) {
+    const show = canWrite && states.includes(filters.state);
+    $('#bulk-' + verb).hidden = !show;
+    any = any || show;
+  }
+  $('#bulk').hidden = !any;
+}
+
+// Shows how many jobs the filter matches and runs the action only once that is confirmed.
+async function bulkAct(verb) {
+  const q = filterQuery();
+  try {
+    const { count } = await api('/v1/jobs/count?' + q);
+    const what = Object.entries(filters).filter(([, v]) => v).map(([k, v]) => k + '=' + v).join(', ');
+    if (!window.confirm(verb + ' ' + count + ' job' + (count === 1 ? '' : 's') + ' (' + what + ')?')) return;
+    const r = await api('/v1/jobs/' + verb + '?' + q, { method: 'POST' });
+    flash(verb + ': ' + r.count + ' job' + (r.count === 1 ? '' : 's') + (r.skipped ? ', ' + r.skipped + ' skipped' : ''), true);
+  } catch (e) {
+    if (e instanceof Unauthorized) return showLogin();
+    flash(verb + ' failed: ' + e.message);
+  }
+  refresh();
+}
+
+function renderAudit(page) {
+  fill('audit', (page.entries || []).map((e) => el('tr', { dataset: { actor: e.actor, status: e.status } },
+    el('td', { title: new Date(e.at / 1000).toISOString() }, ago(new Date(e.at / 1000).toISOString())),
+    el('td', {}, e.actor),
+    el('td', {}, e.role),
+    el('td', { class: 'mono' }, e.action),
+    el('td', { class: 'mono' }, e.target),
+    el('td', { class: 'num' + (e.status >= 400 ? ' bad' : '') }, e.status),
+    el('td', { class: 'num' }, e.count == null ? '' : e.count),
+  )), 'nothing recorded yet');
+}
+
 function jobsQuery() {
   const p = new URLSearchParams({ limit: '25' });
   for (const [k, v] of Object.entries(filters)) if (v) p.set(k, v);
@@ -338,12 +395,17 @@ async function refresh() {
   try {
     const detailId = routeJob();
     const workflowId = routeWorkflow();
-    const [q, w, j, d, sch, wfs, wf] = await Promise.all([
+    // Who is calling first: the role decides which buttons are drawn.
+    const me = await api('/v1/whoami');
+    canWrite = me.role === 'admin';
+    $('#whoami').textContent = me.auth ? me.name + ' (' + me.role + ')' : '';
+    const [q, w, j, d, sch, wfs, wf, au] = await Promise.all([
       api('/v1/queues'), api('/v1/workers'), api(jobsQuery()),
       detailId ? api('/v1/jobs/' + detailId) : Promise.resolve(null),
       api('/v1/schedules'),
       api('/v1/workflows?limit=10'),
       workflowId ? api('/v1/workflows/' + workflowId) : Promise.resolve(null),
+      api('/v1/audit?limit=20'),
     ]);
     $('#login').hidden = true;
     $('#app').hidden = false;
@@ -355,6 +417,8 @@ async function refresh() {
     renderDetail(d);
     renderWorkflows(wfs);
     renderWorkflow(wf);
+    renderAudit(au);
+    renderBulk();
     const s = $('#status');
     s.textContent = 'updated ' + new Date().toLocaleTimeString();
     s.className = 'status ok';
@@ -390,6 +454,7 @@ $('#filters').addEventListener('submit', (ev) => {
   cursor = null;
   refresh();
 });
+for (const verb of Object.keys(BULK)) $('#bulk-' + verb).addEventListener('click', () => bulkAct(verb));
 $('#next-page').addEventListener('click', () => { cursor = nextCursor; refresh(); });
 $('#first-page').addEventListener('click', () => { cursor = null; refresh(); });
 window.addEventListener('hashchange', () => { refresh(); window.scrollTo(0, 0); });

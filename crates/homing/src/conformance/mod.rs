@@ -5,6 +5,7 @@
 //! backend; each case becomes its own `#[tokio::test]`. A store's test file that can also write
 //! raw rows runs [`store_poison_conformance!`](crate::store_poison_conformance) too.
 
+pub mod access;
 pub mod broker;
 pub mod cluster_limits;
 pub mod limits;

@@ -37,6 +37,7 @@ pub(crate) async fn run(
                     jobs = p.jobs,
                     events = p.events,
                     workers = p.workers,
+                    audit = p.audit,
                     dead_letters = dead_letters.as_ref().copied().unwrap_or(0),
                     retention = %humantime::format_duration(retention),
                     "deleted history older than the retention period"
@@ -62,7 +63,9 @@ pub async fn purge_before(
         total.jobs += p.jobs;
         total.events += p.events;
         total.workers += p.workers;
-        if (p.jobs as usize) < BATCH && (p.events as usize) < BATCH || stop.is_cancelled() {
+        total.audit += p.audit;
+        let full = |n: u64| n as usize >= BATCH;
+        if !(full(p.jobs) || full(p.events) || full(p.audit)) || stop.is_cancelled() {
             return Ok(total);
         }
         // Between batches, let the workers' own commits through.

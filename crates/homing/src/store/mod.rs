@@ -9,6 +9,7 @@
 //! and writes the answer. A row whose data cannot be decoded is still read (the column shows
 //! as null, named in [`Job::unreadable`]), so one bad job cannot fail a page, a batch or a queue.
 
+pub mod audit;
 #[cfg(feature = "postgres")]
 pub(crate) mod limits;
 pub mod postgres;
@@ -169,6 +170,8 @@ pub struct Purged {
     pub jobs: u64,
     pub events: u64,
     pub workers: u64,
+    /// Audit entries recorded before the cut-off (docs/access.md).
+    pub audit: u64,
 }
 
 /// Counts per queue and state.
@@ -749,13 +752,36 @@ pub trait Store: Send + Sync + 'static {
 
     /// Retention: deletes at most `limit` finished jobs (succeeded, failed, dead, cancelled)
     /// whose `finished_at` is before `before`, at most `limit` events already fanned out and
-    /// created before it, and the rows of stopped or lost workers last seen before it. Nothing
-    /// queued, scheduled or running and no pending event is touched. Competing callers (one per
-    /// process) skip rows another is deleting.
+    /// created before it, at most `limit` audit entries recorded before it, and the rows of
+    /// stopped or lost workers last seen before it. Nothing queued, scheduled or running and no
+    /// pending event is touched. Competing callers (one per process) skip rows another is
+    /// deleting.
     ///
     /// Crash contract: one transaction: a crash leaves all of one call's deletions or none, and
     /// calling again is harmless.
     async fn purge(&self, before: Micros, limit: usize) -> Result<Purged>;
+
+    /// How many jobs match `filter` (docs/access.md: the count a bulk action shows before it
+    /// runs). Exact, so it reads every matching row's index entry.
+    async fn count(&self, filter: &JobFilter) -> Result<u64>;
+
+    /// An operator's delete: removes those of `ids` that are finished (succeeded, failed, dead,
+    /// cancelled) and not a step of a workflow (a workflow reads its steps until it ends;
+    /// retention removes them with it). Returns how many it removed; the others are left as
+    /// they are.
+    ///
+    /// Crash contract: one transaction (the caller keeps the batch small): all of the batch's
+    /// deletions or none; running it again deletes what is left.
+    async fn delete_finished(&self, ids: &[JobId]) -> Result<u64>;
+
+    /// Records one entry of the audit log (docs/access.md), cut with
+    /// [`audit::NewAudit::bounded`]. Returns its id.
+    ///
+    /// Crash contract: one statement; the entry is recorded or not.
+    async fn record_audit(&self, entry: audit::NewAudit, now: Micros) -> Result<i64>;
+
+    /// The audit log, newest first, at most `limit` (1–1000) entries after `cursor`.
+    async fn audit(&self, cursor: Option<&str>, limit: usize) -> Result<audit::AuditPage>;
 
     /// Creates or replaces a schedule (docs/schedules.md). A new schedule, or one whose spec
     /// changed, starts at the current second (its first tick is the spec's next one after it);

@@ -1672,11 +1672,114 @@ impl Store for SqliteStore {
                     "DELETE FROM workers WHERE status <> 'live' AND last_seen < ?1",
                     params![before],
                 )? as u64;
+                let audit = tx.execute(
+                    "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE at < ?1 \
+                     ORDER BY id LIMIT ?2)",
+                    params![before, limit],
+                )? as u64;
                 Ok(Purged {
                     jobs,
                     events,
                     workers,
+                    audit,
                 })
+            })
+            .await
+    }
+
+    async fn count(&self, filter: &JobFilter) -> Result<u64> {
+        let filter = filter.clone();
+        self.db
+            .read(move |c| {
+                let mut sql = String::from("SELECT count(*) FROM jobs WHERE 1 = 1");
+                let mut args: Vec<String> = Vec::new();
+                for (col, v) in [
+                    ("state", filter.state.map(|s| s.as_str().to_string())),
+                    ("queue", filter.queue.clone()),
+                    ("task", filter.task.clone()),
+                ] {
+                    if let Some(v) = v {
+                        args.push(v);
+                        sql += &format!(" AND {col} = ?{}", args.len());
+                    }
+                }
+                let n: i64 =
+                    c.query_row(&sql, rusqlite::params_from_iter(args.iter()), |r| r.get(0))?;
+                Ok(u64::try_from(n).unwrap_or(0))
+            })
+            .await
+    }
+
+    async fn delete_finished(&self, ids: &[JobId]) -> Result<u64> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+        self.db
+            .write(move |tx| {
+                let mut st = tx.prepare_cached(
+                    "DELETE FROM jobs WHERE id = ?1 AND workflow_id IS NULL \
+                     AND state IN ('succeeded', 'failed', 'dead', 'cancelled')",
+                )?;
+                let mut n = 0u64;
+                for id in &ids {
+                    n += st.execute([id])? as u64;
+                }
+                Ok(n)
+            })
+            .await
+    }
+
+    async fn record_audit(&self, entry: audit::NewAudit, now: Micros) -> Result<i64> {
+        let e = entry.bounded();
+        self.db
+            .write(move |tx| {
+                tx.execute(
+                    "INSERT INTO audit (at, actor, role, action, target, status, count) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    params![
+                        now,
+                        e.actor,
+                        e.role,
+                        e.action,
+                        e.target,
+                        e.status,
+                        e.count.map(|c| i64::try_from(c).unwrap_or(i64::MAX))
+                    ],
+                )?;
+                Ok(tx.last_insert_rowid())
+            })
+            .await
+    }
+
+    async fn audit(&self, cursor: Option<&str>, limit: usize) -> Result<audit::AuditPage> {
+        let cursor = audit::parse_cursor(cursor)?.unwrap_or(i64::MAX);
+        let limit = limit.clamp(1, 1000);
+        self.db
+            .read(move |c| {
+                let mut st = c.prepare_cached(
+                    "SELECT id, at, actor, role, action, target, status, count FROM audit \
+                     WHERE id < ?1 ORDER BY id DESC LIMIT ?2",
+                )?;
+                let rows = st
+                    .query_map(params![cursor, (limit + 1) as i64], |r| {
+                        Ok(audit::AuditEntry {
+                            id: r.get(0)?,
+                            at: r.get(1)?,
+                            entry: audit::NewAudit {
+                                actor: r.get(2)?,
+                                role: r.get(3)?,
+                                action: r.get(4)?,
+                                target: r.get(5)?,
+                                status: r.get(6)?,
+                                count: r
+                                    .get::<_, Option<i64>>(7)?
+                                    .map(|c| u64::try_from(c).unwrap_or(0)),
+                            },
+                        })
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                Ok(audit::AuditPage::cut(rows, limit))
             })
             .await
     }

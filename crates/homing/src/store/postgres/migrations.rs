@@ -54,6 +54,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0008_queue_limits",
         sql: include_str!("migrations/0008_queue_limits.sql"),
     },
+    Migration {
+        version: 9,
+        name: "0009_audit",
+        sql: include_str!("migrations/0009_audit.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are

@@ -2418,14 +2418,120 @@ impl Store for PgStore {
                     .execute(&mut *tx)
                     .await?
                     .rows_affected();
+            let audit = sqlx::query(
+                "DELETE FROM homing_audit WHERE id IN (SELECT id FROM homing_audit \
+                 WHERE at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            )
+            .bind(before)
+            .bind(limit)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
             tx.commit().await?;
             Ok(Purged {
                 jobs,
                 events,
                 workers,
+                audit,
             })
         })
         .await
+    }
+
+    async fn count(&self, filter: &JobFilter) -> Result<u64> {
+        self.call(async {
+            let mut sql = String::from("SELECT count(*) FROM homing_jobs WHERE true");
+            let mut texts: Vec<String> = Vec::new();
+            for (col, v) in [
+                ("state", filter.state.map(|s| s.as_str().to_string())),
+                ("queue", filter.queue.clone()),
+                ("task", filter.task.clone()),
+            ] {
+                if let Some(v) = v {
+                    texts.push(v);
+                    sql += &format!(" AND {col} = ${}", texts.len());
+                }
+            }
+            let mut q = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql));
+            for t in &texts {
+                q = q.bind(t);
+            }
+            let n = q.fetch_one(&self.pool).await?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
+
+    async fn delete_finished(&self, ids: &[JobId]) -> Result<u64> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        self.call(async {
+            Ok(sqlx::query(
+                "DELETE FROM homing_jobs WHERE id = ANY($1) AND workflow_id IS NULL \
+                 AND state IN ('succeeded', 'failed', 'dead', 'cancelled')",
+            )
+            .bind(lock_order(ids))
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+        })
+        .await
+    }
+
+    async fn record_audit(&self, entry: audit::NewAudit, now: Micros) -> Result<i64> {
+        let e = entry.bounded();
+        self.call(async {
+            sqlx::query_scalar(
+                "INSERT INTO homing_audit (at, actor, role, action, target, status, count) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+            )
+            .bind(now)
+            .bind(&e.actor)
+            .bind(&e.role)
+            .bind(&e.action)
+            .bind(&e.target)
+            .bind(i32::from(e.status))
+            .bind(e.count.map(|c| i64::try_from(c).unwrap_or(i64::MAX)))
+            .fetch_one(&self.pool)
+            .await
+        })
+        .await
+    }
+
+    async fn audit(&self, cursor: Option<&str>, limit: usize) -> Result<audit::AuditPage> {
+        let cursor = audit::parse_cursor(cursor)?.unwrap_or(i64::MAX);
+        let limit = limit.clamp(1, 1000);
+        let rows = self
+            .call(async {
+                sqlx::query(
+                    "SELECT id, at, actor, role, action, target, status, count FROM homing_audit \
+                     WHERE id < $1 ORDER BY id DESC LIMIT $2",
+                )
+                .bind(cursor)
+                .bind((limit + 1) as i64)
+                .fetch_all(&self.pool)
+                .await
+            })
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let status: i32 = r.try_get("status").map_err(|e| self.map_err(e))?;
+            let count: Option<i64> = r.try_get("count").map_err(|e| self.map_err(e))?;
+            out.push(audit::AuditEntry {
+                id: r.try_get("id").map_err(|e| self.map_err(e))?,
+                at: r.try_get("at").map_err(|e| self.map_err(e))?,
+                entry: audit::NewAudit {
+                    actor: r.try_get("actor").map_err(|e| self.map_err(e))?,
+                    role: r.try_get("role").map_err(|e| self.map_err(e))?,
+                    action: r.try_get("action").map_err(|e| self.map_err(e))?,
+                    target: r.try_get("target").map_err(|e| self.map_err(e))?,
+                    status: u16::try_from(status).unwrap_or(0),
+                    count: count.map(|c| u64::try_from(c).unwrap_or(0)),
+                },
+            });
+        }
+        Ok(audit::AuditPage::cut(out, limit))
     }
 
     async fn record_event(&self, event: NewEvent, now: Micros) -> Result<i64> {
