@@ -260,6 +260,46 @@ async fn failure_propagates_finalisers_run_and_bad_graphs_are_refused() {
         (get(&base, &format!("/v1/jobs/{slow}")).await["state"] == "running").then_some(())
     })
     .await;
+    // The step waiting for `slow` is counted as `waiting` wherever queues are counted.
+    let queues = get(&base, "/v1/queues").await;
+    let default = queues["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "default")
+        .cloned()
+        .unwrap_or_else(|| panic!("no default queue: {queues}"));
+    assert_eq!(default["waiting"], 1, "{default}");
+    assert_eq!(default["running"], 1, "{default}");
+    let (code, out, err) = env.run(&["queues", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let cli: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let row = cli["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "default")
+        .cloned()
+        .unwrap();
+    assert_eq!(row["waiting"], 1, "{row}");
+    let (code, out, err) = env.run(&["queues"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().next().unwrap().contains("waiting"), "{out}");
+    let metrics = http_client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("homing_queue_jobs{")
+            && l.contains("queue=\"default\"")
+            && l.contains("state=\"waiting\"")
+            && l.ends_with(" 1")),
+        "{metrics}"
+    );
     let (status, w) = post(&base, &format!("/v1/workflows/{cid}/cancel"), json!({})).await;
     assert_eq!(status, 200, "{w}");
     assert_eq!(w["steps"]["after"]["state"], "cancelled");

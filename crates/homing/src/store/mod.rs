@@ -172,6 +172,9 @@ pub struct Purged {
 pub struct QueueStats {
     pub queue: String,
     pub scheduled: u64,
+    /// Workflow steps waiting for their parents: accepted, not yet runnable.
+    #[serde(default)]
+    pub waiting: u64,
     pub queued: u64,
     pub running: u64,
     pub succeeded: u64,
@@ -219,6 +222,7 @@ pub(crate) fn group_counts(
         let n = n.max(0) as u64;
         match state.as_str() {
             "scheduled" => q.scheduled = n,
+            "waiting" => q.waiting = n,
             "queued" => q.queued = n,
             "running" => q.running = n,
             "succeeded" => q.succeeded = n,

@@ -79,7 +79,7 @@ async fn drain(
     loop {
         let stats = b.store.queue_stats().await.ok();
         if let Some(q) = stats.and_then(|s| s.into_iter().find(|s| s.queue == d.plan.queue)) {
-            let open = q.scheduled + q.queued + q.running;
+            let open = q.scheduled + q.waiting + q.queued + q.running;
             let done = q.succeeded + q.failed + q.dead + q.cancelled;
             if open == 0 && done as usize >= want {
                 return Ok(());
