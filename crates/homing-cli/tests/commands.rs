@@ -72,17 +72,18 @@ fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
     assert!(first.contains("applied 0005_schedules"), "{first}");
     assert!(first.contains("applied 0006_limits"), "{first}");
     assert!(first.contains("applied 0007_workflows"), "{first}");
-    assert!(first.contains("schema at version 7"), "{first}");
+    assert!(first.contains("applied 0010_enqueue_checks"), "{first}");
+    assert!(first.contains("schema at version 10"), "{first}");
 
     let (second, report) = migrate(&env);
     assert!(
-        second.contains("schema at version 7, nothing to apply"),
+        second.contains("schema at version 10, nothing to apply"),
         "{second}"
     );
     assert!(!second.contains("applied"), "{second}");
     assert_eq!(report["applied"], serde_json::json!([]));
-    assert_eq!(report["version"], 7);
-    assert_eq!(report["latest"], "0007_workflows");
+    assert_eq!(report["version"], 10);
+    assert_eq!(report["latest"], "0010_enqueue_checks");
 
     let conn = rusqlite::Connection::open(env.db_path()).unwrap();
     let rows: Vec<(i64, String, i64)> = conn
@@ -92,7 +93,7 @@ fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    assert_eq!(rows.len(), 7, "{rows:?}");
+    assert_eq!(rows.len(), 8, "{rows:?}");
     assert_eq!((rows[0].0, rows[0].1.as_str()), (1, "0001_init"));
     assert_eq!((rows[1].0, rows[1].1.as_str()), (2, "0002_events"));
     assert_eq!((rows[2].0, rows[2].1.as_str()), (3, "0003_queues"));
@@ -100,6 +101,7 @@ fn migrate_on_a_fresh_sqlite_store_applies_each_migration_once() {
     assert_eq!((rows[4].0, rows[4].1.as_str()), (5, "0005_schedules"));
     assert_eq!((rows[5].0, rows[5].1.as_str()), (6, "0006_limits"));
     assert_eq!((rows[6].0, rows[6].1.as_str()), (7, "0007_workflows"));
+    assert_eq!((rows[7].0, rows[7].1.as_str()), (10, "0010_enqueue_checks"));
     assert!(
         rows.iter().all(|r| r.2 > 0),
         "recorded with the time applied"
@@ -172,10 +174,10 @@ fn an_old_version_1_sqlite_store_is_upgraded_and_reported() {
         !first.contains("0001_init"),
         "version 1 was already there: {first}"
     );
-    assert!(first.contains("schema at version 7"), "{first}");
+    assert!(first.contains("schema at version 10"), "{first}");
     let (second, _) = migrate(&env);
     assert!(
-        second.contains("schema at version 7, nothing to apply"),
+        second.contains("schema at version 10, nothing to apply"),
         "{second}"
     );
     // The old job is still there, readable by this build.
@@ -201,10 +203,10 @@ fn an_old_version_2_sqlite_store_gets_only_the_newer_migrations() {
     assert!(!first.contains("0002_events"), "{first}");
     let (text, report) = migrate(&env);
     assert!(
-        text.contains("schema at version 7, nothing to apply"),
+        text.contains("schema at version 10, nothing to apply"),
         "{text}"
     );
-    assert_eq!(report["version"], 7);
+    assert_eq!(report["version"], 10);
     let conn = rusqlite::Connection::open(env.db_path()).unwrap();
     let names: Vec<String> = conn
         .prepare("SELECT name FROM homing_migrations ORDER BY version")
@@ -222,7 +224,8 @@ fn an_old_version_2_sqlite_store_gets_only_the_newer_migrations() {
             "0004_remote",
             "0005_schedules",
             "0006_limits",
-            "0007_workflows"
+            "0007_workflows",
+            "0010_enqueue_checks"
         ],
         "recorded as applied"
     );

@@ -284,7 +284,13 @@ async fn failure_propagates_finalisers_run_and_bad_graphs_are_refused() {
     assert_eq!(row["waiting"], 1, "{row}");
     let (code, out, err) = env.run(&["queues"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.lines().next().unwrap().contains("waiting"), "{out}");
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    let col = header.iter().position(|h| *h == "WAITING").expect(&out);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("default "))
+        .expect(&out);
+    assert_eq!(row.split_whitespace().nth(col), Some("1"), "{out}");
     let metrics = http_client()
         .get(format!("{base}/metrics"))
         .send()
@@ -525,6 +531,40 @@ async fn transactional_enqueue_from_psql() {
     );
     assert_ne!(code, 0);
     assert!(err.contains("internal to homing"), "{err}");
+    // The door's depth rule, in SQL: 64 levels are accepted, 65 refused in the caller's
+    // transaction (not accepted and then made dead at the start).
+    let nested = |levels: usize| format!("{}{}", "[".repeat(levels), "]".repeat(levels));
+    let (code, _, err) = run_psql(
+        &url,
+        &format!(
+            "BEGIN;\nINSERT INTO documents (title) VALUES ('deep');\n\
+             SELECT homing_enqueue('builtin.noop', '{}');\nCOMMIT;\n",
+            nested(65)
+        ),
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("nested deeper than 64 levels"), "{err}");
+    let (code, out, err) = run_psql(
+        &url,
+        &format!(
+            "SELECT homing_enqueue('builtin.noop', '{}', priority => 7);",
+            nested(64)
+        ),
+    );
+    assert_eq!(code, 0, "{err}");
+    let deepest: homing::JobId = out.trim().parse().unwrap();
+    let j = wait_state(
+        &client,
+        deepest,
+        JobState::Succeeded,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(j.priority, 7, "{j:?}");
+    let (code, _, err) = run_psql(&url, "SELECT homing_enqueue('builtin.noop', priority => 5000);");
+    assert_ne!(code, 0);
+    assert!(err.contains("priority must be from -1000 to 1000"), "{err}");
+
     let (_, out, _) = run_psql(
         &url,
         "SELECT string_agg(title, ',' ORDER BY id) FROM documents;",

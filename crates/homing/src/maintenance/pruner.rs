@@ -37,6 +37,7 @@ pub(crate) async fn run(
                     jobs = p.jobs,
                     events = p.events,
                     workers = p.workers,
+                    workflows = p.workflows,
                     dead_letters = dead_letters.as_ref().copied().unwrap_or(0),
                     retention = %humantime::format_duration(retention),
                     "deleted history older than the retention period"
@@ -62,7 +63,12 @@ pub async fn purge_before(
         total.jobs += p.jobs;
         total.events += p.events;
         total.workers += p.workers;
-        if (p.jobs as usize) < BATCH && (p.events as usize) < BATCH || stop.is_cancelled() {
+        total.workflows += p.workflows;
+        if (p.jobs as usize) < BATCH
+            && (p.events as usize) < BATCH
+            && (p.workflows as usize) < BATCH
+            || stop.is_cancelled()
+        {
             return Ok(total);
         }
         // Between batches, let the workers' own commits through.

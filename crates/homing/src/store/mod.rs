@@ -165,6 +165,7 @@ pub struct Purged {
     pub jobs: u64,
     pub events: u64,
     pub workers: u64,
+    pub workflows: u64,
 }
 
 /// Counts per queue and state.
@@ -723,9 +724,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Retention: deletes at most `limit` finished jobs (succeeded, failed, dead, cancelled)
     /// whose `finished_at` is before `before`, at most `limit` events already fanned out and
-    /// created before it, and the rows of stopped or lost workers last seen before it. Nothing
-    /// queued, scheduled or running and no pending event is touched. Competing callers (one per
-    /// process) skip rows another is deleting.
+    /// created before it, and the rows of stopped or lost workers last seen before it. A
+    /// workflow is history as a whole: at most `limit` workflows whose every step finished
+    /// before `before` are deleted, and a finished step's job only goes once its workflow row
+    /// has; a workflow with a live step (or one finished after `before`) keeps its row and
+    /// every step. Nothing queued, scheduled, waiting or running and no pending event is
+    /// touched. Competing callers (one per process) skip rows another is deleting.
     ///
     /// Crash contract: one transaction: a crash leaves all of one call's deletions or none, and
     /// calling again is harmless.

@@ -49,6 +49,12 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0007_workflows",
         sql: include_str!("migrations/0007_workflows.sql"),
     },
+    // 0008 and 0009 are other branches' (limits, access): numbered as assigned.
+    Migration {
+        version: 10,
+        name: "0010_enqueue_checks",
+        sql: include_str!("migrations/0010_enqueue_checks.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are
