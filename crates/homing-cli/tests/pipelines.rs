@@ -487,7 +487,11 @@ async fn ready_once(env: &Env, svc: &Service, exhibition: &str) -> homing::Job {
     let wf: homing::workflow::WorkflowId = e["workflow"].as_str().unwrap().parse().unwrap();
     let client = env.client().await;
     let wf = client.workflow(wf).await.unwrap();
-    assert_eq!(wf.state, homing::workflow::WorkflowState::Succeeded, "{wf:?}");
+    assert_eq!(
+        wf.state,
+        homing::workflow::WorkflowState::Succeeded,
+        "{wf:?}"
+    );
     assert_eq!(wf.steps.len(), 7, "3 emotion, 3 bgm, ready: {wf:?}");
     let ready = client.get(wf.steps["ready"].job).await.unwrap();
     assert_eq!(ready.state, homing::JobState::Succeeded, "{ready:?}");
@@ -499,7 +503,10 @@ async fn ready_once(env: &Env, svc: &Service, exhibition: &str) -> homing::Job {
             .await
             .unwrap();
         assert_eq!(bgm.id, wf.steps[&format!("bgm-{i}")].job);
-        assert_eq!(parents[&format!("bgm-{i}")].state, homing::JobState::Succeeded);
+        assert_eq!(
+            parents[&format!("bgm-{i}")].state,
+            homing::JobState::Succeeded
+        );
         assert!(
             ready.started_at.unwrap() >= bgm.finished_at.unwrap(),
             "ready started after track {i}'s job finished: {ready:?} {bgm:?}"
@@ -938,8 +945,16 @@ async fn an_undecodable_image_fails_its_emotion_job_at_once() {
     })
     .await;
     assert_eq!(wf.state, homing::workflow::WorkflowState::Failed, "{wf:?}");
-    assert_eq!(wf.steps["bgm-2"].state, homing::JobState::Cancelled, "{wf:?}");
-    assert_eq!(wf.steps["ready"].state, homing::JobState::Cancelled, "{wf:?}");
+    assert_eq!(
+        wf.steps["bgm-2"].state,
+        homing::JobState::Cancelled,
+        "{wf:?}"
+    );
+    assert_eq!(
+        wf.steps["ready"].state,
+        homing::JobState::Cancelled,
+        "{wf:?}"
+    );
     assert_eq!(
         track["bgm_job"].as_str(),
         Some(wf.steps["bgm-2"].job.to_string().as_str())

@@ -286,10 +286,7 @@ async fn failure_propagates_finalisers_run_and_bad_graphs_are_refused() {
     assert_eq!(code, 0, "{err}");
     let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
     let col = header.iter().position(|h| *h == "WAITING").expect(&out);
-    let row = out
-        .lines()
-        .find(|l| l.starts_with("default "))
-        .expect(&out);
+    let row = out.lines().find(|l| l.starts_with("default ")).expect(&out);
     assert_eq!(row.split_whitespace().nth(col), Some("1"), "{out}");
     let metrics = http_client()
         .get(format!("{base}/metrics"))
@@ -561,7 +558,10 @@ async fn transactional_enqueue_from_psql() {
     )
     .await;
     assert_eq!(j.priority, 7, "{j:?}");
-    let (code, _, err) = run_psql(&url, "SELECT homing_enqueue('builtin.noop', priority => 5000);");
+    let (code, _, err) = run_psql(
+        &url,
+        "SELECT homing_enqueue('builtin.noop', priority => 5000);",
+    );
     assert_ne!(code, 0);
     assert!(err.contains("priority must be from -1000 to 1000"), "{err}");
 

@@ -609,7 +609,10 @@ mod tests {
         let style = serde_json::json!({});
         for i in 0..3 {
             assert!(!s.mark_ready("e1").await.unwrap());
-            assert_eq!(s.exhibition("e1").await.unwrap().unwrap().0.state, "processing");
+            assert_eq!(
+                s.exhibition("e1").await.unwrap().unwrap().0.state,
+                "processing"
+            );
             assert!(s
                 .track_stored("e1", i, 1, &format!("t{i}"), &style, None, "composer")
                 .await
@@ -621,7 +624,10 @@ mod tests {
         // A ready step run again (its worker died after this write) keeps the first time.
         std::thread::sleep(std::time::Duration::from_millis(2));
         assert!(s.mark_ready("e1").await.unwrap());
-        assert_eq!(s.exhibition("e1").await.unwrap().unwrap().0.ready_at, e.ready_at);
+        assert_eq!(
+            s.exhibition("e1").await.unwrap().unwrap().0.ready_at,
+            e.ready_at
+        );
     }
 
     #[tokio::test]

@@ -318,11 +318,18 @@ pub async fn workflow_rows_are_purged_with_their_steps(s: Arc<dyn Store>) {
 
     let p = s.purge(cut, 100).await.unwrap();
     assert!(p.workflows >= 1 && p.jobs >= 2, "{p:?}");
-    assert!(s.workflow(done).await.unwrap().is_none(), "all finished: gone");
+    assert!(
+        s.workflow(done).await.unwrap().is_none(),
+        "all finished: gone"
+    );
     for id in done_ids.values() {
         assert!(s.get(*id).await.unwrap().is_none(), "its steps go with it");
     }
-    let kept = s.workflow(live).await.unwrap().expect("a live step keeps it");
+    let kept = s
+        .workflow(live)
+        .await
+        .unwrap()
+        .expect("a live step keeps it");
     assert_eq!(kept.steps.len(), 2);
     assert_eq!(
         state(&*s, live_ids["a"]).await,
