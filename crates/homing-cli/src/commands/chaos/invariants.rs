@@ -426,6 +426,9 @@ mod tests {
             "max_crashes": 3,
             "priority": 0,
             "created_at": "2026-01-01T00:00:00Z",
+            "scheduled_at": null,
+            "started_at": null,
+            "finished_at": null,
             "cancel_requested": false,
         }))
         .expect("a job");
