@@ -345,8 +345,16 @@ async fn dashboard_shows_jobs_and_retries_a_failed_one() {
     assert_eq!(job.epoch, 2);
 
     // The queue table counts what happened in the last hour.
+    // Columns: queue, queued, waiting (workflow steps), scheduled, running, succeeded 1h, …
+    let header = browser
+        .eval("return [...document.querySelectorAll('#queues thead th')].map((h) => h.textContent).slice(0, 6).join(',');")
+        .await;
+    assert_eq!(
+        header,
+        "queue,queued,waiting,scheduled,running,succeeded 1h"
+    );
     let succeeded_1h = browser
-        .eval("const r = document.querySelector('#queues tr[data-queue=\"default\"]'); return r ? r.children[4].textContent : null;")
+        .eval("const r = document.querySelector('#queues tr[data-queue=\"default\"]'); return r ? r.children[5].textContent : null;")
         .await;
     assert_eq!(succeeded_1h, "2");
     let overview = browser.screenshot("dashboard.png").await;

@@ -478,20 +478,41 @@ fn measured_tempo(wav: &[u8]) -> f32 {
 
 // ---- pipeline records
 
-fn pipelines_db(env: &Env) -> rusqlite::Connection {
-    let c = rusqlite::Connection::open(env.path().join("pipelines.db")).expect("pipelines.db");
-    c.busy_timeout(Duration::from_secs(5)).unwrap();
-    c
-}
-
-fn ready_events(env: &Env, exhibition: &str) -> i64 {
-    pipelines_db(env)
-        .query_row(
-            "SELECT count(*) FROM exhibition_events WHERE exhibition = ?1 AND event = 'ready'",
-            [exhibition],
-            |r| r.get(0),
-        )
-        .unwrap()
+/// The exhibition's workflow once it is ready: it succeeded, and its `ready` step — the one
+/// job that marks the exhibition ready — committed once, after the three bgm steps committed,
+/// seeing each of them succeeded. Returns the ready step's job.
+async fn ready_once(env: &Env, svc: &Service, exhibition: &str) -> homing::Job {
+    let e = svc.get(&format!("/v1/exhibitions/{exhibition}")).await;
+    assert_eq!(e["state"], "ready", "{e}");
+    let wf: homing::workflow::WorkflowId = e["workflow"].as_str().unwrap().parse().unwrap();
+    let client = env.client().await;
+    let wf = client.workflow(wf).await.unwrap();
+    assert_eq!(
+        wf.state,
+        homing::workflow::WorkflowState::Succeeded,
+        "{wf:?}"
+    );
+    assert_eq!(wf.steps.len(), 7, "3 emotion, 3 bgm, ready: {wf:?}");
+    let ready = client.get(wf.steps["ready"].job).await.unwrap();
+    assert_eq!(ready.state, homing::JobState::Succeeded, "{ready:?}");
+    let parents = ready.parents.clone().unwrap_or_default();
+    assert_eq!(parents.len(), 3, "{ready:?}");
+    for (i, t) in e["tracks"].as_array().unwrap().iter().enumerate() {
+        let bgm = client
+            .get(t["bgm_job"].as_str().unwrap().parse().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(bgm.id, wf.steps[&format!("bgm-{i}")].job);
+        assert_eq!(
+            parents[&format!("bgm-{i}")].state,
+            homing::JobState::Succeeded
+        );
+        assert!(
+            ready.started_at.unwrap() >= bgm.finished_at.unwrap(),
+            "ready started after track {i}'s job finished: {ready:?} {bgm:?}"
+        );
+    }
+    ready
 }
 
 fn generations(track: &Value) -> (u64, u64) {
@@ -911,9 +932,36 @@ async fn an_undecodable_image_fails_its_emotion_job_at_once() {
     let track = &e["tracks"][2];
     assert_eq!(track["state"], "failed", "{e}");
     let job: homing::JobId = track["emotion_job"].as_str().unwrap().parse().unwrap();
-    let job = env.client().await.get(job).await.unwrap();
+    let client = env.client().await;
+    let job = client.get(job).await.unwrap();
     assert_eq!(job.state, homing::JobState::Failed, "{job:?}");
     assert_eq!(job.attempts, 1, "failed on its first attempt: {job:?}");
+    // The workflow cancels what depended on the failed step: that track's bgm step and the
+    // ready step, so the exhibition is never marked ready and nothing waits forever.
+    let wf: homing::workflow::WorkflowId = e["workflow"].as_str().unwrap().parse().unwrap();
+    let wf = eventually(Duration::from_secs(120), "the workflow to end", || async {
+        let wf = client.workflow(wf).await.unwrap();
+        (wf.state != homing::workflow::WorkflowState::Running).then_some(wf)
+    })
+    .await;
+    assert_eq!(wf.state, homing::workflow::WorkflowState::Failed, "{wf:?}");
+    assert_eq!(
+        wf.steps["bgm-2"].state,
+        homing::JobState::Cancelled,
+        "{wf:?}"
+    );
+    assert_eq!(
+        wf.steps["ready"].state,
+        homing::JobState::Cancelled,
+        "{wf:?}"
+    );
+    assert_eq!(
+        track["bgm_job"].as_str(),
+        Some(wf.steps["bgm-2"].job.to_string().as_str())
+    );
+    let e = svc.get(&format!("/v1/exhibitions/{id}")).await;
+    assert_eq!(e["state"], "failed", "{e}");
+    assert_eq!(e["ready_at"], Value::Null, "{e}");
     assert!(
         job.error
             .as_deref()
@@ -963,7 +1011,7 @@ async fn each_image_gets_its_emotion_and_a_track_that_sounds_like_it() {
         tempos[1] > 1.3 * tempos[0],
         "the joyful track must be audibly faster than the melancholic one: {tempos:?}"
     );
-    assert_eq!(ready_events(&env, &id), 1);
+    ready_once(&env, &svc, &id).await;
 }
 
 /// Starts a server (rescuer every 200 ms) and an emotion worker for the crash tests.
@@ -1042,7 +1090,7 @@ async fn a_worker_killed_mid_generation_generates_the_track_once_more_at_most() 
             assert_eq!(started, 1, "other tracks are generated once: {t}");
         }
     }
-    assert_eq!(ready_events(&env, &id), 1, "ready exactly once");
+    ready_once(&env, &svc, &id).await;
     eprintln!("recovered {:?} after the kill", killed_at.elapsed());
 }
 
@@ -1092,7 +1140,7 @@ async fn a_track_stored_before_the_crash_is_not_generated_again() {
     assert_eq!(job.crashes, 1);
     assert_eq!(job.result.as_ref().unwrap()["generated"], false, "{job:?}");
     assert!(w2.log_text().contains("not generating it again"));
-    assert_eq!(ready_events(&env, &id), 1, "ready exactly once");
+    ready_once(&env, &svc, &id).await;
 }
 
 /// A local HTTP server that records every notification it receives.

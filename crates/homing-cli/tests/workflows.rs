@@ -260,6 +260,49 @@ async fn failure_propagates_finalisers_run_and_bad_graphs_are_refused() {
         (get(&base, &format!("/v1/jobs/{slow}")).await["state"] == "running").then_some(())
     })
     .await;
+    // The step waiting for `slow` is counted as `waiting` wherever queues are counted.
+    let queues = get(&base, "/v1/queues").await;
+    let default = queues["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "default")
+        .cloned()
+        .unwrap_or_else(|| panic!("no default queue: {queues}"));
+    assert_eq!(default["waiting"], 1, "{default}");
+    assert_eq!(default["running"], 1, "{default}");
+    let (code, out, err) = env.run(&["queues", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let cli: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let row = cli["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "default")
+        .cloned()
+        .unwrap();
+    assert_eq!(row["waiting"], 1, "{row}");
+    let (code, out, err) = env.run(&["queues"]);
+    assert_eq!(code, 0, "{err}");
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    let col = header.iter().position(|h| *h == "WAITING").expect(&out);
+    let row = out.lines().find(|l| l.starts_with("default ")).expect(&out);
+    assert_eq!(row.split_whitespace().nth(col), Some("1"), "{out}");
+    let metrics = http_client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("homing_queue_jobs{")
+            && l.contains("queue=\"default\"")
+            && l.contains("state=\"waiting\"")
+            && l.ends_with(" 1")),
+        "{metrics}"
+    );
     let (status, w) = post(&base, &format!("/v1/workflows/{cid}/cancel"), json!({})).await;
     assert_eq!(status, 200, "{w}");
     assert_eq!(w["steps"]["after"]["state"], "cancelled");
@@ -485,6 +528,43 @@ async fn transactional_enqueue_from_psql() {
     );
     assert_ne!(code, 0);
     assert!(err.contains("internal to homing"), "{err}");
+    // The door's depth rule, in SQL: 64 levels are accepted, 65 refused in the caller's
+    // transaction (not accepted and then made dead at the start).
+    let nested = |levels: usize| format!("{}{}", "[".repeat(levels), "]".repeat(levels));
+    let (code, _, err) = run_psql(
+        &url,
+        &format!(
+            "BEGIN;\nINSERT INTO documents (title) VALUES ('deep');\n\
+             SELECT homing_enqueue('builtin.noop', '{}');\nCOMMIT;\n",
+            nested(65)
+        ),
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("nested deeper than 64 levels"), "{err}");
+    let (code, out, err) = run_psql(
+        &url,
+        &format!(
+            "SELECT homing_enqueue('builtin.noop', '{}', priority => 7);",
+            nested(64)
+        ),
+    );
+    assert_eq!(code, 0, "{err}");
+    let deepest: homing::JobId = out.trim().parse().unwrap();
+    let j = wait_state(
+        &client,
+        deepest,
+        JobState::Succeeded,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(j.priority, 7, "{j:?}");
+    let (code, _, err) = run_psql(
+        &url,
+        "SELECT homing_enqueue('builtin.noop', priority => 5000);",
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("priority must be from -1000 to 1000"), "{err}");
+
     let (_, out, _) = run_psql(
         &url,
         "SELECT string_agg(title, ',' ORDER BY id) FROM documents;",

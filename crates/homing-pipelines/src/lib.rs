@@ -1,7 +1,7 @@
 //! The seeds' two services, built on homing as a user would build them: document OCR (an issued
 //! PDF's text is extracted on queue `ocr`, one at a time, retried twice 30 s apart; OCR failure
 //! never undoes issuance) and AI exhibitions (three images → three emotions → three background
-//! tracks; the exhibition becomes ready exactly once). They live apart from the framework so the
+//! tracks → ready, one homing workflow whose `ready` step runs exactly once). They live apart from the framework so the
 //! framework stays small, and they show what the library's guarantees buy an application.
 //!
 //! The binary links three things from here: [`Pipelines::registry`] (the tasks),
@@ -112,13 +112,15 @@ impl Pipelines {
             .cloned()
     }
 
-    /// The pipelines' tasks: `ocr.extract`, `ocr.notify`, `exhibition.emotion`, `exhibition.bgm`.
+    /// The pipelines' tasks: `ocr.extract`, `ocr.notify`, `exhibition.emotion`, `exhibition.bgm`,
+    /// `exhibition.ready`.
     pub fn registry(&self) -> homing::Registry {
         let mut r = homing::Registry::new();
         r.register(FatalOnPanic(tasks::ocr::Extract(self.clone())))
             .register(FatalOnPanic(tasks::ocr::Notify(self.clone())))
             .register(FatalOnPanic(tasks::exhibition::ReadEmotion(self.clone())))
-            .register(FatalOnPanic(tasks::exhibition::ComposeTrack(self.clone())));
+            .register(FatalOnPanic(tasks::exhibition::ComposeTrack(self.clone())))
+            .register(FatalOnPanic(tasks::exhibition::MarkReady(self.clone())));
         r
     }
 

@@ -1,13 +1,13 @@
 //! The pipelines' own records — documents, exhibitions, tracks, generations — in a small SQLite
 //! file beside homing's database. homing's job records stay the truth about job states; this
-//! file holds what the jobs produce (extracted text, emotions, track addresses) and the facts
-//! that must be decided exactly once (an exhibition becoming ready), each decided by one
-//! conditional write inside one transaction.
+//! file holds what the jobs produce (extracted text, emotions, track addresses). Nothing here
+//! has to decide anything exactly once: an exhibition becomes ready in its workflow's `ready`
+//! step, which homing makes runnable once, after the three tracks' jobs succeeded.
 //!
 //! The file is shared by the server and worker processes of one machine (WAL mode, a busy
 //! timeout); every call runs on the blocking pool so a slow disk never stalls the runtime.
 
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -74,13 +74,6 @@ CREATE TABLE IF NOT EXISTS generations (
     engine      TEXT NOT NULL,
     started_at  INTEGER NOT NULL,
     finished_at INTEGER
-);
--- one row per state change of an exhibition: the witness that `ready` happened once
-CREATE TABLE IF NOT EXISTS exhibition_events (
-    exhibition TEXT NOT NULL,
-    event      TEXT NOT NULL,
-    job        TEXT NOT NULL,
-    at         INTEGER NOT NULL
 );
 ";
 
@@ -156,6 +149,9 @@ pub struct Exhibition {
     pub state: String,
     pub created_at: i64,
     pub ready_at: Option<i64>,
+    /// The homing workflow whose steps make this exhibition (absent for one made before
+    /// exhibitions were workflows).
+    pub workflow: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -186,6 +182,7 @@ pub struct NewTrack {
 const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     ("documents", "confidences", "TEXT"),
     ("documents", "low_confidence_pages", "TEXT"),
+    ("exhibitions", "workflow", "TEXT"),
 ];
 
 fn add_missing_columns(conn: &Connection) -> rusqlite::Result<()> {
@@ -386,14 +383,25 @@ impl State {
         .await
     }
 
-    pub async fn set_emotion_jobs(&self, id: &str, jobs: Vec<String>) -> Result<()> {
-        let id = id.to_string();
+    /// Records the exhibition's workflow and each track's emotion and bgm step jobs, all known
+    /// once the workflow is created.
+    pub async fn set_workflow(
+        &self,
+        id: &str,
+        workflow: &str,
+        jobs: Vec<(String, String)>,
+    ) -> Result<()> {
+        let (id, workflow) = (id.to_string(), workflow.to_string());
         self.with(move |c| {
             let tx = c.transaction()?;
-            for (i, j) in jobs.iter().enumerate() {
+            tx.execute(
+                "UPDATE exhibitions SET workflow = ?2 WHERE id = ?1",
+                params![id, workflow],
+            )?;
+            for (i, (emotion, bgm)) in jobs.iter().enumerate() {
                 tx.execute(
-                    "UPDATE tracks SET emotion_job = ?3 WHERE exhibition = ?1 AND idx = ?2",
-                    params![id, i as i64, j],
+                    "UPDATE tracks SET emotion_job = ?3, bgm_job = ?4 WHERE exhibition = ?1 AND idx = ?2",
+                    params![id, i as i64, emotion, bgm],
                 )?;
             }
             tx.commit()
@@ -406,7 +414,7 @@ impl State {
         self.with(move |c| {
             let Some(e) = c
                 .query_row(
-                    "SELECT id, state, created_at, ready_at FROM exhibitions WHERE id = ?1",
+                    "SELECT id, state, created_at, ready_at, workflow FROM exhibitions WHERE id = ?1",
                     [&id],
                     |r| {
                         Ok(Exhibition {
@@ -414,6 +422,7 @@ impl State {
                             state: r.get(1)?,
                             created_at: r.get(2)?,
                             ready_at: r.get(3)?,
+                            workflow: r.get(4)?,
                         })
                     },
                 )
@@ -564,28 +573,19 @@ impl State {
         .await
     }
 
-    /// The exhibition's completion step: `processing` → `ready` when every track is stored,
-    /// decided by one conditional update so it happens once however many jobs race here or
-    /// run again. Returns whether this call made it ready.
-    pub async fn complete_if_all_stored(&self, exhibition: &str, job: &str) -> Result<bool> {
-        let (ex, job) = (exhibition.to_string(), job.to_string());
+    /// Marks the exhibition ready if every track is stored; `false` (and nothing written) when
+    /// one is missing. Idempotent: a repeated call keeps the first `ready_at`. Deciding that
+    /// this happens once, after the three tracks, is the workflow's job, not this write's.
+    pub async fn mark_ready(&self, exhibition: &str) -> Result<bool> {
+        let ex = exhibition.to_string();
         self.with(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let at = now();
-            let changed = tx.execute(
-                "UPDATE exhibitions SET state = 'ready', ready_at = ?2 WHERE id = ?1 \
-                 AND state = 'processing' \
+            c.execute(
+                "UPDATE exhibitions SET state = 'ready', ready_at = coalesce(ready_at, ?2) \
+                 WHERE id = ?1 \
                  AND NOT EXISTS (SELECT 1 FROM tracks WHERE exhibition = ?1 AND track_key IS NULL)",
-                params![ex, at],
-            )?;
-            if changed == 1 {
-                tx.execute(
-                    "INSERT INTO exhibition_events (exhibition, event, job, at) VALUES (?1, 'ready', ?2, ?3)",
-                    params![ex, job, at],
-                )?;
-            }
-            tx.commit()?;
-            Ok(changed == 1)
+                params![ex, now()],
+            )
+            .map(|n| n == 1)
         })
         .await
     }
@@ -596,7 +596,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn an_exhibition_becomes_ready_once_and_only_when_every_track_is_stored() {
+    async fn an_exhibition_is_marked_ready_only_when_every_track_is_stored() {
         let dir = tempfile::tempdir().unwrap();
         let s = State::open(&dir.path().join("pipelines.db")).unwrap();
         let tracks = (0..3)
@@ -608,16 +608,26 @@ mod tests {
         s.insert_exhibition("e1", tracks).await.unwrap();
         let style = serde_json::json!({});
         for i in 0..3 {
-            assert!(!s.complete_if_all_stored("e1", "j").await.unwrap());
+            assert!(!s.mark_ready("e1").await.unwrap());
+            assert_eq!(
+                s.exhibition("e1").await.unwrap().unwrap().0.state,
+                "processing"
+            );
             assert!(s
                 .track_stored("e1", i, 1, &format!("t{i}"), &style, None, "composer")
                 .await
                 .unwrap());
         }
-        assert!(s.complete_if_all_stored("e1", "j").await.unwrap());
-        assert!(!s.complete_if_all_stored("e1", "j").await.unwrap());
+        assert!(s.mark_ready("e1").await.unwrap());
         let (e, _) = s.exhibition("e1").await.unwrap().unwrap();
         assert_eq!(e.state, "ready");
+        // A ready step run again (its worker died after this write) keeps the first time.
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(s.mark_ready("e1").await.unwrap());
+        assert_eq!(
+            s.exhibition("e1").await.unwrap().unwrap().0.ready_at,
+            e.ready_at
+        );
     }
 
     #[tokio::test]

@@ -67,6 +67,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0009_audit",
         sql: include_str!("sqlite/migrations/0009_audit.sql"),
     },
+    Migration {
+        version: 10,
+        name: "0010_enqueue_checks",
+        sql: include_str!("sqlite/migrations/0010_enqueue_checks.sql"),
+    },
 ];
 
 /// An open database file.

@@ -53,6 +53,7 @@ pub async fn render(State(state): State<AppState>) -> Result<Response, ApiError>
         for j in &queues {
             let counts = [
                 (JobState::Scheduled, j.scheduled),
+                (JobState::Waiting, j.waiting),
                 (JobState::Queued, j.queued),
                 (JobState::Running, j.running),
                 (JobState::Succeeded, j.succeeded),

@@ -243,6 +243,7 @@ pub async fn queues(g: &Global, a: QueuesArgs) -> anyhow::Result<ExitCode> {
             vec![
                 j.queue.clone(),
                 j.scheduled.to_string(),
+                j.waiting.to_string(),
                 j.queued.to_string(),
                 j.running.to_string(),
                 j.succeeded.to_string(),
@@ -263,6 +264,7 @@ pub async fn queues(g: &Global, a: QueuesArgs) -> anyhow::Result<ExitCode> {
         &[
             "queue",
             "scheduled",
+            "waiting",
             "queued",
             "running",
             "succeeded",

@@ -110,6 +110,7 @@ function renderQueues(queues) {
   fill('queues', queues.map((q) => el('tr', { dataset: { queue: q.queue } },
     el('td', {}, q.queue),
     el('td', { class: 'num' }, q.queued),
+    el('td', { class: 'num' }, q.waiting),
     el('td', { class: 'num' }, q.scheduled),
     el('td', { class: 'num' }, q.running),
     el('td', { class: 'num ok' }, q.last_hour.succeeded),

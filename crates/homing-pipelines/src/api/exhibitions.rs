@@ -1,4 +1,5 @@
-//! `POST /v1/exhibitions` takes exactly three images and starts their emotion → track chains;
+//! `POST /v1/exhibitions` takes exactly three images and creates the exhibition's workflow
+//! (three emotion steps, each feeding its bgm step, all three feeding `ready`);
 //! `GET /v1/exhibitions/{id}` shows progress; `GET …/tracks/{index}` downloads a track.
 
 use axum::extract::rejection::PathRejection;
@@ -11,8 +12,9 @@ use serde_json::json;
 use super::{display_name, parse_id, read_field, ApiError, ApiState, IMAGE_LIMIT};
 use crate::objects::keys;
 use crate::state::NewTrack;
-use crate::tasks::exhibition::{BGM, EMOTION};
-use homing::{EnqueueRequest, FollowUp, JobOptions, JobState};
+use crate::tasks::exhibition::{bgm_step, emotion_step, BGM, EMOTION, READY, READY_STEP};
+use homing::workflow::{StepSpec, WorkflowSpec};
+use homing::JobState;
 
 const IMAGES: usize = 3;
 
@@ -77,27 +79,18 @@ pub async fn create(
         });
     }
     s.state.insert_exhibition(&id, tracks).await?;
-    let reqs = (0..IMAGES)
-        .map(|i| EnqueueRequest {
-            task: EMOTION.into(),
-            args: json!({ "exhibition": id, "index": i }),
-            options: JobOptions {
-                queue: Some("emotion".into()),
-                idempotency_key: Some(format!("{EMOTION}:{id}:{i}")),
-                // The track job is enqueued in the same store transaction as the emotion's
-                // success, with the emotion as its parent's result.
-                on_success: Some(FollowUp {
-                    task: BGM.into(),
-                    queue: Some("bgm".into()),
-                    args: json!({ "exhibition": id, "index": i }),
-                }),
-                ..JobOptions::default()
-            },
-        })
-        .collect();
-    let jobs = st.client.enqueue_many(reqs).await?;
+    let jobs = st.client.create_workflow(workflow(&id)).await?;
+    let step = |name: String| {
+        jobs.steps
+            .get(&name)
+            .map(|j| j.to_string())
+            .ok_or_else(|| ApiError::internal(format!("the workflow has no step {name}")))
+    };
+    let tracks = (0..IMAGES)
+        .map(|i| Ok((step(emotion_step(i))?, step(bgm_step(i))?)))
+        .collect::<Result<Vec<_>, ApiError>>()?;
     s.state
-        .set_emotion_jobs(&id, jobs.iter().map(|j| j.id.to_string()).collect())
+        .set_workflow(&id, &jobs.id.to_string(), tracks)
         .await?;
     tracing::info!(exhibition = %id, "exhibition created");
     Ok((
@@ -106,6 +99,29 @@ pub async fn create(
         Json(json!({ "id": id, "state": "processing", "url": format!("/v1/exhibitions/{id}") })),
     )
         .into_response())
+}
+
+/// The exhibition as one workflow: each image's emotion step feeds its bgm step (which reads
+/// the emotion from `ctx.parents()`), and `ready` runs once, after all three bgm steps
+/// succeeded. A failed emotion or bgm step cancels its dependents, so the exhibition is never
+/// marked ready without its three tracks.
+fn workflow(id: &str) -> WorkflowSpec {
+    let mut spec = WorkflowSpec::new("exhibition");
+    for i in 0..IMAGES {
+        let args = json!({ "exhibition": id, "index": i });
+        let mut emotion = StepSpec::new(EMOTION, args.clone());
+        emotion.queue = Some("emotion".into());
+        let mut bgm = StepSpec::new(BGM, args);
+        bgm.queue = Some("bgm".into());
+        bgm.after = vec![emotion_step(i)];
+        spec = spec
+            .with_step(emotion_step(i), emotion)
+            .with_step(bgm_step(i), bgm);
+    }
+    let mut ready = StepSpec::new(READY, json!({ "exhibition": id }));
+    ready.queue = Some("emotion".into());
+    ready.after = (0..IMAGES).map(bgm_step).collect();
+    spec.with_step(READY_STEP, ready)
 }
 
 async fn job_state(st: &ApiState, id: Option<&str>) -> Result<Option<JobState>, ApiError> {
@@ -166,9 +182,18 @@ pub async fn get(
             "generations": { "started": t.generations_started, "completed": t.generations_finished },
         }));
     }
+    // The ready step itself giving up (it refuses to mark an exhibition missing a track) fails
+    // the exhibition too. A pruned workflow was long finished; its exhibition says so itself.
+    let ready_step = match e.workflow.as_deref().and_then(|w| w.parse().ok()) {
+        Some(w) => match st.client.store().workflow(w).await? {
+            Some(wf) => wf.steps.get(READY_STEP).map(|s| s.state),
+            None => None,
+        },
+        None => None,
+    };
     let state = if e.state == "ready" {
         "ready"
-    } else if failed {
+    } else if failed || given_up(ready_step) {
         "failed"
     } else {
         "processing"
@@ -178,6 +203,7 @@ pub async fn get(
         "state": state,
         "created_at": homing::time::rfc3339(e.created_at),
         "ready_at": e.ready_at.map(homing::time::rfc3339),
+        "workflow": e.workflow,
         "tracks": out,
     })))
 }

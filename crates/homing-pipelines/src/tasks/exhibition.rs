@@ -1,6 +1,8 @@
-//! `exhibition.emotion` reads an image's emotion; its success enqueues `exhibition.bgm` (a
-//! follow-up, in the same store transaction), which generates the track and, when it is the
-//! last of three, makes the exhibition ready.
+//! The exhibition's three tasks, run as the steps of one homing workflow (see
+//! `api/exhibitions.rs`): `exhibition.emotion` reads an image's emotion; `exhibition.bgm`, runnable
+//! once its emotion step succeeded, generates the track; `exhibition.ready`, runnable once all
+//! three bgm steps succeeded, marks the exhibition ready. That `ready` happens once, after the
+//! three tracks, is the workflow's guarantee, so nothing here counts tracks or guards a flag.
 //!
 //! Generation is the expensive, side-effecting step the seed had to protect: its guard is the
 //! object store itself. A track is stored under its job's id, which every redelivery shares, so
@@ -20,6 +22,16 @@ use homing::{Context, Task, TaskError};
 
 pub const EMOTION: &str = "exhibition.emotion";
 pub const BGM: &str = "exhibition.bgm";
+pub const READY: &str = "exhibition.ready";
+
+/// The exhibition's step names in its workflow.
+pub fn emotion_step(index: usize) -> String {
+    format!("emotion-{index}")
+}
+pub fn bgm_step(index: usize) -> String {
+    format!("bgm-{index}")
+}
+pub const READY_STEP: &str = "ready";
 
 #[derive(Debug, Clone)]
 pub struct ReadEmotion(pub Pipelines);
@@ -75,7 +87,9 @@ pub struct ParentResult {
 pub struct BgmArgs {
     pub exhibition: String,
     pub index: u32,
-    /// The `exhibition.emotion` job this follows, with its result (the emotion).
+    /// The `exhibition.emotion` job this follows, with its result: set on a bgm job enqueued as
+    /// a follow-up by a release before exhibitions were workflows (a workflow step reads its
+    /// parent from `ctx.parents()`).
     #[serde(default)]
     pub parent: Option<ParentResult>,
 }
@@ -95,7 +109,13 @@ impl Task for ComposeTrack {
     async fn run(&self, ctx: Context, a: BgmArgs) -> Result<serde_json::Value, TaskError> {
         let s = services(&self.0).await?;
         let job = ctx.idempotency_key();
-        let emotion: Emotion = match a.parent.and_then(|p| p.result) {
+        let from_step = ctx
+            .parents()
+            .into_values()
+            .find(|p| p.task == EMOTION)
+            .and_then(|p| p.result);
+        let legacy = ctx.workflow().is_none();
+        let emotion: Emotion = match from_step.or(a.parent.and_then(|p| p.result)) {
             Some(v) => serde_json::from_value(v)
                 .map_err(|e| TaskError::fatal(format!("the emotion job's result: {e}")))?,
             None => {
@@ -107,7 +127,9 @@ impl Task for ComposeTrack {
                     .map_err(|e| TaskError::fatal(format!("the stored emotion: {e}")))?
             }
         };
-        s.state.set_bgm_job(&a.exhibition, a.index, &job).await?;
+        if legacy {
+            s.state.set_bgm_job(&a.exhibition, a.index, &job).await?;
+        }
         let key = keys::track(&job);
         let style = Style::for_emotion(&emotion);
         let settings = &s.settings;
@@ -180,8 +202,8 @@ impl Task for ComposeTrack {
                 engine,
             )
             .await?;
-        let ready = s.state.complete_if_all_stored(&a.exhibition, &job).await?;
-        if ready {
+        if legacy && s.state.mark_ready(&a.exhibition).await? {
+            // No ready step follows a job from before workflows: the last track marks it.
             tracing::info!(exhibition = %a.exhibition, "exhibition ready: all three tracks exist");
         }
         Ok(serde_json::json!({
@@ -190,7 +212,6 @@ impl Task for ComposeTrack {
             "emotion": emotion.emotion,
             "style": style_json,
             "duration_ms": duration_ms,
-            "exhibition_ready": ready,
         }))
     }
 
@@ -199,6 +220,45 @@ impl Task for ComposeTrack {
     }
     fn time_limit(&self) -> Duration {
         Duration::from_secs(15 * 60)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct MarkReady(pub Pipelines);
+
+#[derive(Debug, Deserialize)]
+pub struct ReadyArgs {
+    pub exhibition: String,
+}
+
+#[homing::async_trait]
+impl Task for MarkReady {
+    const NAME: &'static str = READY;
+    type Args = ReadyArgs;
+    type Output = serde_json::Value;
+
+    async fn run(&self, ctx: Context, a: ReadyArgs) -> Result<serde_json::Value, TaskError> {
+        let s = services(&self.0).await?;
+        // Runnable only once every bgm step succeeded, and each stored its track before its
+        // commit: a missing track is a bug, not a passing state to wait out.
+        if !s.state.mark_ready(&a.exhibition).await? {
+            return Err(TaskError::fatal(
+                "every track's job succeeded but a track is not recorded",
+            ));
+        }
+        let tracks: Vec<_> = ctx
+            .parents()
+            .into_values()
+            .filter_map(|p| p.result.and_then(|r| r.get("track").cloned()))
+            .collect();
+        tracing::info!(exhibition = %a.exhibition, "exhibition ready: all three tracks exist");
+        Ok(serde_json::json!({ "exhibition": a.exhibition, "tracks": tracks }))
+    }
+
+    /// A single light write: it shares the light `emotion` queue rather than waiting behind
+    /// generations on `bgm` or needing a worker of its own.
+    fn queue(&self) -> &str {
+        "emotion"
     }
 }
 

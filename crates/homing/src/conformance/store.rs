@@ -31,7 +31,8 @@ macro_rules! store_conformance {
             workflow_step_runs_once_after_its_parents,
             workflow_failure_cancels_dependents_but_not_finalisers,
             workflow_last_parents_racing_ready_the_step_once,
-            workflow_cancel_reaches_every_unfinished_step
+            workflow_cancel_reaches_every_unfinished_step,
+            workflow_rows_are_purged_with_their_steps
         );
     };
 }

@@ -285,3 +285,73 @@ pub async fn workflow_cancel_reaches_every_unfinished_step(s: Arc<dyn Store>) {
     s.cancel(ids["a"], now()).await.unwrap();
     assert_eq!(state(&*s, ids["b"]).await, JobState::Cancelled);
 }
+
+/// Retention treats a workflow as a whole: one whose every step finished before the cut goes
+/// with its steps' jobs; one with a live step, or a step finished after the cut, keeps its row
+/// and every step (even a step finished long ago, which a waiting sibling's settling reads).
+/// Waiting steps are counted per queue.
+pub async fn workflow_rows_are_purged_with_their_steps(s: Arc<dyn Store>) {
+    use RunOn::Success;
+    let q = unique_queue("wfpurge");
+    let chain = [("a", "", Success), ("b", "a", Success)];
+    let (done, done_ids) = create(&*s, &q, &chain).await;
+    let (live, live_ids) = create(&*s, &q, &chain).await;
+    let (late, late_ids) = create(&*s, &q, &[("a", "", Success)]).await;
+    let waiting = |s: Arc<dyn Store>, q: String| async move {
+        s.queue_stats()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|st| st.queue == q)
+            .map(|st| st.waiting)
+            .unwrap_or(0)
+    };
+    assert_eq!(waiting(s.clone(), q.clone()).await, 2, "two `b` steps wait");
+    for id in [done_ids["a"], done_ids["b"], live_ids["a"]] {
+        finish(&*s, id, Outcome::Succeeded(serde_json::json!(1))).await;
+    }
+    assert_eq!(state(&*s, live_ids["b"]).await, JobState::Queued);
+    assert_eq!(waiting(s.clone(), q.clone()).await, 0);
+    let cut = now() + 1;
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    finish(&*s, late_ids["a"], Outcome::Succeeded(serde_json::json!(1))).await;
+
+    let p = s.purge(cut, 100).await.unwrap();
+    assert!(p.workflows >= 1 && p.jobs >= 2, "{p:?}");
+    assert!(
+        s.workflow(done).await.unwrap().is_none(),
+        "all finished: gone"
+    );
+    for id in done_ids.values() {
+        assert!(s.get(*id).await.unwrap().is_none(), "its steps go with it");
+    }
+    let kept = s
+        .workflow(live)
+        .await
+        .unwrap()
+        .expect("a live step keeps it");
+    assert_eq!(kept.steps.len(), 2);
+    assert_eq!(
+        state(&*s, live_ids["a"]).await,
+        JobState::Succeeded,
+        "a finished step of a live workflow is kept"
+    );
+    assert!(
+        s.workflow(late).await.unwrap().is_some(),
+        "a step finished after the cut keeps it"
+    );
+
+    finish(&*s, live_ids["b"], Outcome::Succeeded(serde_json::json!(2))).await;
+    assert!(
+        s.workflow(live).await.unwrap().is_some(),
+        "its last step finished after the cut"
+    );
+    let p = s.purge(now() + 1, 100).await.unwrap();
+    assert!(p.workflows >= 2, "{p:?}");
+    for (wf, ids) in [(live, &live_ids), (late, &late_ids)] {
+        assert!(s.workflow(wf).await.unwrap().is_none());
+        for id in ids.values() {
+            assert!(s.get(*id).await.unwrap().is_none());
+        }
+    }
+}

@@ -38,6 +38,7 @@ pub(crate) async fn run(
                     events = p.events,
                     workers = p.workers,
                     audit = p.audit,
+                    workflows = p.workflows,
                     dead_letters = dead_letters.as_ref().copied().unwrap_or(0),
                     retention = %humantime::format_duration(retention),
                     "deleted history older than the retention period"
@@ -64,8 +65,11 @@ pub async fn purge_before(
         total.events += p.events;
         total.workers += p.workers;
         total.audit += p.audit;
+        total.workflows += p.workflows;
         let full = |n: u64| n as usize >= BATCH;
-        if !(full(p.jobs) || full(p.events) || full(p.audit)) || stop.is_cancelled() {
+        if !(full(p.jobs) || full(p.events) || full(p.audit) || full(p.workflows))
+            || stop.is_cancelled()
+        {
             return Ok(total);
         }
         // Between batches, let the workers' own commits through.

@@ -172,6 +172,8 @@ pub struct Purged {
     pub workers: u64,
     /// Audit entries recorded before the cut-off (docs/access.md).
     pub audit: u64,
+    /// Workflows deleted as a whole (docs/workflows.md).
+    pub workflows: u64,
 }
 
 /// Counts per queue and state.
@@ -179,6 +181,9 @@ pub struct Purged {
 pub struct QueueStats {
     pub queue: String,
     pub scheduled: u64,
+    /// Workflow steps waiting for their parents: accepted, not yet runnable.
+    #[serde(default)]
+    pub waiting: u64,
     pub queued: u64,
     pub running: u64,
     pub succeeded: u64,
@@ -226,6 +231,7 @@ pub(crate) fn group_counts(
         let n = n.max(0) as u64;
         match state.as_str() {
             "scheduled" => q.scheduled = n,
+            "waiting" => q.waiting = n,
             "queued" => q.queued = n,
             "running" => q.running = n,
             "succeeded" => q.succeeded = n,
@@ -752,10 +758,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Retention: deletes at most `limit` finished jobs (succeeded, failed, dead, cancelled)
     /// whose `finished_at` is before `before`, at most `limit` events already fanned out and
-    /// created before it, at most `limit` audit entries recorded before it, and the rows of
-    /// stopped or lost workers last seen before it. Nothing queued, scheduled or running and no
-    /// pending event is touched. Competing callers (one per process) skip rows another is
-    /// deleting.
+    /// created before it, at most `limit` audit entries recorded before it, and the rows of stopped or lost workers last seen before it. A
+    /// workflow is history as a whole: at most `limit` workflows whose every step finished
+    /// before `before` are deleted, and a finished step's job only goes once its workflow row
+    /// has; a workflow with a live step (or one finished after `before`) keeps its row and
+    /// every step. Nothing queued, scheduled, waiting or running and no pending event is
+    /// touched. Competing callers (one per process) skip rows another is deleting.
     ///
     /// Crash contract: one transaction: a crash leaves all of one call's deletions or none, and
     /// calling again is harmless.

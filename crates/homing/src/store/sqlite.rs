@@ -1657,9 +1657,22 @@ impl Store for SqliteStore {
         let limit = limit.min(i64::MAX as usize) as i64;
         self.db
             .write(move |tx| {
+                // Workflows first: one whose every step finished before the cut (or whose steps
+                // are already gone) is history; one with a step still live, or finished after
+                // the cut, is kept with all its steps (a waiting step's settling reads them).
+                let workflows = tx.execute(
+                    "DELETE FROM workflows WHERE id IN (SELECT w.id FROM workflows w \
+                     WHERE w.created_at < ?1 AND NOT EXISTS (SELECT 1 FROM jobs j \
+                     WHERE j.workflow_id = w.id AND (j.state NOT IN \
+                     ('succeeded', 'failed', 'dead', 'cancelled') OR j.finished_at >= ?1)) \
+                     ORDER BY w.created_at LIMIT ?2)",
+                    params![before, limit],
+                )? as u64;
                 let jobs = tx.execute(
-                    "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE finished_at < ?1 \
+                    "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs j WHERE finished_at < ?1 \
                      AND state IN ('succeeded', 'failed', 'dead', 'cancelled') \
+                     AND (workflow_id IS NULL OR NOT EXISTS (SELECT 1 FROM workflows w \
+                     WHERE w.id = j.workflow_id)) \
                      ORDER BY finished_at LIMIT ?2)",
                     params![before, limit],
                 )? as u64;
@@ -1682,6 +1695,7 @@ impl Store for SqliteStore {
                     events,
                     workers,
                     audit,
+                    workflows,
                 })
             })
             .await

@@ -363,6 +363,26 @@ pub fn check_workflows(
             ));
         }
         let first_call = calls.get(&key).and_then(|v| v.first()).copied();
+        // Each final step exactly once: run (and succeeded, its parents' http calls cannot fail
+        // for good here) when every parent succeeded; otherwise cancelled, never called.
+        let parents: Vec<Option<JobState>> = w
+            .parents
+            .iter()
+            .map(|p| by_id.get(p).map(|j| j.state))
+            .collect();
+        if parents.iter().all(|s| *s == Some(JobState::Succeeded)) {
+            if last.state != JobState::Succeeded {
+                out.push(format!(
+                    "workflow final step {key} is {} although every parent succeeded",
+                    last.state
+                ));
+            }
+        } else if parents.iter().all(|s| s.is_some_and(|s| s.is_terminal())) && first_call.is_some()
+        {
+            out.push(format!(
+                "workflow final step {key} was called although a parent did not succeed"
+            ));
+        }
         for p in &w.parents {
             let Some(parent) = by_id.get(p) else { continue };
             if let (Some(fin), Some(started)) = (parent.finished_at, last.started_at) {
@@ -386,4 +406,109 @@ pub fn check_workflows(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commands::chaos::load::FanIn;
+
+    fn job(id: JobId, state: JobState, started: Option<Micros>, finished: Option<Micros>) -> Job {
+        let mut j: Job = serde_json::from_value(serde_json::json!({
+            "id": id,
+            "task": "builtin.http",
+            "queue": "chaos",
+            "state": state,
+            "args": {},
+            "attempts": 0,
+            "crashes": 0,
+            "epoch": 1,
+            "max_crashes": 3,
+            "priority": 0,
+            "created_at": "2026-01-01T00:00:00Z",
+            "scheduled_at": null,
+            "started_at": null,
+            "finished_at": null,
+            "cancel_requested": false,
+        }))
+        .expect("a job");
+        j.started_at = started;
+        j.finished_at = finished;
+        j
+    }
+
+    /// The final step must run exactly once when its parents succeeded, after them; a final
+    /// step left waiting (or cancelled) although every parent succeeded is a violation, and so
+    /// is one that ran although a parent failed.
+    #[test]
+    fn a_final_step_runs_once_after_its_parents_or_not_at_all() {
+        let (p1, p2, last) = (
+            homing::job::new_job_id(),
+            homing::job::new_job_id(),
+            homing::job::new_job_id(),
+        );
+        let w = vec![FanIn {
+            last,
+            parents: vec![p1, p2],
+        }];
+        let mut logs = LogFacts::default();
+        logs.applied
+            .insert(last.to_string(), vec![(1, "succeeded".into())]);
+        let mut calls: HashMap<String, Vec<Micros>> = HashMap::new();
+        calls.insert(p1.to_string(), vec![10]);
+        calls.insert(p2.to_string(), vec![20]);
+        calls.insert(last.to_string(), vec![40]);
+        let ok = [
+            job(p1, JobState::Succeeded, Some(5), Some(15)),
+            job(p2, JobState::Succeeded, Some(5), Some(25)),
+            job(last, JobState::Succeeded, Some(30), Some(45)),
+        ];
+        assert_eq!(
+            check_workflows(&w, &ok, &calls, &logs),
+            Vec::<String>::new()
+        );
+
+        let mut stuck = ok.clone();
+        stuck[2] = job(last, JobState::Waiting, None, None);
+        let v = check_workflows(&w, &stuck, &HashMap::new(), &LogFacts::default());
+        assert!(
+            v.iter()
+                .any(|m| m.contains("although every parent succeeded")),
+            "{v:?}"
+        );
+
+        let mut early = ok.clone();
+        early[2] = job(last, JobState::Succeeded, Some(20), Some(45));
+        let v = check_workflows(&w, &early, &calls, &logs);
+        assert!(
+            v.iter().any(|m| m.contains("started before its parent")),
+            "{v:?}"
+        );
+
+        let mut twice = LogFacts::default();
+        twice.applied.insert(
+            last.to_string(),
+            vec![(1, "succeeded".into()), (2, "succeeded".into())],
+        );
+        let v = check_workflows(&w, &ok, &calls, &twice);
+        assert!(
+            v.iter().any(|m| m.contains("2 applied terminal commits")),
+            "{v:?}"
+        );
+
+        let mut failed = ok.clone();
+        failed[1] = job(p2, JobState::Failed, Some(5), Some(25));
+        failed[2] = job(last, JobState::Cancelled, None, Some(26));
+        let v = check_workflows(&w, &failed, &calls, &logs);
+        assert!(
+            v.iter()
+                .any(|m| m.contains("called although a parent did not succeed")),
+            "{v:?}"
+        );
+        calls.remove(&last.to_string());
+        assert_eq!(
+            check_workflows(&w, &failed, &calls, &logs),
+            Vec::<String>::new()
+        );
+    }
 }

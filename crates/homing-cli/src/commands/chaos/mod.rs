@@ -87,7 +87,7 @@ async fn drain(
                 .sum()
         });
         if let Some(q) = stats.and_then(|s| s.into_iter().find(|s| s.queue == d.plan.queue)) {
-            let open = q.scheduled + q.queued + q.running + limited_open;
+            let open = q.scheduled + q.waiting + q.queued + q.running + limited_open;
             let done = q.succeeded + q.failed + q.dead + q.cancelled;
             if open == 0 && done as usize >= want {
                 return Ok(());

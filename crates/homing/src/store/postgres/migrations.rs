@@ -59,6 +59,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0009_audit",
         sql: include_str!("migrations/0009_audit.sql"),
     },
+    Migration {
+        version: 10,
+        name: "0010_enqueue_checks",
+        sql: include_str!("migrations/0010_enqueue_checks.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are

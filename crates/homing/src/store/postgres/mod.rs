@@ -2392,9 +2392,27 @@ impl Store for PgStore {
         let limit = limit.min(i64::MAX as usize) as i64;
         self.call(async {
             let mut tx = self.pool.begin().await?;
+            // Workflows first, each under its row lock (the lock every transaction that may
+            // end or revive a step takes first): one whose every step finished before the cut
+            // (or whose steps are already gone) is history; one with a step live, or finished
+            // after the cut, is kept with all its steps (a waiting step's settling reads them).
+            let workflows = sqlx::query(
+                "DELETE FROM homing_workflows WHERE id IN (SELECT w.id FROM homing_workflows w \
+                 WHERE w.created_at < $1 AND NOT EXISTS (SELECT 1 FROM homing_jobs j \
+                 WHERE j.workflow_id = w.id AND (j.state NOT IN \
+                 ('succeeded', 'failed', 'dead', 'cancelled') OR j.finished_at >= $1)) \
+                 ORDER BY w.created_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            )
+            .bind(before)
+            .bind(limit)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
             let jobs = sqlx::query(
-                "DELETE FROM homing_jobs WHERE id IN (SELECT id FROM homing_jobs \
+                "DELETE FROM homing_jobs WHERE id IN (SELECT id FROM homing_jobs j \
                  WHERE finished_at < $1 AND state IN ('succeeded', 'failed', 'dead', 'cancelled') \
+                 AND (workflow_id IS NULL OR NOT EXISTS (SELECT 1 FROM homing_workflows w \
+                 WHERE w.id = j.workflow_id)) \
                  ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
             )
             .bind(before)
@@ -2433,6 +2451,7 @@ impl Store for PgStore {
                 events,
                 workers,
                 audit,
+                workflows,
             })
         })
         .await
