@@ -5,6 +5,7 @@
 
 mod support;
 
+use homing::validate::MAX_DEPTH;
 use std::time::Duration;
 
 use homing::job::JobState;
@@ -167,6 +168,25 @@ async fn homing_enqueue_checks_its_input_like_the_door() {
             "SELECT homing_enqueue('t', '{}', idempotency_key => E'a\\nb')".to_string(),
             "idempotency_key",
         ),
+        (
+            format!(
+                "SELECT homing_enqueue('t', '{}')",
+                nested(MAX_DEPTH + 1, "1")
+            ),
+            "nested deeper than 64 levels",
+        ),
+        (
+            format!("SELECT homing_enqueue('t', '{}')", nested(MAX_DEPTH, "[]")),
+            "nested deeper than 64 levels",
+        ),
+        (
+            "SELECT homing_enqueue('t', '{}', priority => 1001)".to_string(),
+            "priority must be from -1000 to 1000",
+        ),
+        (
+            "SELECT homing_enqueue('t', '{}', priority => NULL)".to_string(),
+            "priority must be from -1000 to 1000",
+        ),
     ];
     for (sql, want) in &cases {
         let (code, msg) = call(&mut c, sql).await.unwrap_err();
@@ -210,4 +230,32 @@ async fn homing_enqueue_checks_its_input_like_the_door() {
     .await
     .unwrap();
     assert_eq!(k1, k2, "a known key returns the existing job");
+
+    // The deepest value the door accepts is accepted here too, with its priority.
+    let deepest = nested(MAX_DEPTH, "1");
+    let v: serde_json::Value = serde_json::from_str(&deepest).unwrap();
+    homing::validate::json("args", &v, homing::validate::MAX_ARGS_BYTES).unwrap();
+    let too_deep: serde_json::Value = serde_json::from_str(&nested(MAX_DEPTH + 1, "1")).unwrap();
+    assert!(homing::validate::json("args", &too_deep, homing::validate::MAX_ARGS_BYTES).is_err());
+    let id = call(
+        &mut c,
+        &format!("SELECT homing_enqueue('t', '{deepest}', priority => -5)"),
+    )
+    .await
+    .unwrap();
+    let j = store.get(id).await.unwrap().unwrap();
+    assert_eq!((j.args, j.priority), (v, -5));
+}
+
+/// `levels` nested objects and arrays (alternating) around `inner`, as JSON text.
+fn nested(levels: usize, inner: &str) -> String {
+    let mut s = inner.to_string();
+    for i in 0..levels {
+        s = if i % 2 == 0 {
+            format!("[{s}]")
+        } else {
+            format!("{{\"k\": {s}}}")
+        };
+    }
+    s
 }

@@ -363,15 +363,16 @@ pub fn check_workflows(
             ));
         }
         let first_call = calls.get(&key).and_then(|v| v.first()).copied();
-        // Each final step exactly once: run (and succeeded, its parents' http calls cannot fail
-        // for good here) when every parent succeeded; otherwise cancelled, never called.
+        // Each final step exactly once: made runnable when every parent succeeded (then it
+        // ends like any job: succeeded, or failed or dead under the faults, never still waiting
+        // or cancelled); otherwise cancelled, never called.
         let parents: Vec<Option<JobState>> = w
             .parents
             .iter()
             .map(|p| by_id.get(p).map(|j| j.state))
             .collect();
         if parents.iter().all(|s| *s == Some(JobState::Succeeded)) {
-            if last.state != JobState::Succeeded {
+            if !last.state.is_terminal() || last.state == JobState::Cancelled {
                 out.push(format!(
                     "workflow final step {key} is {} although every parent succeeded",
                     last.state
