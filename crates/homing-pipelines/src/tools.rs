@@ -73,6 +73,10 @@ pub async fn run<S: AsRef<OsStr>>(
     cancel: &CancellationToken,
 ) -> Result<Vec<u8>, ToolError> {
     let mut cmd = tokio::process::Command::new(program);
+    // Tesseract starts one OpenMP thread per core for each run. The worker already runs OCR
+    // jobs side by side and the machine has other work, so those threads only compete with
+    // each other: one thread per child (BENCHMARKS.md "OCR"). Programs without OpenMP ignore it.
+    cmd.env("OMP_THREAD_LIMIT", "1");
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -138,6 +142,20 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "$(id) ; rm -rf /\n");
+    }
+
+    #[tokio::test]
+    async fn children_run_with_one_openmp_thread() {
+        let out = run(
+            "env",
+            &[] as &[&str],
+            Duration::from_secs(5),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        let env = String::from_utf8(out).unwrap();
+        assert!(env.lines().any(|l| l == "OMP_THREAD_LIMIT=1"), "{env}");
     }
 
     #[tokio::test]

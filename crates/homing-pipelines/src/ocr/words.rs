@@ -183,40 +183,98 @@ pub fn doubted(w: &Word, below: f32) -> bool {
 /// and symbols, not Hangul, so it never qualifies.
 pub const KOREAN_SURE: f32 = 85.0;
 
+/// The words of `other` whose centre lies inside `w`'s box, and how much of `w`'s width they
+/// cover; `None` when none does or they cover less than 60% of it.
+fn readings_inside<'a>(w: &Word, other: &'a [Word]) -> Option<Vec<&'a Word>> {
+    if w.width <= 0 {
+        return None;
+    }
+    let inside: Vec<&Word> = other
+        .iter()
+        .filter(|k| {
+            let cx = k.left + k.width / 2;
+            let cy = k.top + k.height / 2;
+            cx >= w.left && cx <= w.right() && cy >= w.top && cy <= w.bottom()
+        })
+        .collect();
+    let covered: i64 = inside.iter().map(|k| k.width).sum();
+    (!inside.is_empty() && covered * 10 >= w.width * 6).then_some(inside)
+}
+
+/// `w` with its text and confidence taken from `inside` (another reading of the same place).
+fn replaced(w: Word, inside: &[&Word]) -> Word {
+    let owned: Vec<Word> = inside.iter().map(|k| (*k).clone()).collect();
+    let conf = mean_confidence(&owned).unwrap_or(0.0);
+    let mut text = String::new();
+    for (i, k) in inside.iter().enumerate() {
+        if i > 0 && k.space_before {
+            text.push(' ');
+        }
+        text.push_str(&k.text);
+    }
+    Word { text, conf, ..w }
+}
+
 /// Replaces each doubted word of `base` with the Korean reading of the same place in `korean`
 /// when that reading is all Hangul words, covers most of the word, and is more confident or
 /// at least [`KOREAN_SURE`].
 pub fn prefer_korean(base: Vec<Word>, korean: &[Word], below: f32) -> Vec<Word> {
     base.into_iter()
         .map(|w| {
-            if !doubted(&w, below) || w.width <= 0 {
+            if !doubted(&w, below) {
                 return w;
             }
-            let inside: Vec<&Word> = korean
-                .iter()
-                .filter(|k| {
-                    let cx = k.left + k.width / 2;
-                    let cy = k.top + k.height / 2;
-                    cx >= w.left && cx <= w.right() && cy >= w.top && cy <= w.bottom()
-                })
-                .collect();
-            if inside.is_empty() || !inside.iter().all(|k| has_hangul(&k.text)) {
+            let Some(inside) = readings_inside(&w, korean) else {
+                return w;
+            };
+            if !inside.iter().all(|k| has_hangul(&k.text)) {
                 return w;
             }
-            let covered: i64 = inside.iter().map(|k| k.width).sum();
             let owned: Vec<Word> = inside.iter().map(|k| (*k).clone()).collect();
             let conf = mean_confidence(&owned).unwrap_or(0.0);
-            if covered * 10 < w.width * 6 || (conf <= w.conf && conf < KOREAN_SURE) {
+            if conf <= w.conf && conf < KOREAN_SURE {
                 return w;
             }
-            let mut text = String::new();
-            for (i, k) in inside.iter().enumerate() {
-                if i > 0 && k.space_before {
-                    text.push(' ');
-                }
-                text.push_str(&k.text);
+            replaced(w, &inside)
+        })
+        .collect()
+}
+
+/// Whether `w` looks like a Latin word that mixed recognition garbled: no Hangul, confidence
+/// below `below`, and some character that is not a Latin letter (a digit, a mark, a CJK
+/// bracket). With Korean loaded, Tesseract reads a small worn Latin word as digits and marks
+/// ("Delivered" as `061106『「60` at confidence 0, BENCHMARKS.md "OCR"); an all-letter word it
+/// doubts is the Korean recheck's business.
+pub fn garbled(w: &Word, below: f32) -> bool {
+    w.conf < below && !has_hangul(&w.text) && !w.text.chars().all(|c| c.is_ascii_alphabetic())
+}
+
+/// An English reading must be at least this confident to replace a garbled word: English-only
+/// recognition reads Korean as Latin junk too, at 40–85 on the corpus ("번호" as "HS" at 85),
+/// so only a reading it is surer of than that is taken.
+pub const ENGLISH_SURE: f32 = 88.0;
+
+/// Replaces each garbled word of `base` (see [`garbled`]) with the English-only reading of the
+/// same place in `english` when that reading covers most of the word and is more confident
+/// than both the word and [`ENGLISH_SURE`].
+pub fn prefer_english(base: Vec<Word>, english: &[Word], below: f32) -> Vec<Word> {
+    base.into_iter()
+        .map(|w| {
+            if !garbled(&w, below) {
+                return w;
             }
-            Word { text, conf, ..w }
+            let Some(inside) = readings_inside(&w, english) else {
+                return w;
+            };
+            if inside.iter().any(|k| has_hangul(&k.text)) {
+                return w;
+            }
+            let owned: Vec<Word> = inside.iter().map(|k| (*k).clone()).collect();
+            let conf = mean_confidence(&owned).unwrap_or(0.0);
+            if conf <= w.conf || conf < ENGLISH_SURE {
+                return w;
+            }
+            replaced(w, &inside)
         })
         .collect()
 }
@@ -315,5 +373,50 @@ mod tests {
             (merged[1].conf - 274.0 / 3.0).abs() < 0.01,
             "weighted by characters"
         );
+    }
+
+    #[test]
+    fn a_garbled_latin_word_takes_a_confident_english_reading() {
+        // The worn notice of the corpus, as `kor+eng` and `eng` read it.
+        let base = parse(
+            &format!(
+                "{HEAD}{}{}{}{}{}",
+                row(1, 1250, 588, 40, 70, 91.0, "는"),
+                row(1, 1294, 596, 231, 45, 0.0, "061106『「60"),
+                row(1, 1540, 596, 100, 45, 91.0, "입니다."),
+                row(2, 1717, 662, 130, 45, 45.6, "(855"),
+                row(2, 402, 662, 376, 45, 91.9, "02-1234-5678"),
+            ),
+            "는 061106『「60 입니다.\n(855 02-1234-5678",
+        );
+        let english = parse(
+            &format!(
+                "{HEAD}{}{}{}{}{}",
+                row(1, 1120, 594, 153, 53, 0.0, "AEHE"),
+                row(1, 1294, 596, 231, 45, 93.2, "Delivered"),
+                row(1, 1540, 594, 100, 53, 48.6, "VUCH."),
+                row(2, 1717, 662, 130, 45, 66.8, "KRSS"),
+                row(2, 402, 662, 376, 45, 99.0, "02-I234-5678"),
+            ),
+            "AEHE Delivered VUCH.\nKRSS 02-I234-5678",
+        );
+        let merged = prefer_english(base, &english, 80.0);
+        // The garbled word is replaced; a reading not sure enough is not, nor is a Korean word
+        // or a code read with confidence above the doubt.
+        assert_eq!(text(&merged), "는 Delivered 입니다.\n(855 02-1234-5678");
+        assert!((merged[1].conf - 93.2).abs() < 0.01);
+        // A surer English reading replaces only a less confident word.
+        let word = |conf, t: &str| parse(&format!("{HEAD}{}", row(1, 0, 0, 100, 40, conf, t)), t);
+        assert_eq!(
+            text(&prefer_english(word(70.0, "1O0"), &word(95.0, "100"), 80.0)),
+            "100"
+        );
+        assert_eq!(
+            text(&prefer_english(word(70.0, "1O0"), &word(60.0, "100"), 80.0)),
+            "1O0"
+        );
+        // An all-letter word is left to the Korean recheck.
+        assert!(!garbled(&word(10.0, "HS")[0], 80.0));
+        assert!(garbled(&word(10.0, "H5")[0], 80.0));
     }
 }
