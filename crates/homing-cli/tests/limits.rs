@@ -100,7 +100,7 @@ async fn pause_and_resume_embedded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pause_and_resume_on_redis_and_postgres() {
     let server = redis_server::shared();
-    pause_and_resume(redis_postgres(&server, "pause").await).await;
+    pause_and_resume(redis_postgres(server, "pause").await).await;
 }
 
 fn enqueue_unique(env: &Env, args: &str, window: &str) -> JobId {
@@ -170,7 +170,7 @@ async fn unique_windows_embedded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unique_windows_on_redis_and_postgres() {
     let server = redis_server::shared();
-    unique_windows(redis_postgres(&server, "unique").await).await;
+    unique_windows(redis_postgres(server, "unique").await).await;
 }
 
 /// The HTTP API: pause/resume routes, `priority` and `unique_for` on enqueue, and their
