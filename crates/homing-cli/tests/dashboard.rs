@@ -647,3 +647,90 @@ async fn dashboard_hides_writes_from_a_read_token_and_confirms_bulk_actions() {
     }
     browser.quit().await;
 }
+
+/// The queue table's Pause and Resume buttons: after Pause, the row offers Resume and a job
+/// enqueued to the queue stays queued (not started, no attempt); after Resume it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dashboard_pauses_and_resumes_a_queue() {
+    let env = Env::sqlite();
+    let token = "dashboard-token-pause";
+    let (_up, base) = start_up(&env, &[("HOMING_API_TOKEN", token)]).await;
+    let client = env.client().await;
+    // A first job makes the queue appear in the table.
+    let first = enqueue(
+        &base,
+        token,
+        serde_json::json!({"task": "builtin.noop", "queue": "default"}),
+    )
+    .await;
+    let browser = Browser::start(&env).await;
+    browser.goto(&format!("{base}/")).await;
+    browser
+        .wait_for(
+            "the token form",
+            "return !document.querySelector('#login').hidden;",
+        )
+        .await;
+    browser.type_into("#token-input", token).await;
+    browser.click("#token-submit").await;
+    browser
+        .wait_for("the first job to succeed", &row_is(&first, "succeeded"))
+        .await;
+    let row = "#queues tr[data-queue=\"default\"]";
+    browser
+        .wait_for(
+            "the queue's Pause button",
+            &format!("return document.querySelector('{row} button.pause') !== null;"),
+        )
+        .await;
+    browser.click(&format!("{row} button.pause")).await;
+    browser
+        .wait_for(
+            "the row to offer Resume",
+            &format!("const b = document.querySelector('{row} button.resume'); return b !== null && b.textContent === 'Resume';"),
+        )
+        .await;
+    let (code, out, _) = env.run(&["queues", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        v["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|q| q["queue"] == "default" && q["paused"] == true),
+        "{out}"
+    );
+
+    let held = enqueue(
+        &base,
+        token,
+        serde_json::json!({"task": "builtin.noop", "queue": "default"}),
+    )
+    .await;
+    browser
+        .wait_for("the held job to show as queued", &row_is(&held, "queued"))
+        .await;
+    // The worker has had every chance to start it: it is parked, not run.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let j = client.get(held.parse().unwrap()).await.unwrap();
+    assert_eq!(
+        (j.state, j.started_at, j.attempts),
+        (homing::JobState::Queued, None, 0),
+        "{j:?}"
+    );
+    let shot = browser.screenshot("dashboard-paused-queue.png").await;
+
+    browser.click(&format!("{row} button.resume")).await;
+    browser
+        .wait_for("the held job to succeed", &row_is(&held, "succeeded"))
+        .await;
+    browser
+        .wait_for(
+            "the row to offer Pause again",
+            &format!("return document.querySelector('{row} button.pause') !== null;"),
+        )
+        .await;
+    eprintln!("screenshot: {}", shot.display());
+    browser.quit().await;
+}

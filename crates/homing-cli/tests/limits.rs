@@ -99,8 +99,8 @@ async fn pause_and_resume_embedded() {
 // before resume republished every queued job of the queue).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pause_and_resume_on_redis_and_postgres() {
-    let server = RedisServer::unix();
-    pause_and_resume(redis_postgres(&server, "pause").await).await;
+    let server = redis_server::shared();
+    pause_and_resume(redis_postgres(server, "pause").await).await;
 }
 
 fn enqueue_unique(env: &Env, args: &str, window: &str) -> JobId {
@@ -169,8 +169,8 @@ async fn unique_windows_embedded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unique_windows_on_redis_and_postgres() {
-    let server = RedisServer::unix();
-    unique_windows(redis_postgres(&server, "unique").await).await;
+    let server = redis_server::shared();
+    unique_windows(redis_postgres(server, "unique").await).await;
 }
 
 /// The HTTP API: pause/resume routes, `priority` and `unique_for` on enqueue, and their
@@ -276,14 +276,10 @@ async fn http_pause_resume_and_options() {
     assert_eq!(r.status(), 400);
 }
 
-/// One worker running one job at a time starts a queue's backlog in strict priority order,
-/// equal priorities in enqueue order (the embedded broker; the Redis broker does not order by
-/// priority, see docs/limits.md).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn strict_priority_order_on_one_worker() {
-    let env = Env::sqlite();
+/// One worker running one job at a time starts a queue's backlog (enqueued through the CLI
+/// before any worker runs) in strict priority order, equal priorities in enqueue order.
+async fn strict_priority_order(env: &Env, priorities: &[i32]) {
     let client = env.client().await;
-    let priorities = [0, 5, -2, 5, 10, 0, -2, 7];
     let mut ids = Vec::new();
     for (n, p) in priorities.iter().enumerate() {
         let (code, out, err) = env.run(&[
@@ -312,8 +308,14 @@ async fn strict_priority_order_on_one_worker() {
     want.sort_by_key(|n| (std::cmp::Reverse(priorities[*n]), *n));
     assert_eq!(order, want, "priorities {priorities:?}");
     for (j, p) in done.iter().zip(priorities) {
-        assert_eq!(j.priority, p);
+        assert_eq!(j.priority, *p);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn strict_priority_order_on_one_worker() {
+    let env = Env::sqlite();
+    strict_priority_order(&env, &[0, 5, -2, 5, 10, 0, -2, 7]).await;
     // Out of range: refused by the CLI with exit code 2.
     let (code, _, err) = env.run(&["enqueue", "builtin.noop", "--priority", "1001"]);
     assert_eq!(code, 2, "{err}");
@@ -596,4 +598,13 @@ async fn http_queue_limits() {
     assert_eq!(r.status(), 200);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["limits"], serde_json::json!({}));
+}
+
+/// The same on the Redis broker, whose order is by band (docs/limits.md: 0; ±1..9; ±10..99;
+/// ±100 and beyond), FIFO within one: distinct priorities here are in distinct bands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn strict_priority_order_on_one_worker_redis_postgres() {
+    let mut env = Env::sqlite_broker_postgres_store().await;
+    env.broker = redis_server::shared().url(&unique_prefix("prio"));
+    strict_priority_order(&env, &[0, 50, -20, 50, 500, 0, -20, 5, -300]).await;
 }

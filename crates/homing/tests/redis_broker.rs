@@ -497,3 +497,87 @@ async fn a_worker_runs_jobs_end_to_end_on_redis() {
         "a worker that shut down cleanly is not lost"
     );
 }
+
+/// A queue's band streams vanish (Redis lost its data) while this process believes their groups
+/// exist: a prioritised message published afterwards sits in a band stream without a group.
+/// The non-blocking reservation and the blocked one both create the groups again and deliver it,
+/// tagged with its band, and its ack removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn band_streams_lost_with_their_groups_are_recreated() {
+    let server = shared();
+    let b = open(&server.url(&unique_prefix("bands"))).await;
+    let q = unique_queue("bands");
+    let publish = |priority: i32| {
+        let b = b.clone();
+        let q = q.clone();
+        async move {
+            let id = homing::job::new_job_id();
+            b.publish(&[ToPublish {
+                id,
+                queue: q,
+                priority,
+            }])
+            .await
+            .unwrap();
+            id
+        }
+    };
+    let first = publish(0).await;
+    let got = b
+        .reserve("c", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(got[0].job, Ok(first));
+    b.ack(&got).await.unwrap();
+    let streams = b.keys().streams(&q);
+    assert_eq!(streams.len(), 7);
+    for s in &streams {
+        assert_eq!(
+            server.cli(&["EXISTS", s]),
+            "1",
+            "{s} created with its group"
+        );
+    }
+
+    let forget = || {
+        let mut args = vec!["DEL"];
+        args.extend(streams.iter().map(String::as_str));
+        server.cli(&args);
+    };
+    forget();
+    let high = publish(50).await;
+    let got = b
+        .reserve("c", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].job, Ok(high));
+    assert!(
+        got[0].tag.ends_with(".2"),
+        "band 2 in the tag: {}",
+        got[0].tag
+    );
+    b.ack(&got).await.unwrap();
+    assert!(b.pending("c", 10).await.unwrap().is_empty());
+
+    forget();
+    let later = publish(-50);
+    let publisher = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        later.await
+    });
+    let got = b
+        .reserve("c", std::slice::from_ref(&q), 10, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let low = publisher.await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].job, Ok(low));
+    assert!(
+        got[0].tag.ends_with(".-2"),
+        "band -2 in the tag: {}",
+        got[0].tag
+    );
+    b.ack(&got).await.unwrap();
+    assert_eq!(server.cli(&["XLEN", &b.keys().band_stream(&q, -2)]), "0");
+}

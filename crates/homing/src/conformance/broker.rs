@@ -18,7 +18,9 @@ macro_rules! broker_conformance {
             publish_reserve_ack_in_order, reserve_respects_max, reserved_messages_are_owned,
             requeue_gives_a_new_tag, requeued_message_goes_first, ack_is_idempotent, heartbeat_lifecycle, lost_consumers_and_removal,
             dead_letter_moves_message, marker_detects_loss, several_queues, concurrent_reserve_is_exclusive,
-            reserve_waits_for_a_publish, dead_letters_are_purged_by_age
+            reserve_waits_for_a_publish, dead_letters_are_purged_by_age,
+            higher_priority_is_reserved_first, requeued_message_keeps_its_priority,
+            prioritised_messages_ack_wait_and_dead_letter
         );
     };
 }
@@ -29,6 +31,18 @@ fn dispatches(q: &str, n: usize) -> Vec<ToPublish> {
             id: new_job_id(),
             queue: q.to_string(),
             priority: 0,
+        })
+        .collect()
+}
+
+/// One message per priority, in this order.
+fn prioritised(q: &str, priorities: &[i32]) -> Vec<ToPublish> {
+    priorities
+        .iter()
+        .map(|p| ToPublish {
+            id: new_job_id(),
+            queue: q.to_string(),
+            priority: *p,
         })
         .collect()
 }
@@ -381,4 +395,117 @@ pub async fn reserve_waits_for_a_publish(b: Arc<dyn Broker>) {
         vec![msgs[0].id],
         "a waiting reservation receives a later publish"
     );
+}
+
+/// Higher priorities first, FIFO among equal ones, whether reserved one by one or in one batch.
+/// The priorities are far enough apart to be in different bands of a broker that bands them
+/// (Redis: 1..=9, 10..=99, ≥ 100 and the same below zero); equal ones are equal.
+pub async fn higher_priority_is_reserved_first(b: Arc<dyn Broker>) {
+    let expected_order = [3, 6, 1, 4, 0, 5, 2];
+    for batch in [1, 10] {
+        let q = unique_queue("prio");
+        let msgs = prioritised(&q, &[0, 5, -5, 500, 5, 0, 50]);
+        b.publish(&msgs).await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < msgs.len() {
+            let ds = b
+                .reserve("c", std::slice::from_ref(&q), batch, SHORT)
+                .await
+                .unwrap();
+            assert!(!ds.is_empty(), "every message is ready");
+            assert!(ds.len() <= batch);
+            got.extend(ids(&ds));
+        }
+        assert_eq!(
+            got,
+            expected_order.map(|i| msgs[i].id).to_vec(),
+            "priority 500, 50, 5, 5, 0, 0, -5 (batches of {batch})"
+        );
+    }
+}
+
+/// A message put back (its worker was lost) keeps its priority: it goes before lower ones and
+/// before newer ones of its own priority.
+pub async fn requeued_message_keeps_its_priority(b: Arc<dyn Broker>) {
+    let q = unique_queue("prio-requeue");
+    let msgs = prioritised(&q, &[0, 50, 50, -50]);
+    b.publish(&msgs[..2]).await.unwrap();
+    let first = b
+        .reserve("lost", std::slice::from_ref(&q), 1, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&first),
+        vec![msgs[1].id],
+        "the priority-50 message first"
+    );
+    b.publish(&msgs[2..]).await.unwrap();
+    assert_eq!(b.requeue("lost", &first).await.unwrap(), 1);
+    assert!(b.pending("lost", 10).await.unwrap().is_empty());
+    let mut got = Vec::new();
+    while got.len() < msgs.len() {
+        let ds = b
+            .reserve("fresh", std::slice::from_ref(&q), 1, SHORT)
+            .await
+            .unwrap();
+        assert_eq!(ds.len(), 1, "every message is ready");
+        got.extend(ids(&ds));
+    }
+    assert_eq!(
+        got,
+        vec![msgs[1].id, msgs[2].id, msgs[0].id, msgs[3].id],
+        "the requeued priority-50 message, the newer 50, then 0, then -50"
+    );
+    assert_eq!(b.pending("fresh", 10).await.unwrap().len(), 4);
+}
+
+/// Prioritised messages go through the rest of the contract like others: a waiting reservation
+/// receives one published later, `pending` lists them, ack removes them, a dead letter moves one.
+pub async fn prioritised_messages_ack_wait_and_dead_letter(b: Arc<dyn Broker>) {
+    let q = unique_queue("prio-life");
+    let msgs = prioritised(&q, &[-7, 300]);
+    let b2 = b.clone();
+    let m2 = msgs.clone();
+    let publisher = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        b2.publish(&m2[1..]).await.unwrap();
+    });
+    let got = b
+        .reserve("c", std::slice::from_ref(&q), 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    publisher.await.unwrap();
+    assert_eq!(
+        ids(&got),
+        vec![msgs[1].id],
+        "a waiting reservation receives it"
+    );
+    b.publish(&msgs[..1]).await.unwrap();
+    let low = b
+        .reserve("c", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(ids(&low), vec![msgs[0].id]);
+    let pending: HashSet<JobId> = ids(&b.pending("c", 10).await.unwrap())
+        .into_iter()
+        .collect();
+    assert_eq!(pending, msgs.iter().map(|m| m.id).collect::<HashSet<_>>());
+    b.ack(&got).await.unwrap();
+    b.ack(&got).await.unwrap();
+    b.dead_letter(&low[0], "test").await.unwrap();
+    assert!(b.pending("c", 10).await.unwrap().is_empty());
+    let depth = b.depths().await.unwrap().into_iter().find(|d| d.queue == q);
+    assert!(
+        depth.map(|d| d.ready + d.reserved == 0).unwrap_or(true),
+        "nothing left ready or reserved"
+    );
+    let dead = b.dead_letters(100).await.unwrap();
+    assert!(dead
+        .iter()
+        .any(|d| d.queue == q && d.payload == msgs[0].id.to_string() && d.reason == "test"));
+    assert!(b
+        .reserve("c", std::slice::from_ref(&q), 10, SHORT)
+        .await
+        .unwrap()
+        .is_empty());
 }

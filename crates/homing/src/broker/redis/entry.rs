@@ -26,7 +26,8 @@ pub struct Entry {
 }
 
 impl Entry {
-    pub fn into_delivery(self, queue: &str) -> Delivery {
+    /// The delivery of this entry of `queue`'s stream of priority band `band`.
+    pub fn into_delivery(self, queue: &str, band: i8) -> Delivery {
         let job = match &self.fields {
             None => Err("the message was deleted from the stream".to_string()),
             Some(fields) => job_of(fields),
@@ -35,6 +36,7 @@ impl Entry {
             tag: Tag {
                 id: self.id,
                 count: self.count,
+                band,
             }
             .to_string(),
             queue: queue.to_string(),
@@ -43,31 +45,54 @@ impl Entry {
     }
 }
 
-/// A delivery's tag: `<entry id>.<delivery count>`. The count changes every time the message
+/// A delivery's tag: `<entry id>.<delivery count>` for a message of priority band 0, and
+/// `<entry id>.<delivery count>.<band>` for one of another band (which names the stream the entry
+/// is in; tags made before bands existed are band 0). The count changes every time the message
 /// changes hands, so an old delivery's tag never matches the message's current owner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tag {
     pub id: String,
     pub count: u64,
+    pub band: i8,
 }
 
 impl Tag {
     /// `None` for anything that is not a tag this broker made (it then names nothing here).
     pub fn parse(tag: &str) -> Option<Tag> {
-        let (id, count) = tag.split_once('.')?;
-        if !is_entry_id(id) || count.is_empty() || count.len() > 19 {
+        let (id, rest) = tag.split_once('.')?;
+        let (count, band) = match rest.split_once('.') {
+            None => (rest, 0),
+            Some((count, text)) => {
+                // Only the spelling `Display` writes, so one delivery has one tag.
+                let band: i8 = text.parse().ok()?;
+                if band == 0 || !super::keys::BANDS.contains(&band) || band.to_string() != text {
+                    return None;
+                }
+                (count, band)
+            }
+        };
+        if !is_entry_id(id)
+            || count.is_empty()
+            || count.len() > 19
+            || !count.bytes().all(|b| b.is_ascii_digit())
+        {
             return None;
         }
         Some(Tag {
             id: id.to_string(),
             count: count.parse().ok()?,
+            band,
         })
     }
 }
 
 impl std::fmt::Display for Tag {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.id, self.count)
+        if self.band == 0 {
+            write!(f, "{}.{}", self.id, self.count)
+        } else {
+            write!(f, "{}.{}.{}", self.id, self.count, self.band)
+        }
     }
 }
 
@@ -168,6 +193,26 @@ pub fn entries(v: Value) -> Result<Vec<Entry>, String> {
 /// `{{id, count, {field, value, ...}}, ...}`: what the scripts return for pending entries.
 pub fn counted_entries(v: Value) -> Result<Vec<Entry>, String> {
     items(v)?.into_iter().map(|e| entry(e, true)).collect()
+}
+
+/// `{{id, count, {field, value, ...}, i}, ...}`: what the `RESERVE` script returns, `i` being the
+/// 1-based position of the entry's stream among the script's keys.
+pub fn indexed_entries(v: Value) -> Result<Vec<(usize, Entry)>, String> {
+    items(v)?
+        .into_iter()
+        .map(|row| {
+            let what = shape("a reserved entry", &row);
+            let mut parts = items(row)?;
+            if parts.len() != 4 {
+                return Err(what);
+            }
+            let i = int(&parts[3])
+                .and_then(|i| usize::try_from(i).ok())
+                .ok_or(what)?;
+            parts.truncate(3);
+            Ok((i, entry(Value::Array(parts), true)?))
+        })
+        .collect()
 }
 
 fn entry(v: Value, counted: bool) -> Result<Entry, String> {
@@ -323,7 +368,7 @@ mod tests {
         assert_eq!(got[0].0, "k");
         assert_eq!(got[0].1[0].fields, Some(vec![(vec![0xff], b"x".to_vec())]));
         assert_eq!(got[0].1[1].fields, None);
-        let d = got[0].1[1].clone().into_delivery("q");
+        let d = got[0].1[1].clone().into_delivery("q", 0);
         assert!(d.job.is_err());
         assert_eq!(d.tag, "2-0.1", "a first delivery has count 1");
         assert_eq!(read_reply(Value::Nil).unwrap(), vec![]);
@@ -333,9 +378,27 @@ mod tests {
     #[test]
     fn tags_round_trip_and_reject_garbage() {
         let t = Tag::parse("1700000000000-3.2").unwrap();
-        assert_eq!((t.id.as_str(), t.count), ("1700000000000-3", 2));
+        assert_eq!((t.id.as_str(), t.count, t.band), ("1700000000000-3", 2, 0));
         assert_eq!(t.to_string(), "1700000000000-3.2");
-        for bad in ["1700000000000-3", "x-1.1", "1-1.", "1-1.x", "17.1", ""] {
+        let t = Tag::parse("1700000000000-3.2.-3").unwrap();
+        assert_eq!((t.id.as_str(), t.count, t.band), ("1700000000000-3", 2, -3));
+        assert_eq!(t.to_string(), "1700000000000-3.2.-3");
+        assert_eq!(Tag::parse("1-0.1.2").unwrap().band, 2);
+        for bad in [
+            "1700000000000-3",
+            "x-1.1",
+            "1-1.",
+            "1-1.x",
+            "17.1",
+            "",
+            "1-1.+1",
+            "1-1.1.0",
+            "1-1.1.4",
+            "1-1.1.+2",
+            "1-1.1.02",
+            "1-1.1.",
+            "1-1.1.2.3",
+        ] {
             assert_eq!(Tag::parse(bad), None, "{bad}");
         }
     }
@@ -387,13 +450,16 @@ mod properties {
 
     fn check(e: Entry) {
         let _ = dead_letter(e.clone());
-        let d = e.clone().into_delivery("q");
-        // Counts come from Redis integers (at most 19 digits), so every tag of a real id parses.
-        if is_entry_id(&e.id) {
-            assert_eq!(
-                Tag::parse(&d.tag).map(|t| (t.id, t.count)),
-                Some((e.id, e.count))
-            );
+        for band in crate::broker::redis::keys::BANDS {
+            let d = e.clone().into_delivery("q", band);
+            // Counts come from Redis integers (at most 19 digits), so every tag of a real id
+            // parses.
+            if is_entry_id(&e.id) {
+                assert_eq!(
+                    Tag::parse(&d.tag).map(|t| (t.id, t.count, t.band)),
+                    Some((e.id.clone(), e.count, band))
+                );
+            }
         }
     }
 
@@ -410,8 +476,11 @@ mod properties {
             if let Ok(es) = entries(v.clone()) {
                 es.into_iter().for_each(check);
             }
-            if let Ok(es) = counted_entries(v) {
+            if let Ok(es) = counted_entries(v.clone()) {
                 es.into_iter().for_each(check);
+            }
+            if let Ok(es) = indexed_entries(v) {
+                es.into_iter().for_each(|(_, e)| check(e));
             }
         }
 

@@ -5,6 +5,12 @@
 //!   reservation is `XREADGROUP … >`, which puts the entry in the group's pending list under the
 //!   reserving consumer (late ack), and an ack is `XACK` + `XDEL`, so a stream only ever holds
 //!   ready and reserved messages and nothing is trimmed.
+//! - Priorities: a queue is in fact one stream per priority band ([`keys::band`]: seven bands,
+//!   priority 0 alone in the queue's original stream), FIFO within a band. A reservation reads
+//!   the bands highest first inside one script call (skipping empty bands with an `XLEN`), and a
+//!   blocked reservation waits on every band, so an unprioritised queue pays no extra round trip.
+//!   A delivery's tag names its band, so ack, requeue and dead-letter touch the right stream, and
+//!   a requeued message stays in its band: a reclaimed job keeps its priority.
 //! - A requeued message stays where it is: it is handed (`XCLAIM`) to a placeholder consumer and
 //!   reservations claim from it before reading new entries, so a reclaimed job runs before the
 //!   backlog. A delivery's tag carries the entry's delivery count, which every hand-over raises,
@@ -40,7 +46,7 @@ use super::*;
 use crate::error::Error;
 use crate::time::now;
 use entry::{int, items, string, Tag};
-use keys::{Keys, GROUP, REQUEUED};
+use keys::{band, Keys, BANDS, GROUP, REQUEUED};
 use scripts::Scripts;
 
 const BACKEND: &str = "redis";
@@ -292,22 +298,14 @@ impl RedisBroker {
         if missing.is_empty() {
             return Ok(());
         }
+        // Every band stream and its group, for all missing queues in one round trip: a blocked
+        // reservation reads all of them, and `XREADGROUP` refuses a stream without the group.
+        let calls: Vec<_> = missing
+            .iter()
+            .map(|q| (self.keys.streams(q), vec![GROUP.to_string()]))
+            .collect();
+        self.eval_each(&self.scripts.ensure_groups, &calls).await?;
         let mut c = self.manager().await?;
-        for q in &missing {
-            let created = ::redis::cmd("XGROUP")
-                .arg("CREATE")
-                .arg(self.keys.stream(q))
-                .arg(GROUP)
-                .arg("0")
-                .arg("MKSTREAM")
-                .query_async::<()>(&mut c)
-                .await;
-            match created {
-                Ok(()) => {}
-                Err(e) if e.code() == Some("BUSYGROUP") => {}
-                Err(e) => return Err(err(e)),
-            }
-        }
         ::redis::cmd("SADD")
             .arg(self.keys.queues())
             .arg(&missing)
@@ -364,7 +362,15 @@ impl RedisBroker {
                 "no connection",
             )));
         };
-        let keys: Vec<String> = queues.iter().map(|q| self.keys.stream(q)).collect();
+        let mut keys = Vec::with_capacity(queues.len() * BANDS.len());
+        let mut by_key: HashMap<String, (&String, i8)> = HashMap::new();
+        for q in queues {
+            for b in BANDS {
+                let key = self.keys.band_stream(q, b);
+                keys.push(key.clone());
+                by_key.insert(key, (q, b));
+            }
+        }
         let mut cmd = ::redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(GROUP)
@@ -375,7 +381,7 @@ impl RedisBroker {
             cmd.arg("BLOCK").arg(millis(b));
         }
         cmd.arg("STREAMS").arg(&keys);
-        for _ in queues {
+        for _ in &keys {
             cmd.arg(">");
         }
         // The client has no response timeout on this connection (a reply legitimately takes up
@@ -399,17 +405,23 @@ impl RedisBroker {
             }
             Ok(Ok(v)) => v,
         };
-        let by_key: HashMap<String, &String> = keys.iter().cloned().zip(queues).collect();
         let mut out = Vec::new();
         for (key, entries) in entry::read_reply(reply).map_err(shape)? {
-            let Some(queue) = by_key.get(&key) else {
+            let Some((queue, band)) = by_key.get(&key) else {
                 return Err(ReadFail::Other(shape(format!(
                     "XREADGROUP answered for a stream not asked for: {key}"
                 ))));
             };
-            out.extend(entries.into_iter().map(|e| e.into_delivery(queue)));
+            out.extend(
+                entries
+                    .into_iter()
+                    .map(|e| (*band, e.into_delivery(queue, *band))),
+            );
         }
-        Ok(out)
+        // Higher bands first (stable: FIFO within a band, queues in the order asked), so what
+        // the caller keeps of an oversized batch is the most urgent part.
+        out.sort_by_key(|(band, _)| std::cmp::Reverse(*band));
+        Ok(out.into_iter().map(|(_, d)| d).collect())
     }
 
     /// [`Self::read_once`], re-creating missing groups once (after `FLUSHALL` or a restart).
@@ -437,30 +449,34 @@ impl RedisBroker {
         }
     }
 
-    /// Groups deliveries by queue as script arguments (`id, count` pairs), at most [`CHUNK`]
-    /// per call, dropping tags this broker did not make (they name nothing here).
-    fn tag_args(deliveries: &[Delivery]) -> Vec<(&str, Vec<String>)> {
-        let mut by_queue: BTreeMap<&str, Vec<Tag>> = BTreeMap::new();
+    /// Groups deliveries by stream (queue and band) as script arguments (`id, count` pairs), at
+    /// most [`CHUNK`] per call, dropping tags this broker did not make (they name nothing here).
+    fn tag_args(&self, deliveries: &[Delivery]) -> Vec<(String, Vec<String>)> {
+        let mut by_stream: BTreeMap<(&str, i8), Vec<Tag>> = BTreeMap::new();
         for d in deliveries {
             if let Some(t) = Tag::parse(&d.tag) {
-                by_queue.entry(d.queue.as_str()).or_default().push(t);
+                by_stream
+                    .entry((d.queue.as_str(), t.band))
+                    .or_default()
+                    .push(t);
             }
         }
         let mut out = Vec::new();
-        for (queue, tags) in by_queue {
+        for ((queue, band), tags) in by_stream {
             for chunk in tags.chunks(CHUNK) {
                 let args = chunk
                     .iter()
                     .flat_map(|t| [t.id.clone(), t.count.to_string()])
                     .collect();
-                out.push((queue, args));
+                out.push((self.keys.band_stream(queue, band), args));
             }
         }
         out
     }
 
-    /// Reserves up to `max` entries of `queue` for `consumer` without blocking: requeued ones
-    /// first, then new ones (the `RESERVE` script). Creates a missing group once.
+    /// Reserves up to `max` entries of `queue` for `consumer` without blocking: band by band,
+    /// highest first, requeued ones first, then new ones (the `RESERVE` script). Creates missing
+    /// groups once.
     async fn reserve_ready(
         &self,
         queue: &str,
@@ -472,7 +488,7 @@ impl RedisBroker {
             let v: Value = self
                 .scripts
                 .reserve
-                .key(self.keys.stream(queue))
+                .key(self.keys.streams(queue))
                 .arg(GROUP)
                 .arg(REQUEUED)
                 .arg(consumer)
@@ -487,11 +503,14 @@ impl RedisBroker {
                 }
                 continue;
             }
-            return Ok(entry::counted_entries(v)
+            return entry::indexed_entries(v)
                 .map_err(shape)?
                 .into_iter()
-                .map(|e| e.into_delivery(queue))
-                .collect());
+                .map(|(k, e)| match k.checked_sub(1).and_then(|i| BANDS.get(i)) {
+                    Some(band) => Ok(e.into_delivery(queue, *band)),
+                    None => Err(shape(format!("RESERVE answered for key number {k}"))),
+                })
+                .collect();
         }
         Err(Error::backend(
             BACKEND,
@@ -521,7 +540,7 @@ impl RedisBroker {
             .iter()
             .map(|q| {
                 (
-                    vec![self.keys.stream(q)],
+                    self.keys.streams(q),
                     vec![GROUP.to_string(), consumer.to_string()],
                 )
             })
@@ -551,7 +570,7 @@ impl Broker for RedisBroker {
             .ignore();
         for j in jobs {
             pipe.cmd("XADD")
-                .arg(self.keys.stream(&j.queue))
+                .arg(self.keys.band_stream(&j.queue, band(j.priority)))
                 .arg("*")
                 .arg(entry::JOB_FIELD)
                 .arg(j.id.to_string())
@@ -613,28 +632,30 @@ impl Broker for RedisBroker {
     }
 
     async fn ack(&self, deliveries: &[Delivery]) -> Result<()> {
-        let calls: Vec<_> = Self::tag_args(deliveries)
+        let calls: Vec<_> = self
+            .tag_args(deliveries)
             .into_iter()
-            .map(|(queue, tags)| {
+            .map(|(stream, tags)| {
                 let mut args = vec![GROUP.to_string()];
                 args.extend(tags);
-                (vec![self.keys.stream(queue)], args)
+                (vec![stream], args)
             })
             .collect();
         self.eval_each(&self.scripts.ack, &calls).await.map(|_| ())
     }
 
     async fn requeue(&self, consumer: &str, deliveries: &[Delivery]) -> Result<usize> {
-        let calls: Vec<_> = Self::tag_args(deliveries)
+        let calls: Vec<_> = self
+            .tag_args(deliveries)
             .into_iter()
-            .map(|(queue, tags)| {
+            .map(|(stream, tags)| {
                 let mut args = vec![
                     GROUP.to_string(),
                     consumer.to_string(),
                     REQUEUED.to_string(),
                 ];
                 args.extend(tags);
-                (vec![self.keys.stream(queue)], args)
+                (vec![stream], args)
             })
             .collect();
         let results = self.eval_each(&self.scripts.requeue, &calls).await?;
@@ -648,7 +669,7 @@ impl Broker for RedisBroker {
         let mut c = self.manager().await?;
         self.scripts
             .dead_letter
-            .key(self.keys.stream(&d.queue))
+            .key(self.keys.band_stream(&d.queue, tag.band))
             .key(self.keys.dead(&d.queue))
             .arg(GROUP)
             .arg(&tag.id)
@@ -666,21 +687,26 @@ impl Broker for RedisBroker {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let queues = self.known_queues().await?;
-        let calls: Vec<_> = queues
+        let streams: Vec<(String, i8)> = self
+            .known_queues()
+            .await?
+            .into_iter()
+            .flat_map(|q| BANDS.map(|b| (q.clone(), b)))
+            .collect();
+        let calls: Vec<_> = streams
             .iter()
-            .map(|q| {
+            .map(|(q, b)| {
                 (
-                    vec![self.keys.stream(q)],
+                    vec![self.keys.band_stream(q, *b)],
                     vec![GROUP.to_string(), consumer.to_string(), limit.to_string()],
                 )
             })
             .collect();
         let results = self.eval_each(&self.scripts.pending, &calls).await?;
         let mut out = Vec::new();
-        for (queue, v) in queues.iter().zip(results) {
+        for ((queue, band), v) in streams.iter().zip(results) {
             let entries = entry::counted_entries(v).map_err(shape)?;
-            out.extend(entries.into_iter().map(|e| e.into_delivery(queue)));
+            out.extend(entries.into_iter().map(|e| e.into_delivery(queue, *band)));
         }
         out.truncate(limit);
         Ok(out)
@@ -754,7 +780,7 @@ impl Broker for RedisBroker {
             .known_queues()
             .await?
             .iter()
-            .map(|q| (vec![self.keys.stream(q)], vec![GROUP.to_string()]))
+            .map(|q| (self.keys.streams(q), vec![GROUP.to_string()]))
             .collect();
         let mut candidates = BTreeSet::new();
         for v in self.eval_each(&self.scripts.consumers, &calls).await? {
@@ -817,10 +843,9 @@ impl Broker for RedisBroker {
         let calls: Vec<_> = queues
             .iter()
             .map(|q| {
-                (
-                    vec![self.keys.stream(q), self.keys.dead(q)],
-                    vec![GROUP.to_string(), REQUEUED.to_string()],
-                )
+                let mut keys = self.keys.streams(q);
+                keys.push(self.keys.dead(q));
+                (keys, vec![GROUP.to_string(), REQUEUED.to_string()])
             })
             .collect();
         let results = self.eval_each(&self.scripts.depth, &calls).await?;

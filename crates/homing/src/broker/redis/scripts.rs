@@ -4,6 +4,8 @@
 //! rescuers can never both requeue one message, and a client crash cannot leave half a move.
 //!
 //! Two ideas the scripts share:
+//! - **A queue is several streams, one per priority band** (see [`super::keys::band`]), all in
+//!   one hash tag; scripts that look at a whole queue take them all as keys, highest band first.
 //! - **Requeued entries stay in the group's pending list**, owned by a reserved consumer name
 //!   ([`super::keys::REQUEUED`]), instead of being added again at the tail: they keep their
 //!   place, so reservations claim them (`XCLAIM`) before reading new entries, and a reclaimed job
@@ -24,40 +26,68 @@
 
 use ::redis::Script;
 
-/// Reserve up to a number of entries of one queue for a consumer, without blocking: first the
-/// entries the rescuer (or a shutting-down worker) put back, oldest first (they keep their place
-/// at the head of the queue), then new ones (`XREADGROUP … >`). One round trip for the common
-/// case of a busy queue; only an empty queue makes the caller block on its own connection.
-/// Requeued entries deleted from the stream meanwhile are acknowledged away.
+/// Reserve up to a number of entries of one queue for a consumer, without blocking, from the
+/// queue's priority-band streams in the order given (highest band first). In each band: first
+/// the entries the rescuer (or a shutting-down worker) put back, oldest first (they keep their
+/// place at the head of their band), then new ones (`XREADGROUP … >`). A band stream with no
+/// entry at all (`XLEN` 0: acknowledged entries are deleted, so it holds neither ready nor
+/// pending ones) is skipped with that one O(1) call, so a queue that only ever sees priority 0
+/// pays nothing but a few `XLEN`s inside the one round trip it always made. Only an empty queue
+/// makes the caller block on its own connection. Requeued entries deleted from the stream
+/// meanwhile are acknowledged away.
 ///
-/// KEYS\[1\]: the queue stream. ARGV\[1\]: the group. ARGV\[2\]: the requeued-owner name.
-/// ARGV\[3\]: the reserving consumer. ARGV\[4\]: the most entries to reserve.
-/// Returns `{{id, delivery count, {field, value, ...}}, ...}`, or `-1` when the stream or its
-/// group does not exist (the caller creates it and tries again).
+/// KEYS: the queue's band streams, highest band first. ARGV\[1\]: the group. ARGV\[2\]: the
+/// requeued-owner name. ARGV\[3\]: the reserving consumer. ARGV\[4\]: the most entries to reserve.
+/// Returns `{{id, delivery count, {field, value, ...}, key index}, ...}`, or `-1` when a stream
+/// with entries has no group (the caller creates the groups and tries again).
 const RESERVE: &str = r#"
 local group, parked, consumer = ARGV[1], ARGV[2], ARGV[3]
 local max = tonumber(ARGV[4])
 local out = {}
-local p = redis.pcall('XPENDING', KEYS[1], group, '-', '+', max, parked)
-if p.err ~= nil then return -1 end
-for _, row in ipairs(p) do
-  local id, n = row[1], row[4] + 1
-  local e = redis.call('XRANGE', KEYS[1], id, id)
-  if #e == 0 then
-    redis.call('XACK', KEYS[1], group, id)
-  else
-    redis.call('XCLAIM', KEYS[1], group, consumer, 0, id, 'RETRYCOUNT', n, 'JUSTID')
-    out[#out + 1] = {id, n, e[1][2]}
-  end
-end
-if #out < max then
-  local r = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', max - #out, 'STREAMS', KEYS[1], '>')
-  if type(r) == 'table' and r.err ~= nil then return -1 end
-  if r then
-    for _, e in ipairs(r[1][2]) do out[#out + 1] = {e[1], 1, e[2]} end
+for k, key in ipairs(KEYS) do
+  if #out >= max then break end
+  if redis.call('XLEN', key) > 0 then
+    local p = redis.pcall('XPENDING', key, group, '-', '+', max - #out, parked)
+    if p.err ~= nil then return -1 end
+    for _, row in ipairs(p) do
+      local id, n = row[1], row[4] + 1
+      local e = redis.call('XRANGE', key, id, id)
+      if #e == 0 then
+        redis.call('XACK', key, group, id)
+      else
+        redis.call('XCLAIM', key, group, consumer, 0, id, 'RETRYCOUNT', n, 'JUSTID')
+        out[#out + 1] = {id, n, e[1][2], k}
+      end
+    end
+    if #out < max then
+      local r = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', max - #out, 'STREAMS', key, '>')
+      if type(r) == 'table' and r.err ~= nil then return -1 end
+      if r then
+        for _, e in ipairs(r[1][2]) do out[#out + 1] = {e[1], 1, e[2], k} end
+      end
+    end
   end
 end
 return out
+"#;
+
+/// Create the consumer group (starting at `0`, so messages published before any worker came are
+/// delivered) on each of a queue's band streams, creating the streams too; an existing group is
+/// left alone. One round trip for all bands.
+///
+/// KEYS: the queue's band streams. ARGV\[1\]: the group.
+/// Returns the number of groups created.
+const ENSURE_GROUPS: &str = r#"
+local n = 0
+for _, key in ipairs(KEYS) do
+  local r = redis.pcall('XGROUP', 'CREATE', key, ARGV[1], '0', 'MKSTREAM')
+  if type(r) == 'table' and r.err ~= nil then
+    if string.sub(r.err, 1, 9) ~= 'BUSYGROUP' then return redis.error_reply(r.err) end
+  else
+    n = n + 1
+  end
+end
+return n
 "#;
 
 /// Acknowledge and delete delivered entries (late ack: the job's new state is committed). Only
@@ -151,55 +181,66 @@ end
 return out
 "#;
 
-/// What one queue holds.
+/// What one queue holds, summed over its band streams.
 ///
-/// KEYS\[1\]: the queue stream. KEYS\[2\]: the queue's dead-letter stream. ARGV\[1\]: the group.
-/// ARGV\[2\]: the requeued-owner name.
-/// Returns `{entries in the stream, entries pending, of which requeued, dead letters}`.
-/// Acknowledged entries are always deleted, so the stream holds exactly the ready and the
+/// KEYS\[1..n-1\]: the queue's band streams. KEYS\[n\]: the queue's dead-letter stream.
+/// ARGV\[1\]: the group. ARGV\[2\]: the requeued-owner name.
+/// Returns `{entries in the streams, entries pending, of which requeued, dead letters}`.
+/// Acknowledged entries are always deleted, so the streams hold exactly the ready and the
 /// pending ones.
 const DEPTH: &str = r#"
-local pending, parked = 0, 0
-local p = redis.pcall('XPENDING', KEYS[1], ARGV[1])
-if p.err == nil then
-  pending = p[1]
-  if type(p[4]) == 'table' then
-    for _, c in ipairs(p[4]) do
-      if c[1] == ARGV[2] then parked = tonumber(c[2]) end
+local len, pending, parked = 0, 0, 0
+for k = 1, #KEYS - 1 do
+  len = len + redis.call('XLEN', KEYS[k])
+  local p = redis.pcall('XPENDING', KEYS[k], ARGV[1])
+  if p.err == nil then
+    pending = pending + p[1]
+    if type(p[4]) == 'table' then
+      for _, c in ipairs(p[4]) do
+        if c[1] == ARGV[2] then parked = parked + tonumber(c[2]) end
+      end
     end
   end
 end
-return {redis.call('XLEN', KEYS[1]), pending, parked, redis.call('XLEN', KEYS[2])}
+return {len, pending, parked, redis.call('XLEN', KEYS[#KEYS])}
 "#;
 
-/// The names of the consumers in a queue's group (whether or not they own entries).
+/// The names of the consumers in a queue's group, over all its band streams (whether or not
+/// they own entries).
 ///
-/// KEYS\[1\]: the queue stream. ARGV\[1\]: the group.
-/// Returns `{name, ...}`; `{}` when the stream or group does not exist.
+/// KEYS: the queue's band streams. ARGV\[1\]: the group.
+/// Returns `{name, ...}` (a name may repeat); a stream or group that does not exist adds none.
 const CONSUMERS: &str = r#"
-local c = redis.pcall('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
-if c.err ~= nil then return {} end
 local names = {}
-for _, row in ipairs(c) do
-  for i = 1, #row, 2 do
-    if row[i] == 'name' then names[#names + 1] = row[i + 1] end
+for _, key in ipairs(KEYS) do
+  local c = redis.pcall('XINFO', 'CONSUMERS', key, ARGV[1])
+  if c.err == nil then
+    for _, row in ipairs(c) do
+      for i = 1, #row, 2 do
+        if row[i] == 'name' then names[#names + 1] = row[i + 1] end
+      end
+    end
   end
 end
 return names
 "#;
 
-/// Delete a consumer from a queue's group, only if it owns no pending entry there. Checked and
-/// done in one step: `XGROUP DELCONSUMER` drops the consumer's pending entries, so deleting a
-/// consumer that reserved a message in between would lose that message.
+/// Delete a consumer from a queue's group on every band stream, only if it owns no pending
+/// entry in any of them. Checked and done in one step: `XGROUP DELCONSUMER` drops the
+/// consumer's pending entries, so deleting a consumer that reserved a message in between would
+/// lose that message.
 ///
-/// KEYS\[1\]: the queue stream. ARGV\[1\]: the group. ARGV\[2\]: the consumer.
+/// KEYS: the queue's band streams. ARGV\[1\]: the group. ARGV\[2\]: the consumer.
 /// Returns 1 when the consumer owns nothing in this queue (it is gone from the group), 0 when it
-/// still owns entries (it is kept).
+/// still owns entries (it is kept everywhere).
 const DROP_CONSUMER: &str = r#"
-local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
-if p.err ~= nil then return 1 end
-if #p > 0 then return 0 end
-redis.pcall('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+for _, key in ipairs(KEYS) do
+  local p = redis.pcall('XPENDING', key, ARGV[1], '-', '+', 1, ARGV[2])
+  if p.err == nil and #p > 0 then return 0 end
+end
+for _, key in ipairs(KEYS) do
+  redis.pcall('XGROUP', 'DELCONSUMER', key, ARGV[1], ARGV[2])
+end
 return 1
 "#;
 
@@ -230,6 +271,7 @@ return 1
 #[derive(Debug)]
 pub struct Scripts {
     pub reserve: Script,
+    pub ensure_groups: Script,
     pub ack: Script,
     pub requeue: Script,
     pub dead_letter: Script,
@@ -245,6 +287,7 @@ impl Scripts {
     pub fn new() -> Self {
         Self {
             reserve: Script::new(RESERVE),
+            ensure_groups: Script::new(ENSURE_GROUPS),
             ack: Script::new(ACK),
             requeue: Script::new(REQUEUE),
             dead_letter: Script::new(DEAD_LETTER),
