@@ -462,6 +462,75 @@ async fn remote_protocol_on_the_embedded_backend() {
     assert!(metric(&api, &format!("homing_jobs_retried_total{label}")).await >= 1.0);
     assert!(metric(&api, &format!("homing_remote_stale_total{label}")).await >= 1.0);
 
+    // A run past its time limit (plus a TTL of grace) is ended by the server as a Rust handler
+    // at its limit is: an error that retries per the job's policy (here the declared 1 retry),
+    // and the heartbeat tells the worker to stop it. Its late completion is stale, and the job
+    // keeps the retry's result.
+    let (s, j) = api
+        .post(
+            "/v1/jobs",
+            json!({"task": "py.work", "queue": "py", "args": {"n": 10}, "time_limit": "300ms"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{j}");
+    let id = j["id"].as_str().unwrap().to_string();
+    let slow = w.reserve_job(&id).await;
+    assert_eq!(slow["time_limit_ms"], 300);
+    let ended = eventually(LIMIT, "the server to end the run at its limit", || async {
+        let j = api.job(&id).await;
+        (j["state"] != "running").then_some(j)
+    })
+    .await;
+    assert_eq!(ended["state"], "scheduled", "{ended}");
+    assert!(
+        ended["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("time limit of 300ms exceeded")),
+        "{ended}"
+    );
+    eventually(LIMIT, "the heartbeat to tell the worker to stop it", || async {
+        w.cancel.lock().unwrap().contains(&id).then_some(())
+    })
+    .await;
+    let late = json!({"outcome": "succeeded", "result": "late"});
+    assert_eq!(w.complete_one(&slow, late).await, "stale");
+    let again = w.reserve_job(&id).await;
+    assert_eq!(again["attempt"], 1);
+    assert_eq!(
+        w.complete_one(&again, json!({"outcome": "succeeded", "result": "in time"}))
+            .await,
+        "applied"
+    );
+    assert_eq!(api.job(&id).await["result"], "in time");
+    assert!(up.log_text().contains("job.time_limit"));
+
+    // A session that ends while its reserve long-polls (a worker stopping on SIGTERM): what
+    // the abandoned poll reserves goes back unstarted, with no crash counted.
+    let leaving = api.session("py", 200, false).await;
+    let poll = {
+        let api = api.clone();
+        let path = leaving.path("reserve");
+        tokio::spawn(async move { api.post(&path, json!({"max": 4, "wait_ms": 3000})).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = api
+        .http
+        .delete(api.url(&format!("/v1/remote/sessions/{}", leaving.id)))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let id = api.enqueue("py.work", "py", json!({"n": 11})).await;
+    let (s, _) = poll.await.unwrap();
+    assert!(
+        s == StatusCode::GONE || s == StatusCode::OK,
+        "the abandoned poll answered {s}"
+    );
+    let job = w.reserve_job(&id).await;
+    assert_eq!(job["crashes"], 0, "{job}");
+    assert_eq!(w.complete_one(&job, ok.clone()).await, "applied");
+
     // Validation at the door.
     for (path, body) in [
         (

@@ -612,6 +612,15 @@ class Worker:
 
     # ---- running and stopping --------------------------------------------------------------
 
+    def flush(self, limit: float) -> None:
+        """Waits (at most `limit` seconds) until every completion is acknowledged or dropped."""
+        until = time.monotonic() + limit
+        with self.lock:
+            while (self.outbox.qsize() or self.sending or any(
+                    h.state == "completing" and h.gen == self.gen for h in self.held.values())) \
+                    and time.monotonic() < until:
+                self.lock.wait(0.2)
+
     def on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         if self.stopping.is_set():
             log.warning("second %s: releasing running jobs now", signal.Signals(signum).name)
@@ -659,14 +668,13 @@ class Worker:
                 self.outbox.put(("complete", h, {"outcome": "released"}))
         if late:
             log.warning("grace period over: releasing %d running job(s)", len(late))
-        reserver.join(self.wait + 15)
-        # Wait for every completion to be acknowledged (or dropped) before ending the session.
-        flush_until = time.monotonic() + 30
+        # A reserve long poll in flight is not waited for (it may wait up to --poll): the
+        # session ends now, and whatever that poll still reserves is handed back unstarted by
+        # the server, which sees the session ended; an answer that still reaches this process
+        # is released like any job reserved while stopping.
+        reserver.join(0.1)
+        self.flush(30)
         with self.lock:
-            while (self.outbox.qsize() or self.sending or any(
-                    h.state == "completing" and h.gen == self.gen for h in self.held.values())) \
-                    and time.monotonic() < flush_until:
-                self.lock.wait(0.2)
             sid = self.session
         if sid is not None:
             try:
@@ -674,6 +682,10 @@ class Worker:
             except (Unreachable, ApiError) as e:
                 log.warning("could not end session %s (%s): the server reclaims it after its ttl",
                             sid, e)
+        if reserver.is_alive():
+            # An answer the server sent just before the session ended: release its jobs too.
+            reserver.join(0.5)
+            self.flush(10)
         self.finished.set()
         s = self.stats
         log.info("stopped: %d job(s) run, %d completion(s) applied, %d already applied, %d stale, "

@@ -103,9 +103,14 @@ async fn reserve(
     body: Result<Json<ReserveBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(b) = body?;
-    let jobs = gateway(&state)
-        .reserve(&session, b.max, Duration::from_millis(b.wait_ms))
+    // Its own task: a worker that closes the long poll (a graceful stop) must not cut the
+    // reservation off between the broker and the store; finished, it sees the session ended
+    // and hands its messages back (Gateway::reserve).
+    let gw = gateway(&state);
+    let wait = Duration::from_millis(b.wait_ms);
+    let jobs = tokio::spawn(async move { gw.reserve(&session, b.max, wait).await })
         .await
+        .map_err(ApiError::internal)?
         .map_err(api_error)?;
     Ok(Json(serde_json::json!({ "jobs": jobs })).into_response())
 }
