@@ -568,6 +568,21 @@ pub struct ChaosArgs {
     /// Keep the run's directory (logs, databases) instead of deleting it.
     #[arg(long)]
     pub keep: bool,
+    /// What the worker processes are: `rust` (`homing worker`) or `python` (`python -m homing
+    /// worker` over the remote worker protocol, running a Python task that mirrors the Rust
+    /// one; adds the `server_kill` fault, and `net_cut` cuts the workers from the server).
+    #[arg(long, value_enum, default_value_t = ChaosWorkerKind::Rust)]
+    pub worker_kind: ChaosWorkerKind,
+    /// With --worker-kind python: the Python interpreter that has the homing package (default:
+    /// $HOMING_PYTHON, else target/python-venv/bin/python as scripts/python-venv makes it).
+    #[arg(long)]
+    pub python: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ChaosWorkerKind {
+    Rust,
+    Python,
 }
 
 const SCHEDULES_ABOUT: &str = "Periodic schedules: a job per cron tick or per interval.\n\n\
