@@ -504,6 +504,39 @@ async fn remote_protocol_on_the_embedded_backend() {
     assert_eq!(api.job(&id).await["result"], "in time");
     assert!(up.log_text().contains("job.time_limit"));
 
+    // A completion that reserves the next job in the same round trip; a bad reserve.max is
+    // refused before anything is committed.
+    let first = api.enqueue("py.work", "py", json!({"n": 12})).await;
+    let next = api.enqueue("py.work", "py", json!({"n": 13})).await;
+    let job = w.reserve_job(&first).await;
+    let report = json!({"job_id": job["job_id"], "epoch": job["epoch"], "lease": job["lease"],
+                        "outcome": "succeeded", "result": 12});
+    let (s, e) = api
+        .post(
+            &w.path("complete"),
+            json!({"results": [report.clone()], "reserve": {"max": 0}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
+    assert_eq!(api.job(&first).await["state"], "running");
+    let (s, r) = api
+        .post(
+            &w.path("complete"),
+            json!({"results": [report], "reserve": {"max": 1}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{r}");
+    w.held
+        .lock()
+        .unwrap()
+        .retain(|h| h["job_id"] != first.as_str());
+    assert_eq!(r["results"][0]["status"], "applied", "{r}");
+    let got = r["jobs"].as_array().expect("jobs with the answer").clone();
+    assert_eq!(got.len(), 1, "{r}");
+    assert_eq!(got[0]["job_id"], next.as_str(), "{r}");
+    assert_eq!(api.job(&next).await["state"], "running");
+    assert_eq!(w.complete_one(&got[0], ok.clone()).await, "applied");
+
     // A session that ends while its reserve long-polls (a worker stopping on SIGTERM): what
     // the abandoned poll reserves goes back unstarted, with no crash counted.
     let leaving = api.session("py", 200, false).await;

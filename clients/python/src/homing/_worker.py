@@ -346,7 +346,9 @@ class Worker:
                 log.info("job %s dropped: reserved under an expired session", h.job_id)
                 return
             self.held[h.job_id] = h
-            if self.stopping.is_set():
+            # Stopping, or no slot left (a refill whose completion must be sent again kept its
+            # slot): hand it back unstarted.
+            if self.stopping.is_set() or self.busy >= self.concurrency:
                 h.state = "completing"
                 self.outbox.put(("complete", h, {"outcome": "released"}))
                 return
@@ -553,10 +555,18 @@ class Worker:
                 # Session presumed dead between the check and now: the loop above drops them.
                 self.finished.wait(0.1)
                 continue
-            body = {"results": [
+            body: dict[str, Any] = {"results": [
                 {"job_id": h.job_id, "epoch": h.epoch, "lease": h.job.get("lease"), **report}
                 for h, report in done
             ]}
+            # The slots these completions free are filled in the same round trip: their
+            # successors come back with the answer (one call per job instead of two). Only
+            # these slots: the reserver's own calls never count them as free.
+            with self.lock:
+                refill = 0 if self.stopping.is_set() or sid != self.session else \
+                    sum(1 for h, _ in done if h.slot)
+            if refill:
+                body["reserve"] = {"max": min(refill, 1000), "wait_ms": 0}
             try:
                 r = self.app.http().call(
                     "POST", f"/v1/remote/sessions/{sid}/complete", body, timeout=30,
@@ -601,6 +611,10 @@ class Worker:
                         self.stats.released += 1
                     log.debug("job %s: %s %s", h.job_id, report["outcome"], status)
                     self.forget(h)
+                # Taken in the same hold of the lock as the slots were freed, so the reserver
+                # never sees them free in between.
+                for job in (r or {}).get("jobs", []) if refill else []:
+                    self.accept(job, current)
                 self.lock.notify_all()
             if not again:
                 return
