@@ -514,6 +514,11 @@ must have been refused with a 4xx and none stored. It reports zombie writes \
 rejected, duplicate calls by cause, and recovery time from each kill to the killed jobs running \
 again. Exit code 1 on any violation.
 
+With --worker-kind python the workers are `python -m homing worker` processes (the package in \
+clients/python, e.g. in scripts/python-venv's virtualenv) talking to the server over the remote \
+worker protocol through a cuttable proxy each; their task calls the same counter the same way, \
+and `server_kill` (SIGKILL of the server, restarted on its address) joins the faults.
+
 Everything it starts dies with it (also on Ctrl-C or if it is killed); its directory under /tmp \
 is removed unless --keep; it only talks to 127.0.0.1 and unix sockets. A run takes --duration \
 plus the drain (at most --drain-limit).";

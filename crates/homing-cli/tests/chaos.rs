@@ -91,7 +91,11 @@ fn chaos_redis_postgres_with_every_fault_kind() {
 /// before the tests), or $HOMING_PYTHON.
 fn python() -> String {
     let py = std::env::var("HOMING_PYTHON").unwrap_or_else(|_| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/python-venv/bin/python").to_string()
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../target/python-venv/bin/python"
+        )
+        .to_string()
     });
     assert!(
         std::path::Path::new(&py).exists(),

@@ -488,9 +488,11 @@ async fn remote_protocol_on_the_embedded_backend() {
             .is_some_and(|e| e.contains("time limit of 300ms exceeded")),
         "{ended}"
     );
-    eventually(LIMIT, "the heartbeat to tell the worker to stop it", || async {
-        w.cancel.lock().unwrap().contains(&id).then_some(())
-    })
+    eventually(
+        LIMIT,
+        "the heartbeat to tell the worker to stop it",
+        || async { w.cancel.lock().unwrap().contains(&id).then_some(()) },
+    )
     .await;
     let late = json!({"outcome": "succeeded", "result": "late"});
     assert_eq!(w.complete_one(&slow, late).await, "stale");

@@ -427,10 +427,16 @@ mod tests {
         j.state = JobState::Failed;
         assert!(stopped_by_server(Some(&j)));
         j.error = Some("time limit of 5s exceeded".into());
-        assert!(!stopped_by_server(Some(&j)), "the worker's own timeout report");
+        assert!(
+            !stopped_by_server(Some(&j)),
+            "the worker's own timeout report"
+        );
         j.error = Some(time_limit_error(Duration::from_secs(5)));
         j.state = JobState::Succeeded;
-        assert!(!stopped_by_server(Some(&j)), "an earlier run's error on a success");
+        assert!(
+            !stopped_by_server(Some(&j)),
+            "an earlier run's error on a success"
+        );
         assert!(!stopped_by_server(None));
     }
 
