@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,6 +113,31 @@ def test_sigterm_finishes_running_jobs_and_exits_0(tmp_path: Path) -> None:
         assert w.wait(30) == 0, w.text()
         assert app.get(job.id).state == "succeeded"
         assert "stopped:" in w.text()
+    finally:
+        h.stop()
+
+
+def test_sigterm_while_idle_does_not_wait_for_the_long_poll(tmp_path: Path) -> None:
+    """An idle worker whose reserve waits up to 30 s on the server stops at once on SIGTERM,
+    and a job enqueued as it stops (which that abandoned long poll may reserve) is not lost and
+    is not counted as a crash: the server hands it back unstarted."""
+    h = Homing(tmp_path).start()
+    try:
+        app = App(h.url)
+        w = h.worker("--concurrency", "1", "--poll", "30s", name="idle")
+        eventually("a worker", lambda: worker_live(h.url))
+        time.sleep(0.5)  # its reserve is now waiting on the server
+        t0 = time.monotonic()
+        w.p.send_signal(signal.SIGTERM)
+        job = app.enqueue("py.add", {"a": 1, "b": 1}, queue="py")
+        assert w.wait(30) == 0, w.text()
+        took = time.monotonic() - t0
+        # The old worker waited for its long poll (up to 30 s); generous under a loaded machine.
+        assert took < 10, f"SIGTERM took {took:.1f}s with a 30s long poll\n{w.text()}"
+        h.worker("--concurrency", "1", name="next")
+        done = app.wait(job.id, timeout=60)
+        assert done.state == "succeeded", done
+        assert done.crashes == 0, done
     finally:
         h.stop()
 

@@ -578,6 +578,11 @@ must have been refused with a 4xx and none stored. It reports zombie writes \
 rejected, duplicate calls by cause, and recovery time from each kill to the killed jobs running \
 again. Exit code 1 on any violation.
 
+With --worker-kind python the workers are `python -m homing worker` processes (the package in \
+clients/python, e.g. in scripts/python-venv's virtualenv) talking to the server over the remote \
+worker protocol through a cuttable proxy each; their task calls the same counter the same way, \
+and `server_kill` (SIGKILL of the server, restarted on its address) joins the faults.
+
 Everything it starts dies with it (also on Ctrl-C or if it is killed); its directory under /tmp \
 is removed unless --keep; it only talks to 127.0.0.1 and unix sockets. A run takes --duration \
 plus the drain (at most --drain-limit).";
@@ -632,6 +637,21 @@ pub struct ChaosArgs {
     /// Keep the run's directory (logs, databases) instead of deleting it.
     #[arg(long)]
     pub keep: bool,
+    /// What the worker processes are: `rust` (`homing worker`) or `python` (`python -m homing
+    /// worker` over the remote worker protocol, running a Python task that mirrors the Rust
+    /// one; adds the `server_kill` fault, and `net_cut` cuts the workers from the server).
+    #[arg(long, value_enum, default_value_t = ChaosWorkerKind::Rust)]
+    pub worker_kind: ChaosWorkerKind,
+    /// With --worker-kind python: the Python interpreter that has the homing package (default:
+    /// $HOMING_PYTHON, else target/python-venv/bin/python as scripts/python-venv makes it).
+    #[arg(long)]
+    pub python: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ChaosWorkerKind {
+    Rust,
+    Python,
 }
 
 const SCHEDULES_ABOUT: &str = "Periodic schedules: a job per cron tick or per interval.\n\n\

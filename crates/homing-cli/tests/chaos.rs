@@ -1,16 +1,21 @@
 //! The short form of `homing chaos` that runs on every CI run (docs/design.md section 10): a minute of
 //! load and faults on the embedded backend, and a minute on Redis + PostgreSQL with every fault
-//! kind, each failing the build on any violation of the guarantees. The long run and its report
-//! are in RELIABILITY.md.
+//! kind, each failing the build on any violation of the guarantees; and 40 s of the same with
+//! Python workers (`--worker-kind python`, the package in scripts/python-venv's virtualenv). The
+//! long runs and their reports are in RELIABILITY.md.
 
 use std::process::Command;
 
 fn chaos(args: &[&str]) -> serde_json::Value {
+    chaos_for(60, args)
+}
+
+fn chaos_for(seconds: u64, args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_homing"))
         .arg("chaos")
         .args([
             "--duration",
-            "60s",
+            &format!("{seconds}s"),
             "--json",
             "--rate",
             "100",
@@ -46,7 +51,10 @@ fn chaos(args: &[&str]) -> serde_json::Value {
     assert_eq!(report["hostile_violations"], 0, "{report}");
     // The deployment's every-1s schedule: one job per tick, none missing, under every fault.
     let ticks = &report["schedule"];
-    assert!(ticks["ticks"].as_u64().unwrap_or(0) >= 50, "{report}");
+    assert!(
+        ticks["ticks"].as_u64().unwrap_or(0) >= seconds - 10,
+        "{report}"
+    );
     assert_eq!(ticks["duplicated"], 0, "{report}");
     assert_eq!(ticks["missing"], 0, "{report}");
     // The limited queue (concurrency 2): fed in bursts of four, never more than two calls in
@@ -85,6 +93,58 @@ fn chaos_redis_postgres_with_every_fault_kind() {
         "redis_flushall",
         "net_cut",
         "postgres_restart",
+    ] {
+        assert!(r["faults"][kind].as_u64().unwrap_or(0) >= 1, "{r}");
+    }
+}
+
+/// The Python package's interpreter, as scripts/python-venv makes it (CI runs that script
+/// before the tests), or $HOMING_PYTHON.
+fn python() -> String {
+    let py = std::env::var("HOMING_PYTHON").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../target/python-venv/bin/python"
+        )
+        .to_string()
+    });
+    assert!(
+        std::path::Path::new(&py).exists(),
+        "{py} is missing: run scripts/python-venv first (it needs the Debian packages python3 and python3-venv), or set HOMING_PYTHON"
+    );
+    py
+}
+
+#[test]
+fn chaos_python_workers_on_redis_postgres_with_every_fault_kind() {
+    let py = python();
+    let r = chaos_for(
+        40,
+        &[
+            "--seed",
+            "13",
+            "--broker",
+            "redis",
+            "--store",
+            "postgres",
+            "--worker-kind",
+            "python",
+            "--python",
+            &py,
+            "--fault-every",
+            "2s",
+        ],
+    );
+    assert_eq!(r["worker_kind"], "python", "{r}");
+    for kind in [
+        "kill9",
+        "kill9_mid_commit",
+        "pause",
+        "redis_restart",
+        "redis_flushall",
+        "net_cut",
+        "postgres_restart",
+        "server_kill",
     ] {
         assert!(r["faults"][kind].as_u64().unwrap_or(0) >= 1, "{r}");
     }

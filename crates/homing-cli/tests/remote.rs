@@ -462,6 +462,115 @@ async fn remote_protocol_on_the_embedded_backend() {
     assert!(metric(&api, &format!("homing_jobs_retried_total{label}")).await >= 1.0);
     assert!(metric(&api, &format!("homing_remote_stale_total{label}")).await >= 1.0);
 
+    // A run past its time limit (plus a TTL of grace) is ended by the server as a Rust handler
+    // at its limit is: an error that retries per the job's policy (here the declared 1 retry),
+    // and the heartbeat tells the worker to stop it. Its late completion is stale, and the job
+    // keeps the retry's result.
+    let (s, j) = api
+        .post(
+            "/v1/jobs",
+            json!({"task": "py.work", "queue": "py", "args": {"n": 10}, "time_limit": "300ms"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{j}");
+    let id = j["id"].as_str().unwrap().to_string();
+    let slow = w.reserve_job(&id).await;
+    assert_eq!(slow["time_limit_ms"], 300);
+    let ended = eventually(LIMIT, "the server to end the run at its limit", || async {
+        let j = api.job(&id).await;
+        (j["state"] != "running").then_some(j)
+    })
+    .await;
+    // Retried (declared: 1 retry, 100 ms apart): scheduled, or already queued again.
+    assert!(
+        matches!(ended["state"].as_str(), Some("scheduled" | "queued")),
+        "{ended}"
+    );
+    assert_eq!(ended["attempts"], 1, "{ended}");
+    assert!(
+        ended["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("time limit of 300ms exceeded")),
+        "{ended}"
+    );
+    eventually(
+        LIMIT,
+        "the heartbeat to tell the worker to stop it",
+        || async { w.cancel.lock().unwrap().contains(&id).then_some(()) },
+    )
+    .await;
+    let late = json!({"outcome": "succeeded", "result": "late"});
+    assert_eq!(w.complete_one(&slow, late).await, "stale");
+    let again = w.reserve_job(&id).await;
+    assert_eq!(again["attempt"], 1);
+    assert_eq!(
+        w.complete_one(&again, json!({"outcome": "succeeded", "result": "in time"}))
+            .await,
+        "applied"
+    );
+    assert_eq!(api.job(&id).await["result"], "in time");
+    assert!(up.log_text().contains("job.time_limit"));
+
+    // A completion that reserves the next job in the same round trip; a bad reserve.max is
+    // refused before anything is committed.
+    let first = api.enqueue("py.work", "py", json!({"n": 12})).await;
+    let next = api.enqueue("py.work", "py", json!({"n": 13})).await;
+    let job = w.reserve_job(&first).await;
+    let report = json!({"job_id": job["job_id"], "epoch": job["epoch"], "lease": job["lease"],
+                        "outcome": "succeeded", "result": 12});
+    let (s, e) = api
+        .post(
+            &w.path("complete"),
+            json!({"results": [report.clone()], "reserve": {"max": 0}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
+    assert_eq!(api.job(&first).await["state"], "running");
+    let (s, r) = api
+        .post(
+            &w.path("complete"),
+            json!({"results": [report], "reserve": {"max": 1}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{r}");
+    w.held
+        .lock()
+        .unwrap()
+        .retain(|h| h["job_id"] != first.as_str());
+    assert_eq!(r["results"][0]["status"], "applied", "{r}");
+    let got = r["jobs"].as_array().expect("jobs with the answer").clone();
+    assert_eq!(got.len(), 1, "{r}");
+    assert_eq!(got[0]["job_id"], next.as_str(), "{r}");
+    assert_eq!(api.job(&next).await["state"], "running");
+    assert_eq!(w.complete_one(&got[0], ok.clone()).await, "applied");
+
+    // A session that ends while its reserve long-polls (a worker stopping on SIGTERM): what
+    // the abandoned poll reserves goes back unstarted, with no crash counted.
+    let leaving = api.session("py", 200, false).await;
+    let poll = {
+        let api = api.clone();
+        let path = leaving.path("reserve");
+        tokio::spawn(async move { api.post(&path, json!({"max": 4, "wait_ms": 3000})).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = api
+        .http
+        .delete(api.url(&format!("/v1/remote/sessions/{}", leaving.id)))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let id = api.enqueue("py.work", "py", json!({"n": 11})).await;
+    let (s, _) = poll.await.unwrap();
+    assert!(
+        s == StatusCode::GONE || s == StatusCode::OK,
+        "the abandoned poll answered {s}"
+    );
+    let job = w.reserve_job(&id).await;
+    assert_eq!(job["crashes"], 0, "{job}");
+    assert_eq!(w.complete_one(&job, ok.clone()).await, "applied");
+
     // Validation at the door.
     for (path, body) in [
         (

@@ -191,7 +191,7 @@ async fn kill_9_python_workers_mid_job_every_job_succeeds() {
 async fn python_worker_paused_past_its_ttl_is_fenced_off() {
     let env = Env::sqlite();
     let counter = Counter::start().await;
-    let (_up, base) = start_up(&env, &[]).await;
+    let (up, base) = start_up(&env, &[]).await;
     let zombie = py_worker(&env, "zombie", &base, &["--concurrency", "1"]);
     // Two jobs of 2 s: the zombie (concurrency 1) holds one mid-call when it is paused.
     let ids = enqueue_calls(&base, &counter, 2, 2.0).await;
@@ -244,6 +244,25 @@ async fn python_worker_paused_past_its_ttl_is_fenced_off() {
         log.contains("presumed dead") || log.contains("refused as stale"),
         "the zombie never noticed it was fenced off:\n{log}"
     );
+    // Refused by the server: counted there (logged as a zombie write); dropped by the worker:
+    // counted in its log.
+    let log = eventually(
+        Duration::from_secs(30),
+        "the zombie's result to be refused or dropped",
+        || async {
+            let log = zombie.log_text();
+            (log.contains("refused as stale")
+                || log.contains("not sent: its session was presumed dead"))
+            .then_some(log)
+        },
+    )
+    .await;
+    if log.contains("refused as stale") {
+        assert!(
+            up.log_text().contains("job.zombie_write_rejected"),
+            "the zombie's result was refused but not counted by the server"
+        );
+    }
     // And it works again.
     let more = enqueue_calls(&base, &counter, 4, 0.0).await;
     let done = wait_all_terminal(&client, &more, Duration::from_secs(60)).await;

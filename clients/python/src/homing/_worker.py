@@ -346,7 +346,9 @@ class Worker:
                 log.info("job %s dropped: reserved under an expired session", h.job_id)
                 return
             self.held[h.job_id] = h
-            if self.stopping.is_set():
+            # Stopping, or no slot left (a refill whose completion must be sent again kept its
+            # slot): hand it back unstarted.
+            if self.stopping.is_set() or self.busy >= self.concurrency:
                 h.state = "completing"
                 self.outbox.put(("complete", h, {"outcome": "released"}))
                 return
@@ -553,10 +555,18 @@ class Worker:
                 # Session presumed dead between the check and now: the loop above drops them.
                 self.finished.wait(0.1)
                 continue
-            body = {"results": [
+            body: dict[str, Any] = {"results": [
                 {"job_id": h.job_id, "epoch": h.epoch, "lease": h.job.get("lease"), **report}
                 for h, report in done
             ]}
+            # The slots these completions free are filled in the same round trip: their
+            # successors come back with the answer (one call per job instead of two). Only
+            # these slots: the reserver's own calls never count them as free.
+            with self.lock:
+                refill = 0 if self.stopping.is_set() or sid != self.session else \
+                    sum(1 for h, _ in done if h.slot)
+            if refill:
+                body["reserve"] = {"max": min(refill, 1000), "wait_ms": 0}
             try:
                 r = self.app.http().call(
                     "POST", f"/v1/remote/sessions/{sid}/complete", body, timeout=30,
@@ -601,6 +611,10 @@ class Worker:
                         self.stats.released += 1
                     log.debug("job %s: %s %s", h.job_id, report["outcome"], status)
                     self.forget(h)
+                # Taken in the same hold of the lock as the slots were freed, so the reserver
+                # never sees them free in between.
+                for job in (r or {}).get("jobs", []) if refill else []:
+                    self.accept(job, current)
                 self.lock.notify_all()
             if not again:
                 return
@@ -611,6 +625,15 @@ class Worker:
             self.finished.wait(delay)
 
     # ---- running and stopping --------------------------------------------------------------
+
+    def flush(self, limit: float) -> None:
+        """Waits (at most `limit` seconds) until every completion is acknowledged or dropped."""
+        until = time.monotonic() + limit
+        with self.lock:
+            while (self.outbox.qsize() or self.sending or any(
+                    h.state == "completing" and h.gen == self.gen for h in self.held.values())) \
+                    and time.monotonic() < until:
+                self.lock.wait(0.2)
 
     def on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         if self.stopping.is_set():
@@ -659,14 +682,13 @@ class Worker:
                 self.outbox.put(("complete", h, {"outcome": "released"}))
         if late:
             log.warning("grace period over: releasing %d running job(s)", len(late))
-        reserver.join(self.wait + 15)
-        # Wait for every completion to be acknowledged (or dropped) before ending the session.
-        flush_until = time.monotonic() + 30
+        # A reserve long poll in flight is not waited for (it may wait up to --poll): the
+        # session ends now, and whatever that poll still reserves is handed back unstarted by
+        # the server, which sees the session ended; an answer that still reaches this process
+        # is released like any job reserved while stopping.
+        reserver.join(0.1)
+        self.flush(30)
         with self.lock:
-            while (self.outbox.qsize() or self.sending or any(
-                    h.state == "completing" and h.gen == self.gen for h in self.held.values())) \
-                    and time.monotonic() < flush_until:
-                self.lock.wait(0.2)
             sid = self.session
         if sid is not None:
             try:
@@ -674,6 +696,10 @@ class Worker:
             except (Unreachable, ApiError) as e:
                 log.warning("could not end session %s (%s): the server reclaims it after its ttl",
                             sid, e)
+        if reserver.is_alive():
+            # An answer the server sent just before the session ended: release its jobs too.
+            reserver.join(0.5)
+            self.flush(10)
         self.finished.set()
         s = self.stats
         log.info("stopped: %d job(s) run, %d completion(s) applied, %d already applied, %d stale, "

@@ -103,9 +103,14 @@ async fn reserve(
     body: Result<Json<ReserveBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(b) = body?;
-    let jobs = gateway(&state)
-        .reserve(&session, b.max, Duration::from_millis(b.wait_ms))
+    // Its own task: a worker that closes the long poll (a graceful stop) must not cut the
+    // reservation off between the broker and the store; finished, it sees the session ended
+    // and hands its messages back (Gateway::reserve).
+    let gw = gateway(&state);
+    let wait = Duration::from_millis(b.wait_ms);
+    let jobs = tokio::spawn(async move { gw.reserve(&session, b.max, wait).await })
         .await
+        .map_err(ApiError::internal)?
         .map_err(api_error)?;
     Ok(Json(serde_json::json!({ "jobs": jobs })).into_response())
 }
@@ -114,6 +119,10 @@ async fn reserve(
 #[serde(deny_unknown_fields)]
 struct CompleteBody {
     results: Vec<Report>,
+    /// Reserve the next jobs in the same round trip, once the completions are committed: a
+    /// worker whose slots these completions free asks for their successors here.
+    #[serde(default)]
+    reserve: Option<ReserveBody>,
 }
 
 async fn complete(
@@ -122,11 +131,49 @@ async fn complete(
     body: Result<Json<CompleteBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(b) = body?;
-    let results = gateway(&state)
-        .complete(&session, &b.results)
-        .await
-        .map_err(api_error)?;
-    Ok(Json(serde_json::json!({ "results": results })).into_response())
+    let gw = gateway(&state);
+    let Some(next) = b.reserve else {
+        let results = gw.complete(&session, &b.results).await.map_err(api_error)?;
+        return Ok(Json(serde_json::json!({ "results": results })).into_response());
+    };
+    // Its bounds are checked before anything is committed, as a plain `reserve` call's.
+    if next.max == 0 || next.max > homing::remote::MAX_RESERVE {
+        return Err(ApiError::bad_request(format!(
+            "reserve.max must be between 1 and {} (got {})",
+            homing::remote::MAX_RESERVE,
+            next.max
+        )));
+    }
+    if Duration::from_millis(next.wait_ms) > homing::remote::MAX_WAIT {
+        return Err(ApiError::bad_request(format!(
+            "reserve.wait_ms must be at most {} (got {})",
+            homing::remote::MAX_WAIT.as_millis(),
+            next.wait_ms
+        )));
+    }
+    // Its own task, as `reserve`: a closed connection must not cut a reservation in half.
+    let (results, jobs) = tokio::spawn(async move {
+        let results = gw.complete(&session, &b.results).await?;
+        // The completions are committed whatever happens to the reservation: a refused one
+        // (a session presumed dead, a bad `max`) reserves nothing and says why.
+        let jobs = gw
+            .reserve(&session, next.max, Duration::from_millis(next.wait_ms))
+            .await
+            .map_err(api_error);
+        Ok::<_, homing::remote::RemoteError>((results, jobs))
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(api_error)?;
+    let mut out = serde_json::json!({ "results": results });
+    match jobs {
+        Ok(jobs) => out["jobs"] = serde_json::json!(jobs),
+        Err(e) => {
+            out["jobs"] = serde_json::json!([]);
+            out["reserve_error"] = serde_json::json!({"code": e.code, "message": e.message});
+        }
+    }
+    Ok(Json(out).into_response())
 }
 
 #[derive(Debug, Deserialize)]

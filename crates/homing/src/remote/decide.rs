@@ -122,6 +122,44 @@ pub fn unheld(
         .collect()
 }
 
+/// The start of the error the server commits for a remote run it stopped at its time limit,
+/// which is also how a late completion of that run is told from a retried one.
+pub const SERVER_TIME_LIMIT: &str = "remote time limit";
+
+/// The error committed for a run the server stopped at `limit`.
+pub fn time_limit_error(limit: Duration) -> String {
+    format!(
+        "{SERVER_TIME_LIMIT}: time limit of {} exceeded, and the worker did not report within its grace; the server stopped waiting for it",
+        humantime::format_duration(limit)
+    )
+}
+
+/// Whether a held run started at `started_at` is past its time limit plus `grace` (the
+/// session's TTL: time for the worker's own timeout report to arrive first). Such a run is
+/// ended by the server exactly as a Rust worker ends a handler at its limit.
+pub fn over_limit(started_at: Micros, limit: Duration, grace: Duration, now: Micros) -> bool {
+    started_at
+        .saturating_add(micros(limit))
+        .saturating_add(micros(grace))
+        < now
+}
+
+/// Whether a refused completion whose epoch matches the job's last completion is a late report
+/// of a run the server stopped at its time limit (`Stale`: the worker never sent that
+/// completion) rather than a retried call (`AlreadyApplied`). The server's completion of such a
+/// run is an error that retries or fails the job, carrying [`SERVER_TIME_LIMIT`].
+pub fn stopped_by_server(job: Option<&Job>) -> bool {
+    job.is_some_and(|j| {
+        !matches!(
+            j.state,
+            JobState::Succeeded | JobState::Cancelled | JobState::Queued
+        ) && j
+            .error
+            .as_deref()
+            .is_some_and(|e| e.starts_with(SERVER_TIME_LIMIT))
+    })
+}
+
 /// A lease: what acknowledging one delivery needs (its queue and broker tag) and what its
 /// metrics are labelled with (its task), opaque to the worker, and the job it was handed out
 /// for, so that a completion sent with another job's lease is refused instead of acknowledging
@@ -370,6 +408,36 @@ mod tests {
             vec![a]
         );
         assert!(unheld(&running, &held, Duration::from_secs(6), 5_000_000).is_empty());
+    }
+
+    #[test]
+    fn a_run_past_its_limit_and_grace_is_over() {
+        let (limit, grace) = (Duration::from_secs(10), Duration::from_secs(3));
+        assert!(!over_limit(1_000_000, limit, grace, 14_000_000));
+        assert!(over_limit(1_000_000, limit, grace, 14_000_001));
+        assert!(!over_limit(i64::MAX - 5, limit, grace, i64::MAX));
+    }
+
+    #[test]
+    fn only_the_servers_time_limit_error_makes_a_matching_epoch_stale() {
+        let mut j = job(1, Some(3));
+        j.state = JobState::Scheduled;
+        j.error = Some(time_limit_error(Duration::from_secs(5)));
+        assert!(stopped_by_server(Some(&j)));
+        j.state = JobState::Failed;
+        assert!(stopped_by_server(Some(&j)));
+        j.error = Some("time limit of 5s exceeded".into());
+        assert!(
+            !stopped_by_server(Some(&j)),
+            "the worker's own timeout report"
+        );
+        j.error = Some(time_limit_error(Duration::from_secs(5)));
+        j.state = JobState::Succeeded;
+        assert!(
+            !stopped_by_server(Some(&j)),
+            "an earlier run's error on a success"
+        );
+        assert!(!stopped_by_server(None));
     }
 
     #[test]

@@ -19,7 +19,8 @@ use crate::broker::{Broker, Delivery};
 use crate::events::{NewEvent, WORKER_READY, WORKER_SHUTDOWN};
 use crate::job::{JobId, JobState};
 use crate::store::{
-    Committed, Completion, Lost, Outcome, StartOutcome, Store, WorkerInfo, WorkerStatus,
+    Committed, Completion, Lost, Outcome, RunningUnder, StartOutcome, Store, WorkerInfo,
+    WorkerStatus,
 };
 use crate::time::now;
 use crate::validate;
@@ -307,17 +308,27 @@ impl Gateway {
             tracing::warn!(error = %e, worker = %session, "could not record a remote worker's sighting");
         }
         let ids: Vec<JobId> = held.iter().map(|h| h.job_id).collect();
-        let cancel = if ids.is_empty() {
+        let mut cancel = if ids.is_empty() {
             Vec::new()
         } else {
             self.store.cancel_requested(&ids).await?
         };
         // The heartbeat itself is done: a failure here is tried again at the next one.
-        if let Err(e) = self
-            .housekeeping(session, &ids.into_iter().collect(), ttl)
+        match self
+            .housekeeping(session, &remote, &ids.into_iter().collect(), ttl)
             .await
         {
-            tracing::warn!(error = %e, worker = %session, "heartbeat housekeeping failed; the next heartbeat tries again");
+            // Runs the server stopped at their time limit: the worker stops them too.
+            Ok(stopped) => {
+                for id in stopped {
+                    if !cancel.contains(&id) {
+                        cancel.push(id);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, worker = %session, "heartbeat housekeeping failed; the next heartbeat tries again")
+            }
         }
         Ok(Beat {
             alive: true,
@@ -329,16 +340,24 @@ impl Gateway {
     /// Jobs running under `session` that it does not hold are lost exactly as a lost worker's
     /// are (crash counted, message put back): a server died between starting them and
     /// answering `reserve`.
+    ///
+    /// Held jobs past their time limit plus a TTL of grace are ended as a Rust worker ends a
+    /// handler at its limit ([`Gateway::stop_over_limit`]); their ids are returned, for the
+    /// heartbeat to tell the worker to stop them.
     async fn housekeeping(
         &self,
         session: &str,
+        remote: &RemoteWorker,
         held: &HashSet<JobId>,
         ttl: Duration,
-    ) -> Result<()> {
+    ) -> Result<Vec<JobId>> {
         let running = self.store.running_under(session, MAX_HELD).await?;
         let lost = decide::unheld(&running, held, ttl, now());
+        let stopped = self
+            .stop_over_limit(session, remote, &running, held, ttl)
+            .await?;
         if lost.is_empty() {
-            return Ok(());
+            return Ok(stopped);
         }
         let pending = self.broker.pending(session, MAX_HELD).await?;
         for id in lost {
@@ -368,7 +387,96 @@ impl Gateway {
                 Lost::NotOwned(_) | Lost::Missing => {}
             }
         }
-        Ok(())
+        Ok(stopped)
+    }
+
+    /// Ends the held runs of `session` that are past their time limit plus `grace` with the
+    /// outcome a Rust worker commits for a handler that hit its limit (a retryable error: retry
+    /// per the job's policy, else failed), fenced by the run's epoch, and acknowledges their
+    /// messages. The worker's own completion of such a run arrives late and is refused as stale
+    /// ([`decide::stopped_by_server`]). Returns the jobs it ended.
+    async fn stop_over_limit(
+        &self,
+        session: &str,
+        remote: &RemoteWorker,
+        running: &[RunningUnder],
+        held: &HashSet<JobId>,
+        grace: Duration,
+    ) -> Result<Vec<JobId>> {
+        let at = now();
+        // No limit is shorter than validate::MIN_TIME_LIMIT: younger runs need no lookup.
+        let old = running.iter().filter(|r| {
+            held.contains(&r.id)
+                && decide::over_limit(r.started_at, validate::MIN_TIME_LIMIT, grace, at)
+        });
+        let mut completions = Vec::new();
+        let mut tasks = Vec::new();
+        for r in old {
+            let Some(job) = self.store.get(r.id).await? else {
+                continue;
+            };
+            if job.state != JobState::Running || job.epoch != r.epoch {
+                continue;
+            }
+            let defaults = decide::defaults(remote.declared(&job.task));
+            let limit = job.time_limit.unwrap_or(defaults.time_limit);
+            if !decide::over_limit(r.started_at, limit, grace, at) {
+                continue;
+            }
+            let outcome = crate::worker::outcome_for_error(
+                &job,
+                &defaults,
+                crate::task::TaskError::Retry(decide::time_limit_error(limit)),
+                at,
+            );
+            completions.push(Completion {
+                id: r.id,
+                epoch: r.epoch,
+                outcome,
+            });
+            tasks.push(job.task.clone());
+        }
+        if completions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let committed = self.store.complete(&completions, at).await?;
+        let pending = self.broker.pending(session, MAX_HELD).await?;
+        let mut stopped = Vec::new();
+        let mut to_ack = Vec::new();
+        let mut to_publish = Vec::new();
+        for ((c, task), result) in completions.iter().zip(&tasks).zip(committed) {
+            // Anything else: the worker's own completion won the race, or it was not stored
+            // (tried again at the next heartbeat).
+            let Committed::Applied { state, dispatch } = result else {
+                continue;
+            };
+            tracing::warn!(event = "job.time_limit", job = %c.id, worker = %session, epoch = c.epoch, %state, "a remote run passed its time limit and grace: the server ended it");
+            log_applied(session, c, state);
+            let queue = pending
+                .iter()
+                .find(|d| d.job.as_ref().ok() == Some(&c.id))
+                .map(|d| d.queue.clone());
+            if let Some(name) = decide::outcome_metric(&c.outcome, state) {
+                crate::metrics::count(name, queue.as_deref().unwrap_or(""), task);
+            }
+            to_ack.extend(
+                pending
+                    .iter()
+                    .filter(|d| d.job.as_ref().ok() == Some(&c.id))
+                    .cloned(),
+            );
+            to_publish.extend(dispatch);
+            stopped.push(c.id);
+        }
+        if !to_publish.is_empty() {
+            if let Err(e) = crate::client::publish(&*self.broker, &*self.store, &to_publish).await {
+                tracing::warn!(error = %e, "publish failed; the reconciler will publish these jobs");
+            }
+        }
+        if !to_ack.is_empty() {
+            self.broker.ack(&to_ack).await?;
+        }
+        Ok(stopped)
     }
 
     /// Reserves up to `max` deliveries for the session, waiting up to `wait`, and starts them in
@@ -401,6 +509,14 @@ impl Gateway {
             .broker
             .reserve(session, &info.queues, max as usize, wait)
             .await?;
+        // The worker may have ended its session (a graceful stop) or been presumed dead while
+        // this long poll waited: nothing it reserved may start, since no one would run it. The
+        // messages go back unstarted, so no crash is counted against their jobs.
+        if !deliveries.is_empty() && !self.broker.is_alive(session).await? {
+            let n = self.broker.requeue(session, &deliveries).await?;
+            tracing::info!(worker = %session, requeued = n, "session ended during its reserve; its deliveries were handed back unstarted");
+            return Err(Self::expired(session));
+        }
         let mut startable = Vec::new();
         for d in deliveries {
             match &d.job {
@@ -583,7 +699,14 @@ impl Gateway {
                 }
                 Committed::Stale => {
                     let found = self.store.last_completion(r.job_id).await?;
-                    match decide::refused(found, r.epoch) {
+                    let mut refused = decide::refused(found, r.epoch);
+                    if matches!(refused, decide::Refused::AlreadyApplied(_))
+                        && decide::stopped_by_server(self.store.get(r.job_id).await?.as_ref())
+                    {
+                        // The run the server ended at its time limit reports late.
+                        refused = decide::Refused::Stale;
+                    }
+                    match refused {
                         decide::Refused::AlreadyApplied(state) => {
                             to_ack.push(lease);
                             out.push(Completed {

@@ -99,6 +99,10 @@ impl Proc {
         })
     }
 
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     pub fn signal(&self, sig: libc::c_int) {
         if self.child.is_some() {
             let _ = signal(self.pid, sig);

@@ -30,6 +30,45 @@ pub enum StoreChoice {
     Url(String),
 }
 
+/// What runs in the worker slots.
+#[derive(Debug, Clone)]
+pub enum Workers {
+    /// `homing worker` processes, reaching Redis through their slot's proxy.
+    Rust,
+    /// `python -m homing worker` processes (this interpreter), running [`PYTHON_MODULE`] over
+    /// the remote worker protocol, reaching the server through their slot's proxy.
+    Python(PathBuf),
+}
+
+/// The Python twin of the load's `builtin.http` task (`chaos.call`).
+pub const PYTHON_TASKS: &str = include_str!("chaos_tasks.py");
+pub const PYTHON_MODULE: &str = "homing_chaos_tasks";
+pub const PYTHON_TASK: &str = "chaos.call";
+
+/// The interpreter for Python workers, or a one-line reason naming what is missing.
+pub fn find_python(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let py = given
+        .or_else(|| std::env::var_os("HOMING_PYTHON").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("target/python-venv/bin/python"));
+    let out = Command::new(&py)
+        .args(["-c", "import homing, httpx; homing.App"])
+        .output();
+    match out {
+        // Absolute, for workers that run in the run's directory; not canonical: a virtualenv's
+        // interpreter is a symlink whose target would lose the virtualenv.
+        Ok(o) if o.status.success() => Ok(std::path::absolute(&py).unwrap_or(py)),
+        Ok(o) => bail!(
+            "--worker-kind python: {} cannot import the homing package ({}); install it with scripts/python-venv (or pip install ./clients/python) and pass that interpreter with --python",
+            py.display(),
+            String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("no error text").trim()
+        ),
+        Err(e) => bail!(
+            "--worker-kind python: cannot run {} ({e}); make the virtualenv with scripts/python-venv (needs the Debian packages python3 and python3-venv) or pass an interpreter with --python",
+            py.display()
+        ),
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub broker: BrokerChoice,
@@ -39,6 +78,7 @@ pub struct Plan {
     pub heartbeat: Duration,
     pub queue: String,
     pub pg_fsync: bool,
+    pub kind: Workers,
 }
 
 pub struct Slot {
@@ -57,6 +97,8 @@ pub struct Deployment {
     pub server: Option<Proc>,
     /// The server's API, `http://127.0.0.1:PORT`.
     pub api_url: String,
+    /// Where the server listens (kept for its restart after a `server_kill`).
+    listen: String,
     pub slots: Vec<Slot>,
     /// Every worker log ever written (restarted slots write new files).
     pub worker_logs: Vec<PathBuf>,
@@ -108,6 +150,7 @@ impl Deployment {
             proxies: Vec::new(),
             server: None,
             api_url: String::new(),
+            listen: String::new(),
             slots: Vec::new(),
             worker_logs: Vec::new(),
             plan: plan.clone(),
@@ -139,20 +182,27 @@ impl Deployment {
         Backends::open(&d.broker_url, &d.store_url)
             .await
             .context("cannot open the deployment's backends")?;
-        if let Some(r) = &d.redis {
-            for _ in 0..plan.workers {
-                d.proxies.push(Proxy::start(r.port).await?);
-            }
-        }
-        let listen = format!("127.0.0.1:{}", {
+        let api_port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0")?;
             l.local_addr()?.port()
-        });
-        d.api_url = format!("http://{listen}");
-        let hb = format!("{}ms", plan.heartbeat.as_millis());
-        let mut server = d.command(&d.broker_url.clone());
-        server.args(["server", "--listen", &listen, "--rescue-interval", &hb]);
-        d.server = Some(Proc::spawn("server", server, &d.dir.join("server.log"))?);
+        };
+        // The network each worker slot can lose: Redis for Rust workers, the server's API for
+        // Python ones.
+        let upstream = match plan.kind {
+            Workers::Rust => d.redis.as_ref().map(|r| r.port),
+            Workers::Python(_) => {
+                std::fs::write(d.dir.join(format!("{PYTHON_MODULE}.py")), PYTHON_TASKS)?;
+                Some(api_port)
+            }
+        };
+        if let Some(port) = upstream {
+            for _ in 0..plan.workers {
+                d.proxies.push(Proxy::start(port).await?);
+            }
+        }
+        d.listen = format!("127.0.0.1:{api_port}");
+        d.api_url = format!("http://{}", d.listen);
+        d.start_server()?;
         for slot in 0..plan.workers {
             let p = d.spawn_worker(slot, 0)?;
             d.slots.push(Slot {
@@ -164,12 +214,50 @@ impl Deployment {
         Ok(d)
     }
 
+    fn start_server(&mut self) -> anyhow::Result<()> {
+        let hb = format!("{}ms", self.plan.heartbeat.as_millis());
+        let mut server = self.command(&self.broker_url.clone());
+        server.args(["server", "--listen", &self.listen, "--rescue-interval", &hb]);
+        self.server = Some(Proc::spawn("server", server, &self.dir.join("server.log"))?);
+        Ok(())
+    }
+
+    /// `kill -9` of the server, started again on the same address (a supervisor's restart).
+    pub async fn kill_server(&mut self) -> anyhow::Result<()> {
+        if let Some(p) = &mut self.server {
+            p.kill9();
+        }
+        self.start_server()?;
+        // Until it listens again, callers get connection refused, as from a dead server.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(&self.listen).await.is_err() {
+            if Instant::now() > deadline {
+                bail!("the restarted server did not listen within 30 s");
+            }
+            // Its address may not be free again yet: start it again.
+            if self.server.as_mut().is_some_and(|p| p.exited()) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                self.start_server()?;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// The pid of the process in `slot`.
+    pub fn slot_pid(&self, slot: usize) -> u32 {
+        self.slots[slot].proc.pid()
+    }
+
     fn command(&self, broker: &str) -> Command {
         let mut c = Command::new(&self.exe);
         c.args(["--broker", broker, "--store", &self.store_url])
             .args(["--log-format", "json"])
             // The committer logs every applied commit at debug: the checker counts them.
-            .env("HOMING_LOG", "info,homing::worker::committer=debug")
+            .env(
+                "HOMING_LOG",
+                "info,homing::worker::committer=debug,homing::remote=debug",
+            )
             .env("HOMING_DATA_DIR", self.dir.join("pipelines"))
             .env_remove("HOMING_API_TOKEN")
             // The witness counter listens on loopback, which a PostgreSQL deployment refuses by
@@ -188,6 +276,9 @@ impl Deployment {
     }
 
     fn spawn_worker(&mut self, slot: usize, generation: u32) -> anyhow::Result<Proc> {
+        if let Workers::Python(py) = &self.plan.kind {
+            return self.spawn_python(py.clone(), slot, generation);
+        }
         let mut c = self.command(&self.worker_broker(slot));
         c.args(["worker", "--queue", &self.plan.queue])
             .args(["--queue", super::limited::QUEUE])
@@ -202,6 +293,30 @@ impl Deployment {
         let log = self.dir.join(format!("worker-{slot}-{generation}.log"));
         self.worker_logs.push(log.clone());
         Proc::spawn(&format!("worker {slot}"), c, &log)
+    }
+
+    fn spawn_python(&mut self, py: PathBuf, slot: usize, generation: u32) -> anyhow::Result<Proc> {
+        let url = match self.proxies.get(slot) {
+            Some(p) => format!("http://127.0.0.1:{}", p.port),
+            None => self.api_url.clone(),
+        };
+        let mut c = Command::new(py);
+        c.args(["-m", "homing", "worker", PYTHON_MODULE])
+            .args(["--queue", &self.plan.queue])
+            .args(["--queue", super::limited::QUEUE])
+            .args(["--concurrency", &self.plan.concurrency.to_string()])
+            .args([
+                "--heartbeat-interval",
+                &format!("{}ms", self.plan.heartbeat.as_millis()),
+            ])
+            .args(["--grace", "5s", "--poll", "1s"])
+            .env("HOMING_URL", url)
+            .env_remove("HOMING_API_TOKEN")
+            .env("PYTHONUNBUFFERED", "1")
+            .current_dir(&self.dir);
+        let log = self.dir.join(format!("worker-{slot}-{generation}.log"));
+        self.worker_logs.push(log.clone());
+        Proc::spawn(&format!("python worker {slot}"), c, &log)
     }
 
     /// A supervisor's restart of a slot whose worker died.

@@ -7,7 +7,7 @@ use serde::Serialize;
 use std::time::Duration;
 
 use super::counter::Counter;
-use super::deployment::Deployment;
+use super::deployment::{Deployment, Workers};
 use homing::time::{now, Micros};
 use homing::{Backends, JobId};
 
@@ -27,6 +27,9 @@ pub enum Kind {
     NetCut,
     /// PostgreSQL stopped (fast, or immediate: a crash) and started again.
     PostgresRestart,
+    /// `kill -9` of the `homing server` the Python workers talk to, started again on the same
+    /// address (Python workers only: Rust workers do not go through it).
+    ServerKill,
 }
 
 impl Kind {
@@ -39,6 +42,7 @@ impl Kind {
             Kind::RedisFlushall => "redis_flushall",
             Kind::NetCut => "net_cut",
             Kind::PostgresRestart => "postgres_restart",
+            Kind::ServerKill => "server_kill",
         }
     }
 
@@ -51,14 +55,22 @@ impl Kind {
     }
 }
 
-/// The kinds that apply to the chosen backends.
-pub fn applicable(redis: bool, postgres: bool) -> Vec<Kind> {
+/// The kinds that apply to the chosen backends and workers. Python workers talk to the
+/// server through a proxy whatever the broker, so they can always be cut off, and the server
+/// itself can be killed.
+pub fn applicable(redis: bool, postgres: bool, python: bool) -> Vec<Kind> {
     let mut k = vec![Kind::Kill9, Kind::Kill9MidCommit, Kind::Pause];
     if redis {
-        k.extend([Kind::RedisRestart, Kind::RedisFlushall, Kind::NetCut]);
+        k.extend([Kind::RedisRestart, Kind::RedisFlushall]);
+    }
+    if redis || python {
+        k.push(Kind::NetCut);
     }
     if postgres {
         k.push(Kind::PostgresRestart);
+    }
+    if python {
+        k.push(Kind::ServerKill);
     }
     k
 }
@@ -132,14 +144,36 @@ pub struct Injected {
     pub note: String,
 }
 
-async fn running_on(b: &Backends, prefix: Option<&str>) -> Vec<JobId> {
+async fn running_on(b: &Backends, owners: Option<&[String]>) -> Vec<JobId> {
     match b.store.running(10_000).await {
         Ok(v) => v
             .into_iter()
-            .filter(|(_, w, _)| prefix.is_none_or(|p| w.starts_with(p)))
+            .filter(|(_, w, _)| owners.is_none_or(|o| o.iter().any(|p| w.starts_with(p))))
             .map(|(id, _, _)| id)
             .collect(),
         Err(_) => Vec::new(),
+    }
+}
+
+/// What the store's worker names of `slot`'s process start with: a Rust worker's identity
+/// starts with its slot and generation (`w{slot}g{gen}-`); a Python worker's sessions are
+/// told by the pid they registered with (it may have registered several after being presumed
+/// dead).
+async fn owners(d: &Deployment, b: &Backends, slot: usize) -> Vec<String> {
+    match d.plan.kind {
+        Workers::Rust => vec![format!("w{slot}g{}-", d.slots[slot].generation)],
+        Workers::Python(_) => {
+            let pid = d.slot_pid(slot);
+            let since = now() - 3_600_000_000;
+            b.store
+                .workers(since)
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|w| w.info.remote.is_some() && w.info.pid == pid)
+                .map(|w| w.info.id)
+                .collect()
+        }
     }
 }
 
@@ -151,30 +185,33 @@ pub async fn inject(
 ) -> anyhow::Result<Injected> {
     let mut note = String::new();
     let mut slot = p.kind.targets_worker().then_some(p.slot);
-    let prefix_of = |d: &Deployment, s: usize| format!("w{s}g{}-", d.slots[s].generation);
-    let mut running = running_on(b, slot.map(|s| prefix_of(d, s)).as_deref()).await;
+    let mut prefix = match slot {
+        Some(s) => Some(owners(d, b, s).await),
+        None => None,
+    };
+    let mut running = running_on(b, prefix.as_deref()).await;
     if let Some(planned) = slot.filter(|_| running.is_empty()) {
         // An idle target proves little: take the next slot that is running something.
         let all = b.store.running(10_000).await.unwrap_or_default();
         let n = d.slots.len();
         for k in 1..n {
             let s = (planned + k) % n;
-            let prefix = prefix_of(d, s);
+            let theirs = owners(d, b, s).await;
             let mine: Vec<JobId> = all
                 .iter()
-                .filter(|(_, w, _)| w.starts_with(&prefix))
+                .filter(|(_, w, _)| theirs.iter().any(|p| w.starts_with(p)))
                 .map(|(id, _, _)| *id)
                 .collect();
             if !mine.is_empty() {
                 note = format!("slot {planned} was idle; ");
                 slot = Some(s);
                 running = mine;
+                prefix = Some(theirs);
                 break;
             }
         }
     }
     let target = slot.unwrap_or(0);
-    let prefix = slot.map(|s| prefix_of(d, s));
     let at;
     match p.kind {
         Kind::Kill9 => {
@@ -230,6 +267,11 @@ pub async fn inject(
             if let Some(r) = d.redis.as_ref() {
                 note = r.command("FLUSHALL")?.trim().to_string();
             }
+        }
+        Kind::ServerKill => {
+            at = now();
+            running = running_on(b, None).await;
+            d.kill_server().await?;
         }
         Kind::PostgresRestart => {
             at = now();

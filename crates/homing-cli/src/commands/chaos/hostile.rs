@@ -23,8 +23,32 @@ pub struct Outcome {
     pub sent: u64,
     /// Answers by case name and status, e.g. `deep_args 400`.
     pub answers: BTreeMap<String, u64>,
-    /// Requests that were not refused with a 4xx: accepted, a 5xx, or no answer at all.
+    /// Requests that were not refused with a 4xx: accepted or a 5xx.
     pub violations: Vec<String>,
+    /// Requests that got no answer at all, with when they were sent: a violation unless a
+    /// `server_kill` fault explains it ([`Outcome::unexplained`]).
+    pub unanswered: Vec<(homing::time::Micros, String)>,
+}
+
+impl Outcome {
+    /// The unanswered requests that no server kill in `kills` (start, end) explains.
+    pub fn unexplained(
+        &self,
+        kills: &[(homing::time::Micros, homing::time::Micros)],
+    ) -> Vec<String> {
+        // A request may wait up to its client timeout before the kill cuts it.
+        let before = homing::time::micros(Duration::from_secs(30));
+        let after = homing::time::micros(Duration::from_secs(1));
+        self.unanswered
+            .iter()
+            .filter(|(t, _)| {
+                !kills
+                    .iter()
+                    .any(|(a, b)| *t + before >= *a && *t <= *b + after)
+            })
+            .map(|(_, m)| m.clone())
+            .collect()
+    }
 }
 
 /// The hostile bodies, by case name. `n` makes each body unique.
@@ -132,6 +156,7 @@ pub async fn run(api: String, rate: f64, out: Arc<Mutex<Outcome>>, stop: Cancell
         let all = cases(n);
         let (name, body) = &all[(n as usize) % all.len()];
         n += 1;
+        let sent_at = homing::time::now();
         let answer = http.post(&url).json(body).send().await;
         let mut o = out.lock().unwrap_or_else(|p| p.into_inner());
         o.sent += 1;
@@ -145,8 +170,11 @@ pub async fn run(api: String, rate: f64, out: Arc<Mutex<Outcome>>, stop: Cancell
                     ));
                 }
             }
-            Err(e) => o.violations.push(format!(
-                "hostile request {name} got no answer (the handler may have panicked): {e}"
+            Err(e) => o.unanswered.push((
+                sent_at,
+                format!(
+                    "hostile request {name} got no answer (the handler may have panicked): {e}"
+                ),
             )),
         }
     }
@@ -154,10 +182,10 @@ pub async fn run(api: String, rate: f64, out: Arc<Mutex<Outcome>>, stop: Cancell
 
 /// The stored jobs that a hostile request put there: any job off the load's queue and task,
 /// or carrying the hostile marker.
-pub fn stored(jobs: &[Job], queue: &str) -> Vec<String> {
+pub fn stored(jobs: &[Job], queue: &str, task: &str) -> Vec<String> {
     jobs.iter()
         .filter(|j| {
-            let ours = (j.queue == queue && j.task == "builtin.http")
+            let ours = (j.queue == queue && j.task == task)
                 // Event deliveries, if the environment configured webhooks.
                 || (j.queue == homing::events::WEBHOOK_QUEUE
                     && j.task == homing::events::WEBHOOK_TASK);

@@ -44,7 +44,8 @@ pub fn read_logs(paths: &[impl AsRef<Path>]) -> LogFacts {
             let s = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("");
             let job = s("job").to_string();
             match (s("event"), s("message")) {
-                (_, "job committed") | ("job.failed", _) => {
+                // A Rust worker's committer, or the server committing a remote worker's report.
+                (_, "job committed" | "remote outcome committed") | ("job.failed", _) => {
                     let state = if s("event") == "job.failed" {
                         "failed".to_string()
                     } else {

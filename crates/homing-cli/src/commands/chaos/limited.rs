@@ -41,10 +41,12 @@ pub async fn configure(client: &Client) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Enqueues a burst of [`BURST`] jobs every second until stopped; returns via `accepted`.
+/// Enqueues a burst of [`BURST`] jobs of `task` (the load's task: `builtin.http`, or its Python
+/// twin) every second until stopped; returns via `accepted`.
 pub async fn run(
     client: Client,
     url: String,
+    task: &'static str,
     max_crashes: u32,
     accepted: Arc<Mutex<Vec<JobId>>>,
     stop: CancellationToken,
@@ -59,7 +61,7 @@ pub async fn run(
         let reqs = (0..BURST)
             .map(|_| {
                 let mut r = EnqueueRequest::new(
-                    "builtin.http",
+                    task,
                     serde_json::json!({ "url": url, "timeout": "10s" }),
                 );
                 r.options.queue = Some(QUEUE.into());
@@ -112,7 +114,9 @@ pub fn check(
     edges.sort();
     let zombie_windows: Vec<(Micros, Micros)> = injected
         .iter()
-        .filter(|f| matches!(f.kind, Kind::Pause | Kind::NetCut))
+        // A killed server also makes its Python workers' sessions presumed dead while their
+        // calls go on.
+        .filter(|f| matches!(f.kind, Kind::Pause | Kind::NetCut | Kind::ServerKill))
         .map(|f| (f.at, f.end + settle))
         .collect();
     let mut now_in = 0i32;

@@ -30,6 +30,8 @@ pub struct Accepted {
 }
 
 pub struct LoadPlan {
+    /// `builtin.http` for Rust workers, its Python twin for Python ones: the same args.
+    pub task: String,
     pub rate: f64,
     pub url: String,
     pub queue: String,
@@ -38,7 +40,7 @@ pub struct LoadPlan {
 
 fn request(p: &LoadPlan) -> EnqueueRequest {
     let mut r = EnqueueRequest::new(
-        "builtin.http",
+        p.task.as_str(),
         serde_json::json!({ "url": p.url, "timeout": "10s" }),
     );
     r.options.queue = Some(p.queue.clone());
@@ -49,7 +51,7 @@ fn request(p: &LoadPlan) -> EnqueueRequest {
 fn workflow(p: &LoadPlan) -> WorkflowSpec {
     let step = || {
         let mut s = StepSpec::new(
-            "builtin.http",
+            p.task.as_str(),
             serde_json::json!({ "url": p.url, "timeout": "10s" }),
         );
         s.queue = Some(p.queue.clone());

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{ChaosArgs, Global};
-use deployment::{BrokerChoice, Deployment, Plan, StoreChoice};
+use deployment::{BrokerChoice, Deployment, Plan, StoreChoice, Workers};
 use homing::redact::redact_url;
 use homing::store::JobFilter;
 use homing::{Backends, Client, Job};
@@ -140,7 +140,20 @@ pub async fn run(g: &Global, a: ChaosArgs) -> anyhow::Result<ExitCode> {
 
 async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode> {
     let queue = "chaos".to_string();
+    let kind = match a.worker_kind {
+        crate::cli::ChaosWorkerKind::Rust => Workers::Rust,
+        crate::cli::ChaosWorkerKind::Python => {
+            Workers::Python(deployment::find_python(a.python.clone())?)
+        }
+    };
+    let python = matches!(kind, Workers::Python(_));
+    let task = if python {
+        deployment::PYTHON_TASK
+    } else {
+        "builtin.http"
+    };
     let plan = Plan {
+        kind,
         broker: broker_choice(&g.broker),
         store: store_choice(&g.store),
         workers: a.workers,
@@ -180,7 +193,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         .context("cannot set the limited queue's limit")?;
 
     let ttl = a.heartbeat_interval * 3;
-    let mut kinds = faults::applicable(d.redis.is_some(), d.pg.is_some());
+    let mut kinds = faults::applicable(d.redis.is_some(), d.pg.is_some(), python);
     if let Some(only) = &a.faults {
         let want: Vec<&str> = only.split(',').map(str::trim).collect();
         kinds.retain(|k| want.contains(&k.name()));
@@ -195,6 +208,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     let load_task = tokio::spawn(load::run(
         client.clone(),
         load::LoadPlan {
+            task: task.to_string(),
             rate: a.rate,
             url: counter.url(a.job_ms),
             queue: queue.clone(),
@@ -209,6 +223,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         client.clone(),
         // Long enough that a burst overlaps: without the limit, four calls would be in flight.
         counter.limited_url(a.job_ms.max(200)),
+        task,
         a.max_crashes,
         limited_ids.clone(),
         stop_load.clone(),
@@ -283,9 +298,9 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     // The limited queue's jobs are the load's too, not hostile ones.
     let not_ticks: Vec<homing::Job> = not_ticks
         .into_iter()
-        .filter(|j| j.queue != limited::QUEUE || j.task != "builtin.http")
+        .filter(|j| j.queue != limited::QUEUE || j.task != task)
         .collect();
-    let hostile_stored = hostile::stored(&not_ticks, &queue);
+    let hostile_stored = hostile::stored(&not_ticks, &queue, task);
     let mut logs = d.worker_logs.clone();
     logs.push(d.dir.join("server.log"));
     let facts = invariants::read_logs(&logs);
@@ -327,8 +342,15 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     settings.insert(
         "job".into(),
         format!(
-            "builtin.http to the counter, answered after {} ms; max_crashes {}; {} hostile requests/s",
-            a.job_ms, a.max_crashes, a.hostile_rate
+            "{} to the counter, answered after {} ms; max_crashes {}; {} hostile requests/s",
+            if python {
+                "chaos.call (Python worker over the remote protocol, httpx)"
+            } else {
+                "builtin.http"
+            },
+            a.job_ms,
+            a.max_crashes,
+            a.hostile_rate
         ),
     );
     let succeeded = jobs
@@ -340,7 +362,14 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     if workflows.is_empty() && !ids.is_empty() {
         violations.push("no workflow was created: the workflow load never ran".into());
     }
-    let hostile = std::mem::take(&mut *hostile_out.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut hostile = std::mem::take(&mut *hostile_out.lock().unwrap_or_else(|p| p.into_inner()));
+    let kills: Vec<_> = injected
+        .iter()
+        .filter(|f| f.kind == faults::Kind::ServerKill)
+        .map(|f| (f.at, f.end))
+        .collect();
+    let unexplained = hostile.unexplained(&kills);
+    hostile.violations.extend(unexplained);
     violations.extend(hostile.violations.iter().take(20).cloned());
     violations.extend(hostile_stored.iter().take(20).cloned());
     violations.extend(ticks.violations.iter().take(20).cloned());
@@ -366,6 +395,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         store: redact_url(&d.store_url),
         settings,
         workers: a.workers,
+        worker_kind: if python { "python" } else { "rust" }.into(),
         concurrency: a.concurrency,
         heartbeat_ms: a.heartbeat_interval.as_millis() as u64,
         target_rate_per_s: a.rate,

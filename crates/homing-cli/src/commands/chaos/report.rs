@@ -41,6 +41,8 @@ pub struct Report {
     pub store: String,
     pub settings: BTreeMap<String, String>,
     pub workers: usize,
+    /// `rust` (`homing worker`) or `python` (`python -m homing worker`).
+    pub worker_kind: String,
     pub concurrency: usize,
     pub heartbeat_ms: u64,
     pub target_rate_per_s: f64,
@@ -80,8 +82,13 @@ pub struct Report {
 impl Report {
     pub fn print_human(&self) {
         println!(
-            "homing chaos: {} s, seed {}, {} workers × concurrency {}, heartbeat {} ms",
-            self.duration_s, self.seed, self.workers, self.concurrency, self.heartbeat_ms
+            "homing chaos: {} s, seed {}, {} {} workers × concurrency {}, heartbeat {} ms",
+            self.duration_s,
+            self.seed,
+            self.workers,
+            self.worker_kind,
+            self.concurrency,
+            self.heartbeat_ms
         );
         println!("  broker {}  store {}", self.broker, self.store);
         for (k, v) in &self.settings {
