@@ -180,7 +180,7 @@ mod tests {
         let z = check(&calls, &[], &[], &[], &[13], 0);
         assert_eq!(
             (z.violations.len(), z.explained_excess),
-            (2, 1),
+            (1, 1),
             "{:?}",
             z.violations
         );
