@@ -546,6 +546,14 @@ pub struct BenchArgs {
     /// 10ms-1h).
     #[arg(long, default_value = "2s", value_parser = duration_in(10 * MS, HOUR))]
     pub heartbeat_interval: Duration,
+    /// Give the benchmark's queue a cluster-wide concurrency limit (docs/limits.md), to measure
+    /// what limits cost: set it at or above --workers x --concurrency to measure the mechanism
+    /// alone, lower to measure a binding limit.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub limit_concurrency: Option<u32>,
+    /// Give the benchmark's queue a rate limit, COUNT/PERIOD (e.g. 1000000/1s).
+    #[arg(long, value_name = "COUNT/PERIOD", value_parser = homing::limit::Rate::parse)]
+    pub limit_rate: Option<homing::limit::Rate>,
 }
 
 const CHAOS_ABOUT: &str = "Prove the guarantees: run a real deployment under load, inject faults, check every invariant.

@@ -32,6 +32,8 @@ struct Report {
     broker: String,
     store: String,
     work: String,
+    /// The queue's cluster-wide limits during the run; empty when none.
+    limits: homing::limit::QueueLimits,
     enqueue_per_s: f64,
     throughput_per_s: f64,
     latency_ms: Percentiles,
@@ -181,6 +183,14 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         .context("cannot open the benchmark's backends")?;
     let client = Client::new(backends.broker.clone(), backends.store.clone());
     let queue = format!("bench-{:08x}", fastrand_u32());
+    let limits = homing::limit::QueueLimits {
+        concurrency: a.limit_concurrency,
+        rate: a.limit_rate,
+        key_arg: None,
+    };
+    if limits.is_limited() {
+        client.set_queue_limits(&queue, &limits).await?;
+    }
 
     let exe = std::env::current_exe().context("cannot find the homing executable")?;
     let hb = format!("{}ms", a.heartbeat_interval.as_millis());
@@ -324,6 +334,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         broker: redact_url(&broker_url),
         store: redact_url(&store_url),
         work: a.work.clone(),
+        limits: limits.clone(),
         enqueue_per_s: (a.jobs as f64 / enqueue_s).round(),
         throughput_per_s: (a.jobs as f64 / span_s).round(),
         latency_ms: percentiles(loaded_latency),

@@ -7,8 +7,10 @@
 //! enough to be presumed dead, whose job the rescuer reclaimed (freeing its slot) while the
 //! zombie still made its call. The store fences that zombie's commit out; its call is the
 //! at-least-once duplicate docs/design.md section 1 allows, and it can overlap a legitimate run.
-//! So a moment above the limit is explained only if it falls within a pause or a cut (plus the
-//! settle time) of the worker faults injected; any other is a violation.
+//! A broker that loses its heartbeats (restart, flushall) makes every worker presumed dead at
+//! once. So a moment above the limit is explained only if it falls within such a fault (a
+//! pause, a cut, a broker restart or flush, plus the settle time) or around a presumption the
+//! rescuer logged; any other is a violation, and explained moments are counted apart.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -98,6 +100,7 @@ pub fn check(
     jobs: &[homing::Job],
     accepted: &[JobId],
     injected: &[Injected],
+    presumed_dead: &[Micros],
     settle: Micros,
 ) -> Outcome {
     let mut out = Outcome {
@@ -112,13 +115,29 @@ pub fn check(
         .flat_map(|(s, e)| [(*s, 1), (*e, -1)])
         .collect();
     edges.sort();
-    let zombie_windows: Vec<(Micros, Micros)> = injected
+    // Where a live worker can be presumed dead: a pause or a cut of it, a broker that lost its
+    // heartbeats (restart, flushall), and around every presumption the rescuer logged.
+    let mut zombie_windows: Vec<(Micros, Micros)> = injected
         .iter()
         // A killed server also makes its Python workers' sessions presumed dead while their
         // calls go on.
-        .filter(|f| matches!(f.kind, Kind::Pause | Kind::NetCut | Kind::ServerKill))
+        .filter(|f| {
+            matches!(
+                f.kind,
+                Kind::Pause
+                    | Kind::NetCut
+                    | Kind::RedisRestart
+                    | Kind::RedisFlushall
+                    | Kind::ServerKill
+            )
+        })
         .map(|f| (f.at, f.end + settle))
         .collect();
+    zombie_windows.extend(
+        presumed_dead
+            .iter()
+            .map(|p| (p.saturating_sub(1_000_000), p + settle)),
+    );
     let mut now_in = 0i32;
     for (t, d) in edges {
         now_in += d;
@@ -162,10 +181,17 @@ mod tests {
     #[test]
     fn overlaps_are_counted_and_zombies_explained() {
         let calls = [(0, 10), (5, 15), (10, 20), (12, 14)];
-        let o = check(&calls, &[], &[], &[], 0);
+        let o = check(&calls, &[], &[], &[], &[], 0);
         assert_eq!(o.max_in_flight, 3);
         assert_eq!(o.violations.len(), 2, "{:?}", o.violations);
-        let ok = check(&[(0, 10), (10, 20), (5, 10)], &[], &[], &[], 0);
+        let ok = check(&[(0, 10), (10, 20), (5, 10)], &[], &[], &[], &[], 0);
+        let z = check(&calls, &[], &[], &[], &[13], 0);
+        assert_eq!(
+            (z.violations.len(), z.explained_excess),
+            (1, 1),
+            "{:?}",
+            z.violations
+        );
         assert_eq!(ok.max_in_flight, 2);
         assert_eq!(
             ok.violations.len(),
