@@ -62,10 +62,8 @@ pub async fn run(
         }
         let reqs = (0..BURST)
             .map(|_| {
-                let mut r = EnqueueRequest::new(
-                    task,
-                    serde_json::json!({ "url": url, "timeout": "10s" }),
-                );
+                let mut r =
+                    EnqueueRequest::new(task, serde_json::json!({ "url": url, "timeout": "10s" }));
                 r.options.queue = Some(QUEUE.into());
                 r.options.max_crashes = Some(max_crashes);
                 r
