@@ -71,3 +71,12 @@ def call(ctx: Context, url: str, hold: float = 0.0) -> dict[str, Any]:
     r.raise_for_status()
     time.sleep(hold)
     return {"key": ctx.job_id, "pid": os.getpid(), "epoch": ctx.epoch}
+
+
+@app.task(name="py.gather", queue=QUEUE)
+def gather(ctx: Context) -> dict[str, Any]:
+    """A workflow's final step: what it saw of its parents and of its workflow."""
+    return {
+        "parents": {name: [p["state"], p.get("result")] for name, p in ctx.parents.items()},
+        "step": (ctx.workflow or {}).get("step"),
+    }

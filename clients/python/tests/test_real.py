@@ -75,6 +75,33 @@ def test_non_json_result_fails_the_job_not_the_worker(shared: tuple[Homing, Proc
     assert w.p.poll() is None
 
 
+def test_workflow_steps_see_their_parents(shared: tuple[Homing, Proc, App]) -> None:
+    _, _, app = shared
+    wf = app.workflow(
+        "py-fan-in",
+        {
+            "a": {"task": "py.add", "args": {"a": 1, "b": 2}, "queue": "py"},
+            "b": {"task": "py.add", "args": {"a": 3, "b": 4}, "queue": "py"},
+            "sum": {"task": "py.gather", "after": ["a", "b"], "queue": "py"},
+        },
+    )
+    assert set(wf.steps) == {"a", "b", "sum"}
+    done = app.wait(wf.steps["sum"], timeout=30)
+    assert done.state == "succeeded", done
+    seen = done.result["parents"]
+    assert seen["a"][0] == "succeeded" and seen["a"][1]["sum"] == 3, seen
+    assert seen["b"][0] == "succeeded" and seen["b"][1]["sum"] == 7, seen
+    assert done.result["step"] == "sum"
+    got = app.get_workflow(wf.id)
+    assert got.state == "succeeded" and got.finished
+    assert got.job_ids() == wf.steps
+    # A cycle creates nothing and says why.
+    with pytest.raises(ApiError) as e:
+        app.workflow("bad", {"x": {"task": "py.add", "after": ["y"]},
+                             "y": {"task": "py.add", "after": ["x"]}})
+    assert "cycle" in str(e.value)
+
+
 def test_countdown(shared: tuple[Homing, Proc, App]) -> None:
     _, _, app = shared
     job = app.enqueue("py.add", {"a": 0, "b": 0}, queue="py", countdown=1.0)

@@ -11,7 +11,7 @@
 Run the tasks with `python -m homing worker MODULE`.
 """
 
-from ._app import App, Job, Task
+from ._app import App, Job, NewWorkflow, Task, Workflow
 from ._context import Context
 from ._errors import ApiError, Fatal, HomingError, Retry, Snooze, Unreachable
 
@@ -22,9 +22,11 @@ __all__ = [
     "Fatal",
     "HomingError",
     "Job",
+    "NewWorkflow",
     "Retry",
     "Snooze",
     "Task",
     "Unreachable",
+    "Workflow",
 ]
 __version__ = "0.1.0"

@@ -58,6 +58,44 @@ class Job:
 
 
 @dataclass(frozen=True)
+class NewWorkflow:
+    """A workflow just created: its id and each step's job id by step name."""
+
+    id: str
+    steps: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """A workflow as the server shows it (`GET /v1/workflows/{id}`): its state (running,
+    succeeded, failed, cancelled) and each step's job id and state; `raw` keeps every field."""
+
+    id: str
+    name: str
+    state: str
+    steps: dict[str, dict[str, Any]]
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.state != "running"
+
+    def job_ids(self) -> dict[str, str]:
+        """Each step's job id, by step name."""
+        return {name: str(s["job"]) for name, s in self.steps.items()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Workflow:
+        return cls(
+            id=str(d["id"]),
+            name=str(d.get("name", "")),
+            state=str(d["state"]),
+            steps=dict(d.get("steps") or {}),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
 class Task:
     """A function registered with `@app.task`; calling it calls the function directly."""
 
@@ -189,6 +227,32 @@ class App:
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
         return Job.from_json(self.http().call("POST", "/v1/jobs", body))
+
+    def workflow(self, name: str, steps: dict[str, dict[str, Any]]) -> NewWorkflow:
+        """Creates a workflow (docs/workflows.md): `steps` maps each step's name to its job,
+        `{"task": ..., "args": {...}, "queue": ..., "after": ["other step"], "run_on": "any"}`
+        plus any field of `POST /v1/jobs`. A `Task` of this App may stand for its name, and a
+        step of such a task without a queue goes to the task's own queue. All or nothing: a
+        cycle, an unknown step or a bad job raises `ApiError` and creates nothing. Returns the
+        workflow's id and each step's job id; a step sees its parents in `ctx.parents`."""
+        body_steps: dict[str, dict[str, Any]] = {}
+        for step, spec in steps.items():
+            spec = dict(spec)
+            task = spec.get("task")
+            if isinstance(task, Task):
+                spec["task"] = task.name
+                spec.setdefault("queue", task.queue)
+            elif isinstance(task, str) and task in self.tasks:
+                spec.setdefault("queue", self.tasks[task].queue)
+            body_steps[step] = spec
+        d = self.http().call("POST", "/v1/workflows", {"name": name, "steps": body_steps})
+        return NewWorkflow(
+            id=str(d["id"]), steps={k: str(v) for k, v in (d.get("steps") or {}).items()}
+        )
+
+    def get_workflow(self, workflow_id: str) -> Workflow:
+        """Reads a workflow: its state and each step's job and state."""
+        return Workflow.from_json(self.http().call("GET", f"/v1/workflows/{workflow_id}"))
 
     def get(self, job_id: str) -> Job:
         """Reads a job."""

@@ -24,6 +24,11 @@ class Context:
         # The key to hand to external systems (an Idempotency-Key header): the same on every
         # run and retry of the job (the server sends the job id, as Rust handlers get).
         self.idempotency_key: str = str(job.get("idempotency_key") or job["job_id"])
+        # A workflow step's parents by step name ({"id", "task", "state", "result", "error"}),
+        # as committed when the step became runnable; empty for a job that is not a step.
+        self.parents: dict[str, dict[str, Any]] = dict(job.get("parents") or {})
+        # The workflow this job is a step of ({"id", "step", "after", "run_on"}), or None.
+        self.workflow: Optional[dict[str, Any]] = job.get("workflow")
         self._report_progress = report_progress
         self._is_cancelled = is_cancelled
 

@@ -141,6 +141,13 @@ pub struct ReservedJob {
     pub time_limit_ms: u64,
     /// Opaque: send it back with the completion.
     pub lease: String,
+    /// The workflow this job is a step of (docs/workflows.md), for a step only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<crate::workflow::StepLink>,
+    /// A step's parents by step name, as committed when it became runnable: a remote handler
+    /// sees what a Rust handler's `ctx.parents()` gives.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parents: Option<std::collections::BTreeMap<String, crate::workflow::ParentRun>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -565,6 +572,8 @@ impl Gateway {
                             .unwrap_or(defaults.time_limit)
                             .as_millis()
                             .min(u64::MAX as u128) as u64,
+                        workflow: job.workflow,
+                        parents: job.parents,
                         args: job.args,
                     });
                 }
