@@ -331,7 +331,22 @@ pub struct CeleryWorkerArgs {
 #[derive(Debug, Args)]
 pub struct EnqueueArgs {
     /// The task's name, e.g. builtin.sleep (with --celery, the Celery task name).
-    pub task: String,
+    #[arg(required_unless_present = "from_file")]
+    pub task: Option<String>,
+    /// Enqueue many jobs from a JSON Lines file (`-` reads standard input): one JSON object
+    /// per line with the fields of POST /v1/jobs (task, args, queue, idempotency_key, countdown,
+    /// priority, unique_for, ...); blank lines are skipped. The jobs go in chunks of 10000 lines,
+    /// each chunk in one transaction, all or nothing. A bad line stops the command with its
+    /// line number: nothing from its chunk is stored, chunks before it stay committed (the
+    /// message says how many jobs and up to which line), so after fixing the line, run again
+    /// from the first line not committed (or give every job an idempotency key and run the
+    /// whole file again). Prints each job's id in file order, and how many were enqueued.
+    #[arg(long, value_name = "FILE", conflicts_with_all = [
+        "task", "celery", "priority", "unique_for", "queue", "args", "idempotency_key",
+        "countdown", "max_retries", "retry_delay", "time_limit", "max_crashes", "callback_url",
+        "wait", "timeout", "json",
+    ])]
+    pub from_file: Option<String>,
     /// Publish a Celery message for Python Celery workers instead of a homing job: --args is a
     /// JSON array (positional args) or object (kwargs), --queue the Celery queue (default
     /// `celery`), --countdown honoured; prints the Celery task id.
@@ -379,7 +394,8 @@ pub struct EnqueueArgs {
     /// Call this http(s) URL (a JSON POST of the event, with retries) when the job finishes.
     #[arg(long)]
     pub callback_url: Option<String>,
-    /// Enqueue even if no worker has ever registered this task.
+    /// Enqueue even if no worker has ever registered this task (with --from-file: any line's
+    /// task).
     #[arg(long)]
     pub allow_unknown_task: bool,
     /// Wait for the job to finish and print its record as JSON; exit 1 unless it succeeded.

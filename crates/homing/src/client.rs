@@ -14,6 +14,12 @@ use crate::time::{micros, now};
 
 pub use crate::validate::{MAX_ARGS_BYTES, MAX_DELAY};
 
+/// The most jobs one [`Client::enqueue_batch`] takes (`POST /v1/jobs/batch`, one chunk of
+/// `homing enqueue --from-file`; docs/batch.md). It bounds what one store transaction holds and
+/// what one request makes the server keep in memory, while leaving each batch large enough that
+/// its commit's flush is a small part of its cost.
+pub const MAX_BATCH: usize = 10_000;
+
 /// One job to enqueue.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EnqueueRequest {
@@ -223,6 +229,29 @@ impl Client {
             .into_iter()
             .map(|r| self.prepare(r, at))
             .collect::<Result<Vec<_>>>()?;
+        self.insert_and_publish(jobs).await
+    }
+
+    /// A producer's bulk enqueue (docs/batch.md): between 1 and [`MAX_BATCH`] jobs, all or
+    /// nothing. Every job is checked first, and the first one refused refuses the batch with
+    /// [`Error::Invalid`] naming its index (`job 9999: ...`) before anything is written; the
+    /// jobs are then inserted in one store transaction, each as its own enqueue would be (an
+    /// existing idempotency key or unique job is returned with `existed`, a key repeated in the
+    /// batch resolves to its first job, as two enqueues one after the other would), and
+    /// published after the commit (a publish that fails is left to the reconciler). The
+    /// answers are in the order of `reqs`.
+    pub async fn enqueue_batch(&self, reqs: Vec<EnqueueRequest>) -> Result<Vec<Inserted>> {
+        check_batch_len(reqs.len())?;
+        let at = now();
+        let jobs = reqs
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| self.prepare(r, at).map_err(|e| at_index(i, e)))
+            .collect::<Result<Vec<_>>>()?;
+        self.insert_and_publish(jobs).await
+    }
+
+    async fn insert_and_publish(&self, jobs: Vec<NewJob>) -> Result<Vec<Inserted>> {
         let tasks: Vec<String> = jobs.iter().map(|j| j.task.clone()).collect();
         let priorities: Vec<i32> = jobs
             .iter()
@@ -478,6 +507,29 @@ impl Client {
             tokio::time::sleep(nap).await;
             nap = (nap * 2).min(Duration::from_millis(200));
         }
+    }
+}
+
+/// Refuses a batch of `n` jobs that [`Client::enqueue_batch`] does not take: none, or more than
+/// [`MAX_BATCH`].
+pub fn check_batch_len(n: usize) -> Result<()> {
+    if n == 0 {
+        return Err(Error::Invalid("a batch needs at least one job".into()));
+    }
+    if n > MAX_BATCH {
+        return Err(Error::Invalid(format!(
+            "a batch takes at most {MAX_BATCH} jobs, not {n}; split it"
+        )));
+    }
+    Ok(())
+}
+
+/// Names the job of a batch an error is about (`job 3: ...`); errors not about its input pass
+/// unchanged.
+pub fn at_index(i: usize, e: Error) -> Error {
+    match e {
+        Error::Invalid(m) => Error::Invalid(format!("job {i}: {m}")),
+        other => other,
     }
 }
 

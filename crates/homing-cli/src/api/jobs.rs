@@ -119,6 +119,97 @@ pub async fn create(
     Ok((status, Json(job)).into_response())
 }
 
+/// The body of `POST /v1/jobs/batch`: `jobs` holds objects of [`CreateJob`]'s shape. The
+/// items are read one by one after the count is checked, so an error names its index.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateBatch {
+    pub jobs: Vec<serde_json::Value>,
+}
+
+/// One job of a batch's answer, in the order of the request.
+#[derive(Debug, serde::Serialize)]
+pub struct BatchItem {
+    pub id: JobId,
+    pub queue: String,
+    pub state: JobState,
+    /// The job existed before this request (its idempotency key or unique window matched, or
+    /// an earlier item of the batch had the same key) and is returned instead of a new one.
+    pub existed: bool,
+}
+
+/// Reads the items of a batch: each must be a [`CreateJob`], pass every rule of one enqueue and
+/// name a known task (unless it allows an unknown one). The first that does not fails the
+/// batch with its index.
+pub async fn batch_requests(
+    state: &AppState,
+    items: Vec<serde_json::Value>,
+) -> Result<Vec<EnqueueRequest>, ApiError> {
+    homing::client::check_batch_len(items.len())?;
+    let mut known: Option<Vec<String>> = None;
+    let mut reqs = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let body: CreateJob = serde_json::from_value(item)
+            .map_err(|e| ApiError::bad_request(format!("job {i}: {e}")))?;
+        let (req, allow_unknown_task) = body.into_request();
+        homing::client::validate_request(&req).map_err(|e| homing::client::at_index(i, e))?;
+        if !allow_unknown_task && state.builtin.get(&req.task).is_none() {
+            // Read once per batch: the set of registered tasks only grows.
+            if known.is_none() {
+                known = Some(state.backends.store.known_tasks().await?);
+            }
+            if !known.iter().flatten().any(|t| *t == req.task) {
+                let e = check_known_task(state, &req.task)
+                    .await
+                    .err()
+                    .unwrap_or_else(|| ApiError::bad_request("unknown task"));
+                return Err(ApiError::new(
+                    e.status,
+                    e.code,
+                    format!("job {i}: {}", e.message),
+                ));
+            }
+        }
+        reqs.push(req);
+    }
+    Ok(reqs)
+}
+
+/// `POST /v1/jobs/batch` (docs/batch.md): up to [`homing::client::MAX_BATCH`] jobs, all or
+/// nothing, in one store transaction. Answers 202 with each job's id in request order (200 when
+/// every one already existed).
+pub async fn create_batch(
+    State(state): State<AppState>,
+    body: Result<Json<CreateBatch>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(body) = body?;
+    let reqs = batch_requests(&state, body.jobs).await?;
+    let inserted = state.client.enqueue_batch(reqs).await?;
+    let created = inserted.iter().filter(|i| !i.existed).count();
+    let status = if created == 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    let jobs: Vec<BatchItem> = inserted
+        .into_iter()
+        .map(|i| BatchItem {
+            id: i.id,
+            queue: i.queue,
+            state: i.state,
+            existed: i.existed,
+        })
+        .collect();
+    let mut resp = (
+        status,
+        Json(serde_json::json!({ "jobs": jobs, "created": created })),
+    )
+        .into_response();
+    resp.extensions_mut()
+        .insert(super::audit::Count(created as u64));
+    Ok(resp)
+}
+
 pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,

@@ -10,7 +10,7 @@
 
 mod audit;
 mod events;
-mod jobs;
+pub mod jobs;
 mod metrics;
 mod queues;
 mod remote;
@@ -35,6 +35,11 @@ pub use metrics::install_recorder;
 /// Largest request body accepted by this module's routes (a job's args are limited to 1 MiB of
 /// JSON). The pipelines' upload routes carry their own, larger limits.
 pub const BODY_LIMIT: usize = 2 * 1024 * 1024;
+
+/// Largest body of `POST /v1/jobs/batch` (docs/batch.md): room for
+/// [`homing::client::MAX_BATCH`] jobs of a few kilobytes each. A batch of larger jobs is split
+/// by its sender; each job's own args stay limited to 1 MiB.
+pub const BATCH_BODY_LIMIT: usize = 32 * 1024 * 1024;
 
 /// The default of `--unhealthy-after`: long enough that a store failover or a broker restart
 /// does not page anyone, short enough that a dead dependency shows within a minute.
@@ -118,7 +123,17 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
             refuse_declared_over,
         ))
         .layer(DefaultBodyLimit::max(BODY_LIMIT));
-    own.merge(remote::router())
+    // The batch route alone takes bodies beyond BODY_LIMIT, so it gets its own router and
+    // limits.
+    let batch = Router::new()
+        .route("/v1/jobs/batch", post(jobs::create_batch))
+        .layer(middleware::from_fn_with_state(
+            BATCH_BODY_LIMIT,
+            refuse_declared_over,
+        ))
+        .layer(DefaultBodyLimit::max(BATCH_BODY_LIMIT));
+    own.merge(batch)
+        .merge(remote::router())
         .merge(pipelines.router(state.client.clone()))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .with_state(state)

@@ -99,7 +99,8 @@ impl Bridge {
 }
 
 pub async fn enqueue(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
-    homing::validate::name("Celery task", &a.task).map_err(anyhow::Error::msg)?;
+    let task = a.task.clone().unwrap_or_default();
+    homing::validate::name("Celery task", &task).map_err(anyhow::Error::msg)?;
     let queue = a.queue.unwrap_or_else(|| "celery".into());
     homing::validate::name("Celery queue", &queue).map_err(anyhow::Error::msg)?;
     let args = super::input::read_args(&a.args)?;
@@ -107,7 +108,7 @@ pub async fn enqueue(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
         .map_err(anyhow::Error::msg)?;
     let url = broker_url(g, a.celery_broker.as_deref())?;
     let client = Arc::new(CeleryClient::open(&url, None)?);
-    let mut send = CelerySend::new(a.task, queue).with_json_args(args)?;
+    let mut send = CelerySend::new(task, queue).with_json_args(args)?;
     send.countdown = a.countdown;
     send.priority = match a.priority {
         None => 0,

@@ -13,9 +13,14 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
     if a.celery {
         return super::celery::enqueue(g, a).await;
     }
+    if let Some(file) = &a.from_file {
+        return super::enqueue_file::run(g, file, a.allow_unknown_task).await;
+    }
+    // Clap requires the task unless --from-file is given.
+    let task = a.task.clone().unwrap_or_default();
     let args = read_args(&a.args)?;
     let req = EnqueueRequest {
-        task: a.task.clone(),
+        task: task.clone(),
         args,
         options: JobOptions {
             queue: a.queue,
@@ -36,16 +41,16 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
     homing::client::validate_request(&req)?;
     let backends = open(g, false).await?;
     let registry = tasks::registry(&crate::pipelines::for_routing());
-    if !a.allow_unknown_task && registry.get(&a.task).is_none() {
+    if !a.allow_unknown_task && registry.get(&task).is_none() {
         let known = backends.store.known_tasks().await?;
-        if !known.contains(&a.task) {
+        if !known.contains(&task) {
             let mut all = registry.names();
             all.extend(known);
             all.sort();
             all.dedup();
             anyhow::bail!(
                 "no worker has registered task '{}' (known: {}); start a worker that runs it, or pass --allow-unknown-task",
-                a.task,
+                task,
                 all.join(", ")
             );
         }

@@ -4,6 +4,7 @@ mod bench;
 mod celery;
 mod chaos;
 mod enqueue;
+mod enqueue_file;
 mod input;
 mod inspect;
 mod migrate;

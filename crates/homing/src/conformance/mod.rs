@@ -6,6 +6,7 @@
 //! raw rows runs [`store_poison_conformance!`](crate::store_poison_conformance) too.
 
 pub mod access;
+pub mod batch;
 pub mod broker;
 pub mod cluster_limits;
 pub mod limits;

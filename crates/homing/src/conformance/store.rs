@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use super::batch::*;
 pub use super::workflows::*;
 use super::{new_job, unique_queue};
 use crate::job::{FollowUp, JobState};
@@ -32,7 +33,8 @@ macro_rules! store_conformance {
             workflow_failure_cancels_dependents_but_not_finalisers,
             workflow_last_parents_racing_ready_the_step_once,
             workflow_cancel_reaches_every_unfinished_step,
-            workflow_rows_are_purged_with_their_steps
+            workflow_rows_are_purged_with_their_steps,
+            batch_insert_decides_each_job_as_one_by_one, refused_batch_stores_nothing
         );
     };
 }
