@@ -120,11 +120,13 @@ pub async fn create(
 }
 
 /// The body of `POST /v1/jobs/batch`: `jobs` holds objects of [`CreateJob`]'s shape. The
-/// items are read one by one after the count is checked, so an error names its index.
+/// items are kept as their text and read one by one after the count is checked, so an error
+/// names its index and each is read exactly as `POST /v1/jobs` reads its body (a field given
+/// twice is refused, not overwritten).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateBatch {
-    pub jobs: Vec<serde_json::Value>,
+    pub jobs: Vec<Box<serde_json::value::RawValue>>,
 }
 
 /// One job of a batch's answer, in the order of the request.
@@ -143,14 +145,19 @@ pub struct BatchItem {
 /// batch with its index.
 pub async fn batch_requests(
     state: &AppState,
-    items: Vec<serde_json::Value>,
+    items: Vec<Box<serde_json::value::RawValue>>,
 ) -> Result<Vec<EnqueueRequest>, ApiError> {
     homing::client::check_batch_len(items.len())?;
     let mut known: Option<Vec<String>> = None;
     let mut reqs = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
-        let body: CreateJob = serde_json::from_value(item)
-            .map_err(|e| ApiError::bad_request(format!("job {i}: {e}")))?;
+        let body: CreateJob = serde_json::from_str(item.get()).map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_json",
+                format!("job {i}: {e}"),
+            )
+        })?;
         let (req, allow_unknown_task) = body.into_request();
         homing::client::validate_request(&req).map_err(|e| homing::client::at_index(i, e))?;
         if !allow_unknown_task && state.builtin.get(&req.task).is_none() {
