@@ -42,6 +42,35 @@ def test_enqueue_wait_get(shared: tuple[Homing, Proc, App]) -> None:
     assert again.id == job.id
 
 
+def test_enqueue_many_in_order_all_or_nothing(shared: tuple[Homing, Proc, App]) -> None:
+    _, _, app = shared
+    ids = app.enqueue_many(
+        [
+            {"task": "py.add", "args": {"a": 1, "b": 2}, "queue": "py"},
+            {"task": "py.add", "args": {"a": 3, "b": 4}, "queue": "py", "idempotency_key": "m-1"},
+            {"task": "py.add", "args": {"a": 3, "b": 4}, "queue": "py", "idempotency_key": "m-1"},
+            {"task": "py.add", "args": {"a": 5, "b": 6}, "queue": "py", "countdown": 0.5},
+        ]
+    )
+    assert len(ids) == 4 and ids[1] == ids[2] and len(set(ids)) == 3
+    sums = [app.wait(i, timeout=30).result["sum"] for i in ids]
+    assert sums == [3, 7, 7, 11]
+    with pytest.raises(ApiError) as e:
+        app.enqueue_many(
+            [
+                {"task": "py.add", "args": {"a": 0}, "queue": "py", "idempotency_key": "m-2"},
+                {"task": "py.add", "args": {}, "queue": "py", "priority": 5000},
+            ]
+        )
+    assert e.value.status == 400 and e.value.message.startswith("job 1: "), e.value
+    # Nothing of the refused list was stored: its key is still free.
+    fresh = app.enqueue("py.add", {"a": 9, "b": 9}, queue="py", idempotency_key="m-2")
+    assert app.wait(fresh.id, timeout=30).result["sum"] == 18
+    with pytest.raises(ApiError) as e:
+        app.enqueue_many([])
+    assert e.value.status == 400
+
+
 def test_async_task(shared: tuple[Homing, Proc, App]) -> None:
     _, _, app = shared
     done = app.wait(app.enqueue("py.async_add", {"a": 1, "b": 2}, queue="py").id, timeout=30)

@@ -7,6 +7,7 @@ import inspect
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TypeVar, Union, overload
 
@@ -227,6 +228,33 @@ class App:
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
         return Job.from_json(self.http().call("POST", "/v1/jobs", body))
+
+    def enqueue_many(self, jobs: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Enqueues up to 10000 jobs in one request (`POST /v1/jobs/batch`, docs/batch.md) and
+        returns their ids in the same order. Each job is a dict of `enqueue`'s parameters:
+        `task` (a name or `Task`), `args`, `queue`, `countdown` (seconds), `idempotency_key`,
+        and any other field of `POST /v1/jobs` as it is. All or nothing: a bad job raises
+        `ApiError` whose message starts with `job <index>: ` and none is stored. A job whose
+        idempotency key is already used, or used earlier in the list, gives the existing id."""
+        body_jobs: list[dict[str, Any]] = []
+        for i, spec in enumerate(jobs):
+            job = dict(spec)
+            task = job.get("task")
+            if not isinstance(task, Task) and isinstance(task, str):
+                task = self.tasks.get(task, task)
+            if isinstance(task, Task):
+                job["task"] = task.name
+                if job.get("queue") is None:
+                    job["queue"] = task.queue
+            job.setdefault("args", {})
+            countdown = job.get("countdown")
+            if countdown is not None:
+                if not isinstance(countdown, (int, float)) or countdown < 0:
+                    raise ValueError(f"job {i}: countdown must be >= 0 seconds")
+                job["countdown"] = millis(countdown)
+            body_jobs.append(job)
+        d = self.http().call("POST", "/v1/jobs/batch", {"jobs": body_jobs})
+        return [str(j["id"]) for j in d["jobs"]]
 
     def workflow(self, name: str, steps: dict[str, dict[str, Any]]) -> NewWorkflow:
         """Creates a workflow (docs/workflows.md): `steps` maps each step's name to its job,
