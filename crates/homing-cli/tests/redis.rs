@@ -239,3 +239,31 @@ async fn two_schedulers_dispatch_each_due_job_once() {
         .iter()
         .all(|j| j.state == JobState::Succeeded && j.epoch == 1));
 }
+
+/// Bulk enqueue on the Redis broker (docs/batch.md): a file of jobs committed in chunks is
+/// published after each commit, and a worker runs every one of them once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn enqueue_from_file_is_published_to_redis() {
+    let server = RedisServer::tcp("batch-pw");
+    let env = redis_env(&server, "batch");
+    let _worker = env.worker("w", "default", &["--concurrency", "16"]);
+    let client = env.client().await;
+    wait_workers(&client, "default", 1, Duration::from_secs(20)).await;
+    let path = env.path().join("jobs.jsonl");
+    let lines: Vec<String> = (0..10_500)
+        .map(|n| format!(r#"{{"task": "builtin.noop", "args": {{"n": {n}}}}}"#))
+        .collect();
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    let (code, out, err) = env.run(&["enqueue", "--from-file", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let ids: Vec<homing::JobId> = out.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(ids.len(), 10_500);
+    let jobs = wait_all_terminal(&client, &ids, Duration::from_secs(300)).await;
+    let odd: Vec<_> = jobs
+        .iter()
+        .filter(|j| j.state != JobState::Succeeded || j.crashes != 0)
+        .map(|j| (j.id, j.state, j.attempts, j.crashes))
+        .take(5)
+        .collect();
+    assert!(odd.is_empty(), "{odd:?}");
+}
