@@ -375,3 +375,32 @@ async fn enqueue_from_file_in_chunks_stops_at_a_bad_line() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.lines().count(), 1);
 }
+
+/// The same file on a PostgreSQL store: a full chunk of 10,000 jobs in one transaction, keys
+/// repeated across chunks resolving to the first job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_from_file_on_postgres() {
+    let env = Env::sqlite_broker_postgres_store().await;
+    // Opening creates the broker's file and migrates the store.
+    env.backends().await;
+    let path = env.path().join("jobs.jsonl");
+    let lines: Vec<String> = (0..10_500)
+        .map(|n| {
+            format!(
+                r#"{{"task": "builtin.noop", "args": {{"n": {n}}}, "idempotency_key": "p{}"}}"#,
+                n % 10_200
+            )
+        })
+        .collect();
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    let (code, out, err) = env.run(&["enqueue", "--from-file", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("enqueued 10500 jobs (300 of them already existed)"),
+        "{err}"
+    );
+    let ids: Vec<&str> = out.lines().collect();
+    assert_eq!(ids.len(), 10_500);
+    assert_eq!(ids[10_200], ids[0]);
+    assert_eq!(stored(&env).await, 10_200);
+}
