@@ -268,6 +268,10 @@ pub struct HttpArgs {
     /// pruner, notifier) has failed without a success for longer than this.
     #[arg(long, env = "HOMING_UNHEALTHY_AFTER", default_value = "30s", value_parser = duration_in(SECOND, DAY))]
     pub unhealthy_after: Duration,
+    /// How often the dashboard's charts are brought up to date from the store (the rollups
+    /// of docs/charts.md; 100ms-1h).
+    #[arg(long, env = "HOMING_STATS_INTERVAL", default_value = "15s", value_parser = duration_in(100 * MS, HOUR))]
+    pub stats_interval: Duration,
 }
 
 impl HttpArgs {

@@ -71,6 +71,7 @@ pub mod redact;
 pub mod remote;
 pub mod retry;
 pub mod schedule;
+pub mod stats;
 pub mod schema;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
