@@ -812,8 +812,10 @@ async fn charts_count_real_jobs_survive_a_restart_render_in_both_themes_and_are_
     enqueue(
         &base,
         token,
-        job(serde_json::json!({"task": "builtin.http", "args": {"url": counter.url("fail=1")},
-            "max_retries": 3, "retry_policy": {"kind": "fixed", "delay": 100}})),
+        job(
+            serde_json::json!({"task": "builtin.http", "args": {"url": counter.url("fail=1")},
+            "max_retries": 3, "retry_policy": {"kind": "fixed", "delay": 100}}),
+        ),
     )
     .await;
     enqueue(
@@ -834,7 +836,10 @@ async fn charts_count_real_jobs_survive_a_restart_render_in_both_themes_and_are_
     .await;
     assert_eq!(v["step_seconds"], 60);
     assert_eq!(v["t"].as_array().unwrap().len(), 60);
-    assert!(v["queues"].as_array().unwrap().iter().any(|x| x == q), "{v}");
+    assert!(
+        v["queues"].as_array().unwrap().iter().any(|x| x == q),
+        "{v}"
+    );
     // Three 300 ms sleeps among four successes and a fast failure: p50 of run time is in
     // the hundreds of ms, p99 not below it; waits are short.
     let run50 = top(&v, "run_p50_ms").expect("a run p50");
@@ -852,7 +857,10 @@ async fn charts_count_real_jobs_survive_a_restart_render_in_both_themes_and_are_
         .unwrap();
     assert_eq!(r.status(), 400);
     let e: serde_json::Value = r.json().await.unwrap();
-    assert!(e["error"]["message"].as_str().unwrap().contains("range"), "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("range"),
+        "{e}"
+    );
 
     // A restart: the rollups are in the store, and rolling up again doubles nothing.
     assert_eq!(up.terminate(Duration::from_secs(30)), Some(0));
@@ -914,7 +922,10 @@ async fn charts_count_real_jobs_survive_a_restart_render_in_both_themes_and_are_
         .await;
     assert!(light.is_string(), "{light}");
     let light_bg = page_background(&browser).await;
-    assert_ne!(dark_bg, light_bg, "the page's colours change with the theme");
+    assert_ne!(
+        dark_bg, light_bg,
+        "the page's colours change with the theme"
+    );
     browser.wait_for("the charts redrawn", drawn).await;
     browser
         .eval("document.querySelector('#charts').scrollIntoView(); return true;")
@@ -944,7 +955,14 @@ async fn charts_count_real_jobs_survive_a_restart_render_in_both_themes_and_are_
     up.terminate(Duration::from_secs(30));
     let (_up, base) = start_up_with(
         &env,
-        &["--stats-interval", "200ms", "--retention", "1s", "--queue", "charts"],
+        &[
+            "--stats-interval",
+            "200ms",
+            "--retention",
+            "1s",
+            "--queue",
+            "charts",
+        ],
         &[("HOMING_API_TOKEN", token)],
     )
     .await;

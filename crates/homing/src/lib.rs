@@ -71,10 +71,10 @@ pub mod redact;
 pub mod remote;
 pub mod retry;
 pub mod schedule;
-pub mod stats;
 pub mod schema;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+pub mod stats;
 pub mod store;
 pub mod task;
 pub mod time;

@@ -55,7 +55,10 @@ pub fn bucket_sql(duration: &str, dialect: Dialect) -> String {
 
 /// The bucket of a duration, as [`bucket_sql`] computes it (for tests and in-memory callers).
 pub fn bucket_of(duration: Micros) -> usize {
-    BOUNDS_MS.iter().filter(|ms| duration >= **ms * 1000).count()
+    BOUNDS_MS
+        .iter()
+        .filter(|ms| duration >= **ms * 1000)
+        .count()
 }
 
 /// The `q`-quantile (0 < q ≤ 1) of a histogram, in milliseconds: found by rank, then placed
@@ -230,7 +233,9 @@ pub fn series(range: Range, now: Micros, queue: Option<&str>, rows: &Rows) -> Se
         step_seconds: step / 1_000_000,
         queue: queue.map(str::to_string),
         queues: Vec::new(),
-        t: (0..n as i64).map(|i| (from + i * step) / 1_000_000).collect(),
+        t: (0..n as i64)
+            .map(|i| (from + i * step) / 1_000_000)
+            .collect(),
         succeeded: vec![0; n],
         failed: vec![0; n],
         dead: vec![0; n],

@@ -72,7 +72,14 @@ pub async fn rollups_count_each_outcome_once_however_often_they_run(s: Arc<dyn S
         .unwrap();
     // a: waits 1 s, runs 0.5 s, succeeds.
     let ep = start(&*s, a.id, T + S).await;
-    end(&*s, a.id, ep, Outcome::Succeeded(serde_json::json!(1)), T + 3 * S / 2).await;
+    end(
+        &*s,
+        a.id,
+        ep,
+        Outcome::Succeeded(serde_json::json!(1)),
+        T + 3 * S / 2,
+    )
+    .await;
     // b: fails for good.
     let ep = start(&*s, b.id, T + S).await;
     let failed = Outcome::Failed { error: "x".into() };
@@ -86,11 +93,25 @@ pub async fn rollups_count_each_outcome_once_however_often_they_run(s: Arc<dyn S
     end(&*s, c.id, ep, retry, T + 2 * S).await;
     assert_eq!(s.claim_due(T + 3 * S, 10).await.unwrap().len(), 1);
     let ep = start(&*s, c.id, T + 3 * S).await;
-    end(&*s, c.id, ep, Outcome::Succeeded(serde_json::json!(2)), T + 4 * S).await;
+    end(
+        &*s,
+        c.id,
+        ep,
+        Outcome::Succeeded(serde_json::json!(2)),
+        T + 4 * S,
+    )
+    .await;
     // d: dead in the next minute; e: succeeds in the next minute too.
     assert!(s.mark_dead(d.id, "gone", T + 70 * S).await.unwrap());
     let ep = start(&*s, e.id, T + 62 * S).await;
-    end(&*s, e.id, ep, Outcome::Succeeded(serde_json::json!(3)), T + 65 * S).await;
+    end(
+        &*s,
+        e.id,
+        ep,
+        Outcome::Succeeded(serde_json::json!(3)),
+        T + 65 * S,
+    )
+    .await;
 
     assert_eq!(s.stats_cursor().await.unwrap(), None);
     s.roll_up(T, T + 2 * MINUTE, T + 2 * MINUTE).await.unwrap();
@@ -110,7 +131,9 @@ pub async fn rollups_count_each_outcome_once_however_often_they_run(s: Arc<dyn S
 
     // Again, and overlapping: the same rows, nothing doubled.
     s.roll_up(T, T + 2 * MINUTE, T + 2 * MINUTE).await.unwrap();
-    s.roll_up(T + MINUTE, T + 3 * MINUTE, T + MINUTE).await.unwrap();
+    s.roll_up(T + MINUTE, T + 3 * MINUTE, T + MINUTE)
+        .await
+        .unwrap();
     let again = s.stats_rows(60, T, T + 3 * MINUTE).await.unwrap();
     assert_eq!(mine(&again, &q), want);
     assert_eq!(latency_total(&again, &q, RUN), 4);
@@ -130,7 +153,14 @@ pub async fn depth_keeps_the_highest_sample_and_rollups_are_pruned(s: Arc<dyn St
     s.insert(jobs.clone()).await.unwrap();
     s.sample_depth(T + S).await.unwrap();
     let ep = start(&*s, jobs[0].id, T + 2 * S).await;
-    end(&*s, jobs[0].id, ep, Outcome::Succeeded(serde_json::json!(1)), T + 3 * S).await;
+    end(
+        &*s,
+        jobs[0].id,
+        ep,
+        Outcome::Succeeded(serde_json::json!(1)),
+        T + 3 * S,
+    )
+    .await;
     s.sample_depth(T + 10 * S).await.unwrap();
     s.sample_depth(T + MINUTE + S).await.unwrap();
     let rows = s.stats_rows(60, T, T + 2 * MINUTE).await.unwrap();
@@ -155,7 +185,10 @@ pub async fn depth_keeps_the_highest_sample_and_rollups_are_pruned(s: Arc<dyn St
     let p = s.purge(T + MINUTE, 1000).await.unwrap();
     assert!(p.stats >= 5, "{p:?}");
     let after = s.stats_rows(60, T, T + 2 * MINUTE).await.unwrap();
-    assert!(after.counts.is_empty() && after.latency.is_empty(), "{after:?}");
+    assert!(
+        after.counts.is_empty() && after.latency.is_empty(),
+        "{after:?}"
+    );
     assert_eq!(after.depth.len(), 1);
     assert_eq!(after.depth[0].at, T + MINUTE);
     let hours = s.stats_rows(3600, hour, hour + HOUR).await.unwrap();

@@ -793,8 +793,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// The stored rollup rows of span `span_secs` (60 or 3600) whose period starts in
     /// `[from, to)`, for every queue.
-    async fn stats_rows(&self, span_secs: i64, from: Micros, to: Micros)
-        -> Result<crate::stats::Rows>;
+    async fn stats_rows(
+        &self,
+        span_secs: i64,
+        from: Micros,
+        to: Micros,
+    ) -> Result<crate::stats::Rows>;
 
     /// How many jobs match `filter` (docs/access.md: the count a bulk action shows before it
     /// runs). Exact, so it reads every matching row's index entry.

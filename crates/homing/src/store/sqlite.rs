@@ -6,13 +6,13 @@ use async_trait::async_trait;
 use rusqlite::{params, OptionalExtension, Row, Transaction};
 use std::sync::Arc;
 
+use super::stats_sql;
 use super::*;
 use crate::error::Error;
 use crate::events::CALLBACK_TARGET;
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
 use crate::sqlite::Db;
 use crate::stats::Dialect;
-use super::stats_sql;
 use crate::transition::{self, Change};
 
 /// The SQLite store.

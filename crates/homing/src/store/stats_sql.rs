@@ -33,7 +33,8 @@ pub(crate) fn roll_up(d: Dialect) -> Vec<String> {
     // Every statement binds all four parameters (PostgreSQL wants each one used and typed).
     let all4 = format!("{from} <= {to} AND {hfrom} <= {hto}");
     let minute = format!("(finished_at / {MINUTE}) * {MINUTE}");
-    let window = format!("finished_at >= {from} AND finished_at < {to} AND finished_at IS NOT NULL");
+    let window =
+        format!("finished_at >= {from} AND finished_at < {to} AND finished_at IS NOT NULL");
     // A handler error is retried unless it was the last one of a failed job.
     let retried =
         "SUM(CASE WHEN state = 'failed' AND attempts > 0 THEN attempts - 1 ELSE attempts END)";
@@ -54,7 +55,10 @@ pub(crate) fn roll_up(d: Dialect) -> Vec<String> {
     // Enqueue→start of the last attempt (from its due time when it had one) and its run time,
     // for jobs that ran to an end (a dead job's start may be a crashed run's).
     for (kind, duration) in [
-        (crate::stats::WAIT, "started_at - COALESCE(scheduled_at, created_at)"),
+        (
+            crate::stats::WAIT,
+            "started_at - COALESCE(scheduled_at, created_at)",
+        ),
         (crate::stats::RUN, "finished_at - started_at"),
     ] {
         out.push(format!(

@@ -28,13 +28,13 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::stats_sql;
 use super::*;
 use crate::error::Error;
 use crate::events::CALLBACK_TARGET;
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
 use crate::redact::redact_url;
 use crate::stats::Dialect;
-use super::stats_sql;
 use crate::transition::{self, Change};
 
 pub use migrations::{Migration, MIGRATIONS};
