@@ -938,6 +938,19 @@ async fn charts_count_real_jobs_survive_a_restart_render_in_both_themes_and_are_
             "return document.documentElement.dataset.theme === 'dark' && document.documentElement.dataset.themeChoice === 'dark';",
         )
         .await;
+    // The week: 168 hourly points, from the hourly rollups.
+    browser.click("#charts [data-range='week']").await;
+    browser
+        .wait_for(
+            "the week's charts",
+            "return document.querySelector('#chart-outcomes').dataset.points === '168' \
+             && document.querySelector('#chart-outcomes').dataset.nonzero === '1';",
+        )
+        .await;
+    browser
+        .eval("document.querySelector('#charts').scrollIntoView(); return true;")
+        .await;
+    browser.screenshot("charts-week-dark.png").await;
     // The library is served from the binary, not from elsewhere.
     let scripts = browser
         .eval("return [...document.scripts].map((s) => s.src).join(' ');")

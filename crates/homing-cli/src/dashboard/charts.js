@@ -158,8 +158,9 @@
           label: label || key,
           stroke: css(color) || fg,
           width: 2,
-          spanGaps: c.log,
-          points: { show: d.t.length <= 60 },
+          // Percentiles exist only where something finished: draw each as a point, so a lone
+          // period is visible, and never join points across periods with no data.
+          points: c.log ? { show: true, size: 5 } : { show: d.t.length <= 60 },
           fill: c.id === 'depth' ? css(color) + '22' : undefined,
           value: (u, v) => (v === null ? '–' : c.unit === 'ms' ? fmtMs(v) : String(v)),
         }))),

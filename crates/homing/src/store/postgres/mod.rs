@@ -2406,7 +2406,7 @@ impl Store for PgStore {
             // One rollup at a time: two that interleave their replace-by-delete-and-insert
             // would collide on the same keys ("stats" in ASCII).
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(0x7374_6174_73_i64)
+                .bind(0x0073_7461_7473_i64)
                 .execute(&mut *tx)
                 .await?;
             for sql in stats_sql::roll_up(Dialect::Postgres) {
