@@ -16,7 +16,8 @@ macro_rules! stats_conformance {
     ($make:expr) => {
         $crate::__conformance_cases!(stats, $make;
             rollups_count_each_outcome_once_however_often_they_run,
-            depth_keeps_the_highest_sample_and_rollups_are_pruned
+            depth_keeps_the_highest_sample_and_rollups_are_pruned,
+            the_rollup_pass_catches_up_and_recounts_late_completions
         );
     };
 }
@@ -193,4 +194,54 @@ pub async fn depth_keeps_the_highest_sample_and_rollups_are_pruned(s: Arc<dyn St
     assert_eq!(after.depth[0].at, T + MINUTE);
     let hours = s.stats_rows(3600, hour, hour + HOUR).await.unwrap();
     assert_eq!(hours, stats::Rows::default());
+}
+
+/// The maintenance loop's pass: the first one rolls up the history within the retention, the
+/// open minute included (live charts) while the cursor stops at the last closed minute; a
+/// completion committed after its minute was rolled up is counted by the next pass, once.
+pub async fn the_rollup_pass_catches_up_and_recounts_late_completions(s: Arc<dyn Store>) {
+    use crate::maintenance::rollup::pass;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let retention = Some(std::time::Duration::from_secs(3600));
+    let q = unique_queue("pass");
+    let jobs: Vec<_> = (0..3)
+        .map(|_| {
+            let mut j = new_job(&q, "t");
+            j.created_at = T;
+            j
+        })
+        .collect();
+    s.insert(jobs.clone()).await.unwrap();
+    let ok = || Outcome::Succeeded(serde_json::json!(1));
+    let ep = start(&*s, jobs[0].id, T + S).await;
+    end(&*s, jobs[0].id, ep, ok(), T + 2 * S).await;
+    let ep = start(&*s, jobs[1].id, T + MINUTE + S).await;
+    end(&*s, jobs[1].id, ep, ok(), T + MINUTE + 2 * S).await;
+    // The third starts now but its end, at T+30s, commits only after the first pass.
+    let late = start(&*s, jobs[2].id, T + 20 * S).await;
+
+    pass(&*s, retention, T + MINUTE + 10 * S, &stop)
+        .await
+        .unwrap();
+    assert_eq!(s.stats_cursor().await.unwrap(), Some(T + MINUTE));
+    let rows = s.stats_rows(60, T, T + 2 * MINUTE).await.unwrap();
+    let got: Vec<_> = mine(&rows, &q).iter().map(|r| (r.0, r.1)).collect();
+    assert_eq!(got, vec![(T, 1), (T + MINUTE, 1)]);
+    // The pass sampled the depth: nothing queued on this queue, so no row.
+    assert!(rows.depth.iter().all(|r| r.queue != q), "{rows:?}");
+
+    end(&*s, jobs[2].id, late, ok(), T + 30 * S).await;
+    pass(&*s, retention, T + 2 * MINUTE + 10 * S, &stop)
+        .await
+        .unwrap();
+    pass(&*s, retention, T + 2 * MINUTE + 20 * S, &stop)
+        .await
+        .unwrap();
+    assert_eq!(s.stats_cursor().await.unwrap(), Some(T + 2 * MINUTE));
+    let rows = s.stats_rows(60, T, T + 3 * MINUTE).await.unwrap();
+    let got: Vec<_> = mine(&rows, &q).iter().map(|r| (r.0, r.1)).collect();
+    assert_eq!(got, vec![(T, 2), (T + MINUTE, 1)]);
+    let hour = floor(T, HOUR);
+    let hours = s.stats_rows(3600, hour, hour + HOUR).await.unwrap();
+    assert_eq!(mine(&hours, &q), vec![(hour, 3, 0, 0, 0, 0)]);
 }
