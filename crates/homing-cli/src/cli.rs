@@ -265,9 +265,13 @@ pub struct HttpArgs {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_connections: u32,
     /// `/healthz` answers 503 once a background loop (rescuer, scheduler, periodic, reconciler,
-    /// pruner, notifier) has failed without a success for longer than this.
+    /// pruner, notifier, rollup) has failed without a success for longer than this.
     #[arg(long, env = "HOMING_UNHEALTHY_AFTER", default_value = "30s", value_parser = duration_in(SECOND, DAY))]
     pub unhealthy_after: Duration,
+    /// How often the dashboard's charts are brought up to date from the store (the rollups
+    /// of docs/charts.md; 100ms-1h).
+    #[arg(long, env = "HOMING_STATS_INTERVAL", default_value = "15s", value_parser = duration_in(100 * MS, HOUR))]
+    pub stats_interval: Duration,
 }
 
 impl HttpArgs {

@@ -734,3 +734,258 @@ async fn dashboard_pauses_and_resumes_a_queue() {
     eprintln!("screenshot: {}", shot.display());
     browser.quit().await;
 }
+
+/// `GET /v1/stats/series` for `queue` over the last hour, with the totals of its counts.
+async fn series(base: &str, token: &str, queue: &str) -> (serde_json::Value, [u64; 4]) {
+    let v: serde_json::Value = http_client()
+        .get(format!("{base}/v1/stats/series?queue={queue}&range=hour"))
+        .header("authorization", format!("Bearer {token}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sum = |k: &str| -> u64 {
+        v[k].as_array()
+            .unwrap_or_else(|| panic!("{k} in {v}"))
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .sum()
+    };
+    let totals = [sum("succeeded"), sum("failed"), sum("dead"), sum("retried")];
+    (v, totals)
+}
+
+async fn page_background(b: &Browser) -> String {
+    b.eval("return getComputedStyle(document.body).backgroundColor;")
+        .await
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The highest non-null value of a percentile series.
+fn top(v: &serde_json::Value, key: &str) -> Option<f64> {
+    v[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|x| x.as_f64())
+        .reduce(f64::max)
+}
+
+/// The charts (docs/charts.md) end to end: real jobs that succeed, fail, are retried and go
+/// dead are counted in the series the server rolls up from the store, with plausible
+/// percentiles; the counts are the same after a restart (nothing doubled, nothing lost); the
+/// dashboard draws them with the vendored library in light and dark (screenshots kept in
+/// target/test-artifacts/, following the system's preference and the toggle); and a short
+/// retention prunes the rollups with the jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn charts_count_real_jobs_survive_a_restart_render_in_both_themes_and_are_pruned() {
+    let env = Env::sqlite();
+    let token = "charts-token-7";
+    let fast = ["--stats-interval", "200ms", "--queue", "charts"];
+    let (mut up, base) = start_up_with(&env, &fast, &[("HOMING_API_TOKEN", token)]).await;
+    let counter = Counter::start().await;
+    let q = "charts";
+    let job = |body: serde_json::Value| {
+        let mut b = body;
+        b["queue"] = q.into();
+        b
+    };
+    for _ in 0..3 {
+        enqueue(
+            &base,
+            token,
+            job(serde_json::json!({"task": "builtin.sleep", "args": {"ms": 300}})),
+        )
+        .await;
+    }
+    // Fails for good; fails once then succeeds on its retry; has no handler at all (dead).
+    enqueue(
+        &base,
+        token,
+        job(serde_json::json!({"task": "builtin.http", "args": {"url": counter.url("fail=5")}, "max_retries": 0})),
+    )
+    .await;
+    enqueue(
+        &base,
+        token,
+        job(
+            serde_json::json!({"task": "builtin.http", "args": {"url": counter.url("fail=1")},
+            "max_retries": 3, "retry_policy": {"kind": "fixed", "delay": 100}}),
+        ),
+    )
+    .await;
+    enqueue(
+        &base,
+        token,
+        job(serde_json::json!({"task": "nobody.handles.this", "allow_unknown_task": true})),
+    )
+    .await;
+    let want = [4, 1, 1, 1];
+    let (v, _) = eventually(
+        Duration::from_secs(60),
+        "the series to count every outcome",
+        || async {
+            let (v, totals) = series(&base, token, q).await;
+            (totals == want).then_some((v, totals))
+        },
+    )
+    .await;
+    assert_eq!(v["step_seconds"], 60);
+    assert_eq!(v["t"].as_array().unwrap().len(), 60);
+    assert!(
+        v["queues"].as_array().unwrap().iter().any(|x| x == q),
+        "{v}"
+    );
+    // Three 300 ms sleeps among four successes and a fast failure: p50 of run time is in
+    // the hundreds of ms, p99 not below it; waits are short.
+    let run50 = top(&v, "run_p50_ms").expect("a run p50");
+    let run99 = top(&v, "run_p99_ms").expect("a run p99");
+    assert!((50.0..=5000.0).contains(&run50), "run p50 {run50}: {v}");
+    assert!(run99 >= run50, "{v}");
+    let wait99 = top(&v, "wait_p99_ms").expect("a wait p99");
+    assert!(wait99 < 30_000.0, "wait p99 {wait99}: {v}");
+    // Bad input is a 400 with the usual error body.
+    let r = http_client()
+        .get(format!("{base}/v1/stats/series?range=year"))
+        .header("authorization", format!("Bearer {token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let e: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("range"),
+        "{e}"
+    );
+
+    // A restart: the rollups are in the store, and rolling up again doubles nothing.
+    assert_eq!(up.terminate(Duration::from_secs(30)), Some(0));
+    let (mut up, base) = start_up_with(&env, &fast, &[("HOMING_API_TOKEN", token)]).await;
+    let (_, totals) = series(&base, token, q).await;
+    assert_eq!(totals, want, "right after the restart");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (_, totals) = series(&base, token, q).await;
+    assert_eq!(totals, want, "after several passes of the new server");
+
+    // The dashboard draws the four charts, following the system's dark preference, then the
+    // toggle's light and dark.
+    let browser = Browser::start(&env).await;
+    browser
+        .call(
+            "POST",
+            "/goog/cdp/execute",
+            serde_json::json!({"cmd": "Emulation.setEmulatedMedia", "params": {"features": [
+                {"name": "prefers-color-scheme", "value": "dark"}]}}),
+        )
+        .await;
+    browser.goto(&format!("{base}/")).await;
+    browser
+        .wait_for(
+            "the token form",
+            "return !document.querySelector('#login').hidden;",
+        )
+        .await;
+    browser.type_into("#token-input", token).await;
+    browser.click("#token-submit").await;
+    let drawn = "return document.querySelectorAll('#charts .chart canvas').length === 4 \
+                 && document.querySelector('#chart-outcomes').dataset.nonzero === '1';";
+    browser.wait_for("four charts with data", drawn).await;
+    let theme = browser
+        .eval("return document.documentElement.dataset.theme;")
+        .await;
+    assert_eq!(theme, "dark", "auto follows prefers-color-scheme");
+    let dark_bg = page_background(&browser).await;
+    // One queue's charts, then a screenshot of each theme.
+    browser
+        .eval(&format!(
+            "const s = document.querySelector('#chart-queue'); s.value = '{q}'; \
+             s.dispatchEvent(new Event('change')); return true;"
+        ))
+        .await;
+    browser.wait_for("the queue's charts", drawn).await;
+    browser
+        .eval("document.querySelector('#charts').scrollIntoView(); return true;")
+        .await;
+    let shot = browser.screenshot("charts-dark.png").await;
+    assert!(std::fs::metadata(&shot).unwrap().len() > 10_000);
+    // auto → light → dark.
+    browser.click("#theme-toggle").await;
+    let light = browser
+        .wait_for(
+            "the light theme",
+            "return document.documentElement.dataset.theme === 'light' && document.documentElement.dataset.chartsDrawn;",
+        )
+        .await;
+    assert!(light.is_string(), "{light}");
+    let light_bg = page_background(&browser).await;
+    assert_ne!(
+        dark_bg, light_bg,
+        "the page's colours change with the theme"
+    );
+    browser.wait_for("the charts redrawn", drawn).await;
+    browser
+        .eval("document.querySelector('#charts').scrollIntoView(); return true;")
+        .await;
+    browser.screenshot("charts-light.png").await;
+    browser.click("#theme-toggle").await;
+    browser
+        .wait_for(
+            "the dark theme pinned",
+            "return document.documentElement.dataset.theme === 'dark' && document.documentElement.dataset.themeChoice === 'dark';",
+        )
+        .await;
+    // The week: 168 hourly points, from the hourly rollups.
+    browser.click("#charts [data-range='week']").await;
+    browser
+        .wait_for(
+            "the week's charts",
+            "return document.querySelector('#chart-outcomes').dataset.points === '168' \
+             && document.querySelector('#chart-outcomes').dataset.nonzero === '1';",
+        )
+        .await;
+    browser
+        .eval("document.querySelector('#charts').scrollIntoView(); return true;")
+        .await;
+    browser.screenshot("charts-week-dark.png").await;
+    // The library is served from the binary, not from elsewhere.
+    let scripts = browser
+        .eval("return [...document.scripts].map((s) => s.src).join(' ');")
+        .await;
+    assert!(
+        scripts
+            .as_str()
+            .unwrap()
+            .contains(&format!("{base}/dashboard/vendor/uplot.min.js")),
+        "{scripts}"
+    );
+    browser.quit().await;
+
+    // With a 1 s retention the jobs and their rollups are pruned.
+    up.terminate(Duration::from_secs(30));
+    let (_up, base) = start_up_with(
+        &env,
+        &[
+            "--stats-interval",
+            "200ms",
+            "--retention",
+            "1s",
+            "--queue",
+            "charts",
+        ],
+        &[("HOMING_API_TOKEN", token)],
+    )
+    .await;
+    eventually(
+        Duration::from_secs(60),
+        "the rollups to be pruned with the jobs",
+        || async {
+            let (_, totals) = series(&base, token, q).await;
+            (totals == [0, 0, 0, 0]).then_some(())
+        },
+    )
+    .await;
+}

@@ -74,6 +74,7 @@ pub mod schedule;
 pub mod schema;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+pub mod stats;
 pub mod store;
 pub mod task;
 pub mod time;

@@ -72,6 +72,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0010_enqueue_checks",
         sql: include_str!("sqlite/migrations/0010_enqueue_checks.sql"),
     },
+    Migration {
+        version: 12,
+        name: "0012_stats",
+        sql: include_str!("sqlite/migrations/0012_stats.sql"),
+    },
 ];
 
 /// An open database file.

@@ -45,6 +45,10 @@ mod access_suite {
     homing::access_conformance!(super::store());
 }
 
+mod stats_suite {
+    homing::stats_conformance!(super::store());
+}
+
 /// Raw writes to the store's tables, for the poisoned-row cases.
 struct RawPg(PgStore);
 

@@ -15,6 +15,7 @@ mod metrics;
 mod queues;
 mod remote;
 pub mod schedules;
+mod stats;
 mod status;
 mod workflows;
 
@@ -83,6 +84,10 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/", get(status::page))
         .route("/dashboard/app.js", get(status::script))
         .route("/dashboard/style.css", get(status::style))
+        .route("/dashboard/charts.js", get(stats::charts_script))
+        .route("/dashboard/vendor/uplot.min.js", get(stats::uplot_script))
+        .route("/dashboard/vendor/uplot.min.css", get(stats::uplot_style))
+        .route("/v1/stats/series", get(stats::series))
         .route("/healthz", get(status::healthz))
         .route("/metrics", get(metrics::render))
         .route("/v1/openapi.json", get(status::openapi))
@@ -144,7 +149,13 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
 fn is_open(path: &str) -> bool {
     matches!(
         path,
-        "/healthz" | "/" | "/dashboard/app.js" | "/dashboard/style.css"
+        "/healthz"
+            | "/"
+            | "/dashboard/app.js"
+            | "/dashboard/style.css"
+            | "/dashboard/charts.js"
+            | "/dashboard/vendor/uplot.min.js"
+            | "/dashboard/vendor/uplot.min.css"
     )
 }
 

@@ -150,7 +150,11 @@ pub async fn up(g: &Global, a: UpArgs) -> anyhow::Result<ExitCode> {
     config.reconcile_schedules(&*backends.store).await?;
     let stop = signals::shutdown_token();
     let heartbeat = a.tuning.heartbeat_interval;
-    let config_w = worker_config(a.queues.clone(), &a.tuning, true)?;
+    let mut config_w = worker_config(a.queues.clone(), &a.tuning, true)?;
+    // This process serves the charts, so it keeps their rollups up to date.
+    if let Some(mc) = config_w.maintenance_config.as_mut() {
+        mc.stats_interval = Some(a.http.stats_interval);
+    }
     let worker = Worker::new(
         backends.broker.clone(),
         backends.store.clone(),
@@ -192,6 +196,7 @@ pub async fn server(g: &Global, a: ServerArgs) -> anyhow::Result<ExitCode> {
     let mc = MaintenanceConfig {
         rescue_interval: a.rescue_interval,
         retention: a.retention.0,
+        stats_interval: Some(a.http.stats_interval),
         ..Default::default()
     };
     let maintenance = Maintenance::spawn(

@@ -13,6 +13,7 @@ pub mod limits;
 pub mod poison;
 pub mod queues;
 pub mod schedules;
+pub mod stats;
 pub mod store;
 pub mod workflows;
 

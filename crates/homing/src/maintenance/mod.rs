@@ -11,6 +11,8 @@
 //!   older than the retention period.
 //! - [`listener`]: publishes at once the jobs other parties enqueued straight into the store
 //!   (transactional enqueue, `homing_enqueue`), when the store can signal them (PostgreSQL).
+//! - [`rollup`]: folds finished jobs and queue depths into the charts' per-minute and per-hour
+//!   rollups (docs/charts.md); only where `stats_interval` is set (the API server).
 //! - [`notifier`]: fans pending events out into webhook deliveries (started separately, by
 //!   the processes that hold the webhook configuration).
 
@@ -20,6 +22,7 @@ pub mod periodic;
 pub mod pruner;
 pub mod reconciler;
 pub mod rescuer;
+pub mod rollup;
 pub mod scheduler;
 
 use std::sync::Arc;
@@ -42,7 +45,13 @@ pub struct MaintenanceConfig {
     /// `None` keeps them forever. The pruner looks every minute, or every quarter of a shorter
     /// retention.
     pub retention: Option<Duration>,
+    /// How often the charts' rollups are brought up to date; `None` leaves them to other
+    /// processes (workers: the API server serves the charts and rolls them up).
+    pub stats_interval: Option<Duration>,
 }
+
+/// The default pace of the charts' rollup where it runs.
+pub const DEFAULT_STATS_INTERVAL: Duration = Duration::from_secs(15);
 
 /// The default retention: a week of history.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -56,6 +65,7 @@ impl MaintenanceConfig {
             reconcile_interval: Duration::from_secs(2),
             dispatch_grace: Duration::from_secs(2),
             retention: Some(DEFAULT_RETENTION),
+            stats_interval: None,
         }
     }
 }
@@ -80,6 +90,9 @@ impl Maintenance {
         config: MaintenanceConfig,
         stop: CancellationToken,
     ) -> Self {
+        let stats = config
+            .stats_interval
+            .map(|every| (store.clone(), config.retention, every));
         let pruner = config.retention.map(|retention| {
             let every = (retention / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
             tokio::spawn(pruner::run(
@@ -114,6 +127,14 @@ impl Maintenance {
             tokio::spawn(reconciler::run(broker, store, config, stop.clone())),
         ];
         tasks.extend(pruner);
+        if let Some((store, retention, every)) = stats {
+            tasks.push(tokio::spawn(rollup::run(
+                store,
+                retention,
+                every,
+                stop.clone(),
+            )));
+        }
         Self { stop, tasks }
     }
 

@@ -1,5 +1,5 @@
-//! Responsible for retention: finished jobs, delivered events, departed workers and the broker's
-//! dead letters older than the retention period are deleted, a batch per transaction. Without it the store only grows, and
+//! Responsible for retention: finished jobs, delivered events, departed workers, the charts'
+//! rollups (docs/charts.md) and the broker's dead letters older than the retention period are deleted, a batch per transaction. Without it the store only grows, and
 //! what reads all of it (queue counts on the dashboard, listings) slows down month by month.
 //! Nothing unfinished is ever deleted; the store's `purge` decides that row by row.
 
@@ -39,6 +39,7 @@ pub(crate) async fn run(
                     workers = p.workers,
                     audit = p.audit,
                     workflows = p.workflows,
+                    stats = p.stats,
                     dead_letters = dead_letters.as_ref().copied().unwrap_or(0),
                     retention = %humantime::format_duration(retention),
                     "deleted history older than the retention period"
@@ -66,8 +67,9 @@ pub async fn purge_before(
         total.workers += p.workers;
         total.audit += p.audit;
         total.workflows += p.workflows;
+        total.stats += p.stats;
         let full = |n: u64| n as usize >= BATCH;
-        if !(full(p.jobs) || full(p.events) || full(p.audit) || full(p.workflows))
+        if !(full(p.jobs) || full(p.events) || full(p.audit) || full(p.workflows) || full(p.stats))
             || stop.is_cancelled()
         {
             return Ok(total);

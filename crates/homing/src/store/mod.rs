@@ -17,6 +17,7 @@ pub mod queues;
 pub(crate) mod schedules;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+pub(crate) mod stats_sql;
 mod worker_status;
 
 pub use worker_status::WorkerStatus;
@@ -174,6 +175,8 @@ pub struct Purged {
     pub audit: u64,
     /// Workflows deleted as a whole (docs/workflows.md).
     pub workflows: u64,
+    /// Rollup rows of the charts (docs/charts.md), all spans and tables together.
+    pub stats: u64,
 }
 
 /// Counts per queue and state.
@@ -768,6 +771,34 @@ pub trait Store: Send + Sync + 'static {
     /// Crash contract: one transaction: a crash leaves all of one call's deletions or none, and
     /// calling again is harmless.
     async fn purge(&self, before: Micros, limit: usize) -> Result<Purged>;
+
+    /// The charts' rollup cursor (docs/charts.md): every minute before it is closed and rolled
+    /// up. `None` before the first rollup.
+    async fn stats_cursor(&self) -> Result<Option<Micros>>;
+
+    /// Recomputes the minute rollups of `[from, to)` (whole minutes) from the jobs that finished
+    /// in them, replacing what was stored for those minutes, then the hour rollups of every
+    /// hour they touch from the minute rollups; moves the cursor forward to `closed` when it is
+    /// behind (never back). Recomputing a period gives the same rows, so callers may repeat it,
+    /// overlap, or run it in several processes at once.
+    ///
+    /// Crash contract: one transaction: a crash leaves the old rows and cursor or the new ones.
+    async fn roll_up(&self, from: Micros, to: Micros, closed: Micros) -> Result<()>;
+
+    /// Samples each queue's depth (jobs `queued`) into the minute and the hour holding `at`,
+    /// keeping the period's maximum.
+    ///
+    /// Crash contract: one transaction; a lost sample is a missing point, nothing else.
+    async fn sample_depth(&self, at: Micros) -> Result<()>;
+
+    /// The stored rollup rows of span `span_secs` (60 or 3600) whose period starts in
+    /// `[from, to)`, for every queue.
+    async fn stats_rows(
+        &self,
+        span_secs: i64,
+        from: Micros,
+        to: Micros,
+    ) -> Result<crate::stats::Rows>;
 
     /// How many jobs match `filter` (docs/access.md: the count a bulk action shows before it
     /// runs). Exact, so it reads every matching row's index entry.

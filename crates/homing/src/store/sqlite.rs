@@ -6,11 +6,13 @@ use async_trait::async_trait;
 use rusqlite::{params, OptionalExtension, Row, Transaction};
 use std::sync::Arc;
 
+use super::stats_sql;
 use super::*;
 use crate::error::Error;
 use crate::events::CALLBACK_TARGET;
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
 use crate::sqlite::Db;
+use crate::stats::Dialect;
 use crate::transition::{self, Change};
 
 /// The SQLite store.
@@ -1653,6 +1655,102 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn stats_cursor(&self) -> Result<Option<Micros>> {
+        self.db
+            .read(|c| {
+                c.query_row("SELECT rolled_to FROM stats_cursor WHERE id = 1", [], |r| {
+                    r.get(0)
+                })
+                .optional()
+            })
+            .await
+    }
+
+    async fn roll_up(&self, from: Micros, to: Micros, closed: Micros) -> Result<()> {
+        let (hfrom, hto) = crate::stats::hours_of(from, to);
+        self.db
+            .write(move |tx| {
+                for sql in stats_sql::roll_up(Dialect::Sqlite) {
+                    tx.prepare_cached(&sql)?
+                        .execute(params![from, to, hfrom, hto])?;
+                }
+                tx.prepare_cached(&stats_sql::advance_cursor(Dialect::Sqlite))?
+                    .execute([closed])?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn sample_depth(&self, at: Micros) -> Result<()> {
+        self.db
+            .write(move |tx| {
+                let sql = stats_sql::sample_depth(Dialect::Sqlite);
+                for (span, step) in [(60, crate::stats::MINUTE), (3600, crate::stats::HOUR)] {
+                    tx.prepare_cached(&sql)?
+                        .execute(params![crate::stats::floor(at, step), span])?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn stats_rows(
+        &self,
+        span_secs: i64,
+        from: Micros,
+        to: Micros,
+    ) -> Result<crate::stats::Rows> {
+        use crate::stats::{CountRow, DepthRow, LatencyRow, Rows};
+        self.db
+            .read(move |c| {
+                let [counts, latency, depth] = stats_sql::reads(Dialect::Sqlite);
+                let u = |r: &Row<'_>, i: usize| r.get::<_, i64>(i).map(|n| n.max(0) as u64);
+                let args = params![span_secs, from, to];
+                let counts = c
+                    .prepare_cached(&counts)?
+                    .query_map(args, |r| {
+                        Ok(CountRow {
+                            at: r.get(0)?,
+                            queue: r.get(1)?,
+                            succeeded: u(r, 2)?,
+                            failed: u(r, 3)?,
+                            dead: u(r, 4)?,
+                            cancelled: u(r, 5)?,
+                            retried: u(r, 6)?,
+                        })
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                let latency = c
+                    .prepare_cached(&latency)?
+                    .query_map(args, |r| {
+                        Ok(LatencyRow {
+                            at: r.get(0)?,
+                            queue: r.get(1)?,
+                            kind: r.get(2)?,
+                            bucket: r.get(3)?,
+                            n: u(r, 4)?,
+                        })
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                let depth = c
+                    .prepare_cached(&depth)?
+                    .query_map(args, |r| {
+                        Ok(DepthRow {
+                            at: r.get(0)?,
+                            queue: r.get(1)?,
+                            depth: u(r, 2)?,
+                        })
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                Ok(Rows {
+                    counts,
+                    latency,
+                    depth,
+                })
+            })
+            .await
+    }
+
     async fn purge(&self, before: Micros, limit: usize) -> Result<Purged> {
         let limit = limit.min(i64::MAX as usize) as i64;
         self.db
@@ -1690,12 +1788,17 @@ impl Store for SqliteStore {
                      ORDER BY id LIMIT ?2)",
                     params![before, limit],
                 )? as u64;
+                let mut stats = 0;
+                for sql in stats_sql::purge(Dialect::Sqlite) {
+                    stats += tx.execute(&sql, params![before, limit])? as u64;
+                }
                 Ok(Purged {
                     jobs,
                     events,
                     workers,
                     audit,
                     workflows,
+                    stats,
                 })
             })
             .await

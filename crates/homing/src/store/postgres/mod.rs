@@ -28,11 +28,13 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::stats_sql;
 use super::*;
 use crate::error::Error;
 use crate::events::CALLBACK_TARGET;
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
 use crate::redact::redact_url;
+use crate::stats::Dialect;
 use crate::transition::{self, Change};
 
 pub use migrations::{Migration, MIGRATIONS};
@@ -2388,6 +2390,130 @@ impl Store for PgStore {
         Ok(group_counts(rows).into_iter().map(Into::into).collect())
     }
 
+    async fn stats_cursor(&self) -> Result<Option<Micros>> {
+        self.call(async {
+            sqlx::query_scalar("SELECT rolled_to FROM homing_stats_cursor WHERE id = 1")
+                .fetch_optional(&self.pool)
+                .await
+        })
+        .await
+    }
+
+    async fn roll_up(&self, from: Micros, to: Micros, closed: Micros) -> Result<()> {
+        let (hfrom, hto) = crate::stats::hours_of(from, to);
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            // One rollup at a time: two that interleave their replace-by-delete-and-insert
+            // would collide on the same keys ("stats" in ASCII).
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(0x0073_7461_7473_i64)
+                .execute(&mut *tx)
+                .await?;
+            for sql in stats_sql::roll_up(Dialect::Postgres) {
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(from)
+                    .bind(to)
+                    .bind(hfrom)
+                    .bind(hto)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            sqlx::query(AssertSqlSafe(stats_sql::advance_cursor(Dialect::Postgres)))
+                .bind(closed)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await
+        })
+        .await
+    }
+
+    async fn sample_depth(&self, at: Micros) -> Result<()> {
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            let sql = stats_sql::sample_depth(Dialect::Postgres);
+            for (span, step) in [(60_i32, crate::stats::MINUTE), (3600, crate::stats::HOUR)] {
+                sqlx::query(AssertSqlSafe(sql.clone()))
+                    .bind(crate::stats::floor(at, step))
+                    .bind(span)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await
+        })
+        .await
+    }
+
+    async fn stats_rows(
+        &self,
+        span_secs: i64,
+        from: Micros,
+        to: Micros,
+    ) -> Result<crate::stats::Rows> {
+        use crate::stats::{CountRow, DepthRow, LatencyRow, Rows};
+        let span = span_secs.clamp(0, i32::MAX as i64) as i32;
+        let [counts, latency, depth] = stats_sql::reads(Dialect::Postgres);
+        let u = |n: i64| n.max(0) as u64;
+        let counts: Vec<(i64, String, i64, i64, i64, i64, i64)> = self
+            .call(
+                sqlx::query_as(AssertSqlSafe(counts))
+                    .bind(span)
+                    .bind(from)
+                    .bind(to)
+                    .fetch_all(&self.pool),
+            )
+            .await?;
+        let latency: Vec<(i64, String, String, i32, i64)> = self
+            .call(
+                sqlx::query_as(AssertSqlSafe(latency))
+                    .bind(span)
+                    .bind(from)
+                    .bind(to)
+                    .fetch_all(&self.pool),
+            )
+            .await?;
+        let depth: Vec<(i64, String, i64)> = self
+            .call(
+                sqlx::query_as(AssertSqlSafe(depth))
+                    .bind(span)
+                    .bind(from)
+                    .bind(to)
+                    .fetch_all(&self.pool),
+            )
+            .await?;
+        Ok(Rows {
+            counts: counts
+                .into_iter()
+                .map(|(at, queue, s, f, d, c, r)| CountRow {
+                    at,
+                    queue,
+                    succeeded: u(s),
+                    failed: u(f),
+                    dead: u(d),
+                    cancelled: u(c),
+                    retried: u(r),
+                })
+                .collect(),
+            latency: latency
+                .into_iter()
+                .map(|(at, queue, kind, bucket, n)| LatencyRow {
+                    at,
+                    queue,
+                    kind,
+                    bucket: bucket.into(),
+                    n: u(n),
+                })
+                .collect(),
+            depth: depth
+                .into_iter()
+                .map(|(at, queue, d)| DepthRow {
+                    at,
+                    queue,
+                    depth: u(d),
+                })
+                .collect(),
+        })
+    }
+
     async fn purge(&self, before: Micros, limit: usize) -> Result<Purged> {
         let limit = limit.min(i64::MAX as usize) as i64;
         self.call(async {
@@ -2445,6 +2571,15 @@ impl Store for PgStore {
             .execute(&mut *tx)
             .await?
             .rows_affected();
+            let mut stats = 0;
+            for sql in stats_sql::purge(Dialect::Postgres) {
+                stats += sqlx::query(AssertSqlSafe(sql))
+                    .bind(before)
+                    .bind(limit)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+            }
             tx.commit().await?;
             Ok(Purged {
                 jobs,
@@ -2452,6 +2587,7 @@ impl Store for PgStore {
                 workers,
                 audit,
                 workflows,
+                stats,
             })
         })
         .await

@@ -1,0 +1,364 @@
+//! Charts over time, from the store (docs/charts.md): the pure half of the rollups.
+//!
+//! Why rollups at all: the dashboard's charts must work without Prometheus and survive restarts,
+//! yet reading a week of jobs on every page load would scan the whole history. So a background
+//! loop ([`crate::maintenance::rollup`]) folds finished jobs into one row per (queue, minute)
+//! and per (queue, hour), and the charts read those. This module holds what the stores and the
+//! loop share and what must be the same everywhere: the latency histogram's buckets (so that
+//! minutes can be merged into hours and queues into totals), the SQL expression that sorts a
+//! duration into them, the percentiles read back from merged buckets, and the assembly of a
+//! series from the stored rows. Nothing here touches a store.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+use crate::time::Micros;
+
+pub const MINUTE: Micros = 60_000_000;
+pub const HOUR: Micros = 60 * MINUTE;
+
+/// Upper bounds (exclusive, in milliseconds) of the latency buckets: 1-2-5 steps from 1 ms to
+/// 50 min. Bucket `i` holds durations in `[BOUNDS_MS[i-1], BOUNDS_MS[i])`; bucket 0 everything
+/// under 1 ms (and negative durations from skewed clocks); the last bucket everything from
+/// 50 min up. Fixed, so every minute's histogram can be added to any other's.
+pub const BOUNDS_MS: [i64; 20] = [
+    1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000,
+    200_000, 500_000, 1_000_000, 3_000_000,
+];
+/// How many buckets there are (one more than bounds).
+pub const BUCKETS: usize = BOUNDS_MS.len() + 1;
+
+/// The two latencies the rollup keeps a histogram of.
+pub const WAIT: &str = "wait";
+pub const RUN: &str = "run";
+
+/// Which SQL dialect a fragment is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// An SQL expression giving the bucket index of `duration` (an expression in microseconds):
+/// the number of bounds it reaches. Comparisons are integers in SQLite and cast in PostgreSQL.
+pub fn bucket_sql(duration: &str, dialect: Dialect) -> String {
+    let cast = match dialect {
+        Dialect::Sqlite => "",
+        Dialect::Postgres => "::int",
+    };
+    let terms: Vec<String> = BOUNDS_MS
+        .iter()
+        .map(|ms| format!("(({duration}) >= {}){cast}", ms * 1000))
+        .collect();
+    format!("({})", terms.join(" + "))
+}
+
+/// The bucket of a duration, as [`bucket_sql`] computes it (for tests and in-memory callers).
+pub fn bucket_of(duration: Micros) -> usize {
+    BOUNDS_MS
+        .iter()
+        .filter(|ms| duration >= **ms * 1000)
+        .count()
+}
+
+/// The `q`-quantile (0 < q ≤ 1) of a histogram, in milliseconds: found by rank, then placed
+/// linearly inside its bucket. `None` for an empty histogram. The first bucket reads as its
+/// upper bound's lower half, the last as its lower bound (it has no upper one).
+pub fn percentile(hist: &[u64; BUCKETS], q: f64) -> Option<f64> {
+    let total: u64 = hist.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let rank = (q * total as f64).ceil().max(1.0);
+    let mut seen = 0u64;
+    for (i, n) in hist.iter().enumerate() {
+        if *n == 0 {
+            continue;
+        }
+        let before = seen as f64;
+        seen += n;
+        if seen as f64 >= rank {
+            let lo = if i == 0 { 0.0 } else { BOUNDS_MS[i - 1] as f64 };
+            let Some(hi) = BOUNDS_MS.get(i).map(|b| *b as f64) else {
+                return Some(lo);
+            };
+            let within = (rank - before) / *n as f64;
+            return Some(lo + (hi - lo) * within);
+        }
+    }
+    Some(BOUNDS_MS[BOUNDS_MS.len() - 1] as f64)
+}
+
+/// The time ranges the charts offer, and the rollup each reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Range {
+    Hour,
+    Day,
+    Week,
+}
+
+impl Range {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "hour" => Some(Range::Hour),
+            "day" => Some(Range::Day),
+            "week" => Some(Range::Week),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Range::Hour => "hour",
+            Range::Day => "day",
+            Range::Week => "week",
+        }
+    }
+
+    /// The width of one point: minutes for the last hour, hours for a day or a week.
+    pub fn step(self) -> Micros {
+        match self {
+            Range::Hour => MINUTE,
+            Range::Day | Range::Week => HOUR,
+        }
+    }
+
+    /// How many points the range has (the last one is the step `now` falls in, still open).
+    pub fn points(self) -> i64 {
+        match self {
+            Range::Hour => 60,
+            Range::Day => 24,
+            Range::Week => 7 * 24,
+        }
+    }
+
+    /// `[from, to)` of the range ending with the step that holds `now`.
+    pub fn bounds(self, now: Micros) -> (Micros, Micros) {
+        let to = floor(now, self.step()) + self.step();
+        (to - self.step() * self.points(), to)
+    }
+}
+
+/// `t` rounded down to a multiple of `step` (`t` is never negative in practice; a negative one
+/// rounds towards minus infinity all the same).
+pub fn floor(t: Micros, step: Micros) -> Micros {
+    t.div_euclid(step) * step
+}
+
+/// The hours `[from, to)` of minutes touch: `[from, to)` widened to whole hours.
+pub fn hours_of(from: Micros, to: Micros) -> (Micros, Micros) {
+    (floor(from, HOUR), floor(to + HOUR - 1, HOUR))
+}
+
+/// One stored rollup row of counts: jobs that finished in `[at, at + span)` on `queue`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CountRow {
+    pub at: Micros,
+    pub queue: String,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub dead: u64,
+    pub cancelled: u64,
+    /// Handler errors that were followed by another attempt (docs/charts.md).
+    pub retried: u64,
+}
+
+/// One stored histogram bucket: `n` durations of `kind` ([`WAIT`] or [`RUN`]) in bucket `bucket`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LatencyRow {
+    pub at: Micros,
+    pub queue: String,
+    pub kind: String,
+    pub bucket: i64,
+    pub n: u64,
+}
+
+/// One stored depth sample: the most jobs seen queued on `queue` during `[at, at + span)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DepthRow {
+    pub at: Micros,
+    pub queue: String,
+    pub depth: u64,
+}
+
+/// Everything a store returns for one series request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rows {
+    pub counts: Vec<CountRow>,
+    pub latency: Vec<LatencyRow>,
+    pub depth: Vec<DepthRow>,
+}
+
+/// A chart-ready series: one array per measure, aligned with `t` (unix seconds of each
+/// point's start), as the charting library takes them. Percentiles are `null` where nothing
+/// finished.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Series {
+    pub range: &'static str,
+    pub step_seconds: i64,
+    /// The queue the series is for; `None` means every queue added together.
+    pub queue: Option<String>,
+    /// Every queue that has a row in the range (for the dashboard's selector).
+    pub queues: Vec<String>,
+    pub t: Vec<i64>,
+    pub succeeded: Vec<u64>,
+    pub failed: Vec<u64>,
+    pub dead: Vec<u64>,
+    pub cancelled: Vec<u64>,
+    pub retried: Vec<u64>,
+    pub depth: Vec<u64>,
+    pub wait_p50_ms: Vec<Option<f64>>,
+    pub wait_p95_ms: Vec<Option<f64>>,
+    pub wait_p99_ms: Vec<Option<f64>>,
+    pub run_p50_ms: Vec<Option<f64>>,
+    pub run_p95_ms: Vec<Option<f64>>,
+    pub run_p99_ms: Vec<Option<f64>>,
+}
+
+/// Builds the series of `range` ending at `now` from the stored rows, keeping `queue`'s rows
+/// (or all, added together, when `None`). Rows outside the range are ignored; missing points
+/// are zero.
+pub fn series(range: Range, now: Micros, queue: Option<&str>, rows: &Rows) -> Series {
+    let (from, _) = range.bounds(now);
+    let step = range.step();
+    let n = range.points() as usize;
+    let slot = |at: Micros| -> Option<usize> {
+        let i = (at - from).div_euclid(step);
+        (0..n as i64).contains(&i).then_some(i as usize)
+    };
+    let keep = |q: &str| queue.is_none_or(|want| want == q);
+    let mut queues = std::collections::BTreeSet::new();
+    let mut s = Series {
+        range: range.as_str(),
+        step_seconds: step / 1_000_000,
+        queue: queue.map(str::to_string),
+        queues: Vec::new(),
+        t: (0..n as i64)
+            .map(|i| (from + i * step) / 1_000_000)
+            .collect(),
+        succeeded: vec![0; n],
+        failed: vec![0; n],
+        dead: vec![0; n],
+        cancelled: vec![0; n],
+        retried: vec![0; n],
+        depth: vec![0; n],
+        wait_p50_ms: vec![None; n],
+        wait_p95_ms: vec![None; n],
+        wait_p99_ms: vec![None; n],
+        run_p50_ms: vec![None; n],
+        run_p95_ms: vec![None; n],
+        run_p99_ms: vec![None; n],
+    };
+    for r in &rows.counts {
+        queues.insert(r.queue.clone());
+        if let (true, Some(i)) = (keep(&r.queue), slot(r.at)) {
+            s.succeeded[i] += r.succeeded;
+            s.failed[i] += r.failed;
+            s.dead[i] += r.dead;
+            s.cancelled[i] += r.cancelled;
+            s.retried[i] += r.retried;
+        }
+    }
+    for r in &rows.depth {
+        queues.insert(r.queue.clone());
+        if let (true, Some(i)) = (keep(&r.queue), slot(r.at)) {
+            s.depth[i] += r.depth;
+        }
+    }
+    let mut hists: BTreeMap<(usize, bool), [u64; BUCKETS]> = BTreeMap::new();
+    for r in &rows.latency {
+        let b = usize::try_from(r.bucket).unwrap_or(0).min(BUCKETS - 1);
+        if let (true, Some(i)) = (keep(&r.queue), slot(r.at)) {
+            hists.entry((i, r.kind == WAIT)).or_insert([0; BUCKETS])[b] += r.n;
+        }
+    }
+    for ((i, wait), h) in &hists {
+        let (p50, p95, p99) = (
+            percentile(h, 0.50),
+            percentile(h, 0.95),
+            percentile(h, 0.99),
+        );
+        if *wait {
+            (s.wait_p50_ms[*i], s.wait_p95_ms[*i], s.wait_p99_ms[*i]) = (p50, p95, p99);
+        } else {
+            (s.run_p50_ms[*i], s.run_p95_ms[*i], s.run_p99_ms[*i]) = (p50, p95, p99);
+        }
+    }
+    s.queues = queues.into_iter().collect();
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_follow_the_bounds() {
+        assert_eq!(bucket_of(-5), 0);
+        assert_eq!(bucket_of(999), 0);
+        assert_eq!(bucket_of(1_000), 1);
+        assert_eq!(bucket_of(1_999_999), 10);
+        assert_eq!(bucket_of(i64::MAX), BUCKETS - 1);
+        let sql = bucket_sql("d", Dialect::Postgres);
+        assert!(sql.contains("((d) >= 1000)::int") && sql.contains("3000000000"));
+    }
+
+    #[test]
+    fn percentiles_come_from_merged_buckets() {
+        let mut h = [0u64; BUCKETS];
+        assert_eq!(percentile(&h, 0.5), None);
+        // 90 durations of ~3 ms (bucket [2, 5)) and 10 of ~1.5 s (bucket [1000, 2000)).
+        h[bucket_of(3_000)] += 90;
+        h[bucket_of(1_500_000)] += 10;
+        let p50 = percentile(&h, 0.5).unwrap();
+        assert!((2.0..5.0).contains(&p50), "{p50}");
+        let p95 = percentile(&h, 0.95).unwrap();
+        assert!((1000.0..=2000.0).contains(&p95), "{p95}");
+        let p99 = percentile(&h, 0.99).unwrap();
+        assert!(p99 >= p95, "{p99} {p95}");
+        h = [0; BUCKETS];
+        h[BUCKETS - 1] = 1;
+        assert_eq!(percentile(&h, 0.99), Some(3_000_000.0));
+    }
+
+    #[test]
+    fn a_series_adds_queues_and_zero_fills() {
+        let now = 10 * HOUR + 30 * MINUTE + 5;
+        let (from, to) = Range::Hour.bounds(now);
+        assert_eq!((to - from, to), (HOUR, 10 * HOUR + 31 * MINUTE));
+        let row = |at, q: &str, s| CountRow {
+            at,
+            queue: q.into(),
+            succeeded: s,
+            ..Default::default()
+        };
+        let rows = Rows {
+            counts: vec![
+                row(to - MINUTE, "a", 2),
+                row(to - MINUTE, "b", 3),
+                row(from - MINUTE, "a", 100),
+            ],
+            latency: vec![LatencyRow {
+                at: from,
+                queue: "b".into(),
+                kind: RUN.into(),
+                bucket: 3,
+                n: 4,
+            }],
+            depth: vec![DepthRow {
+                at: from,
+                queue: "a".into(),
+                depth: 7,
+            }],
+        };
+        let all = series(Range::Hour, now, None, &rows);
+        assert_eq!(all.t.len(), 60);
+        assert_eq!(all.t[0], from / 1_000_000);
+        assert_eq!((all.succeeded[59], all.succeeded[0]), (5, 0));
+        assert_eq!(all.queues, vec!["a".to_string(), "b".to_string()]);
+        assert!(all.run_p50_ms[0].is_some() && all.run_p50_ms[1].is_none());
+        assert_eq!(all.depth[0], 7);
+        let a = series(Range::Hour, now, Some("a"), &rows);
+        assert_eq!((a.succeeded[59], a.run_p50_ms[0], a.depth[0]), (2, None, 7));
+    }
+}
