@@ -111,6 +111,20 @@ print(json.dumps({"t0": t0, "enqueued": enqueued, "end": float(r.get("peers:end"
 '''
 
 
+BULLMQ = "BullMQ 6.7.0"
+CELERY = "Celery 5.4 prefork, defaults"
+CELERY_SEEDS = "Celery 5.4 prefork, seeds' settings"
+RECORDS = {
+    "homing embedded": "every state change in SQLite (WAL, synchronous=NORMAL)",
+    "homing redis-sqlite": "every state change in SQLite (WAL, synchronous=NORMAL); Redis "
+                           "carries the messages only",
+    "homing redis-postgres": "every state change in PostgreSQL (fsync on, synchronous_commit on)",
+    BULLMQ: "job records in Redis memory, no persistence (a Redis restart loses them)",
+    CELERY: "nothing: no result backend; the message is acked before the task runs",
+    CELERY_SEEDS: "nothing: no result backend; the message is acked after the task ran",
+}
+
+
 @dataclass
 class Run:
     jobs_per_s: float
@@ -328,6 +342,8 @@ def main() -> int:
                     help="jobs per addBulk call (500, as homing bench enqueues)")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per run (3600)")
     ap.add_argument("--jsonl", metavar="FILE", help="also append every run to FILE")
+    ap.add_argument("--from-jsonl", metavar="FILE",
+                    help="run nothing: print the table of the runs recorded in FILE")
     a = ap.parse_args()
     try:
         concs = [int(c) for c in a.concurrency.split(",") if c]
@@ -344,25 +360,19 @@ def main() -> int:
         if p not in ("bullmq", "celery", "celery-seeds"):
             ap.error(f"--peers: unknown {p!r} (bullmq, celery, celery-seeds)")
 
-    homing_records = {
-        "embedded": "every state change in SQLite (WAL, synchronous=NORMAL)",
-        "redis-sqlite": "every state change in SQLite (WAL, synchronous=NORMAL); Redis carries "
-                        "messages only",
-        "redis-postgres": "every state change in PostgreSQL (fsync on, synchronous_commit on)",
-    }
+    if a.from_jsonl:
+        return report_jsonl(a.from_jsonl)
 
     def systems(conc: int) -> list[System]:
-        out = [System(f"homing {b}", homing_records[b], homing_run(a.homing, b, a, conc))
+        out = [System(f"homing {b}", RECORDS[f"homing {b}"], homing_run(a.homing, b, a, conc))
                for b in backends]
         if "bullmq" in peers:
-            out.append(System("BullMQ 6.7.0", "job records in Redis memory, no persistence",
-                              bullmq_run(Path(a.node_dir), a, conc)))
+            out.append(System(BULLMQ, RECORDS[BULLMQ], bullmq_run(Path(a.node_dir), a, conc)))
         if "celery" in peers:
-            out.append(System("Celery 5.4 prefork, defaults", "nothing: no result backend, "
-                              "acked before it runs", celery_run(a.celery_python, a, conc, False)))
+            out.append(System(CELERY, RECORDS[CELERY], celery_run(a.celery_python, a, conc,
+                                                                  False)))
         if "celery-seeds" in peers:
-            out.append(System("Celery 5.4 prefork, seeds' settings", "nothing: no result "
-                              "backend; acked after it runs",
+            out.append(System(CELERY_SEEDS, RECORDS[CELERY_SEEDS],
                               celery_run(a.celery_python, a, conc, True)))
         return out
 
@@ -389,13 +399,20 @@ def main() -> int:
                                             "cpu_s": r.cpu_s, "load": r.load}) + "\n")
 
     names = [s.name for s in systems(concs[0])]
-    print(f"\n{a.jobs:,} no-op jobs, {a.workers} worker processes, {a.rounds} rounds, started "
-          f"{started}; load average (1 min) during the runs {min(loads):.1f}-{max(loads):.1f} "
-          f"on {os.cpu_count()} CPUs. Median jobs/s (lowest-highest); CPU-seconds of all "
-          "processes per run, median.\n")
+    report(results, names, concs, a.jobs, a.workers, started, loads)
+    return 0
+
+
+def report(results: dict[tuple[int, str], list[Run]], names: list[str], concs: list[int],
+           jobs: int, workers: int, started: str, loads: list[float]) -> None:
+    runs = min(len(v) for v in results.values())
+    print(f"\n{jobs:,} no-op jobs, {workers} worker processes, {runs} runs of each (rounds "
+          f"alternated), started {started}; load average (1 min) during the runs "
+          f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs. Median jobs/s "
+          "(lowest-highest); CPU-seconds of all processes per run, median.\n")
     print("How each records its jobs:")
     for n in names:
-        print(f"- {n}: {records[n]}")
+        print(f"- {n}: {RECORDS.get(n, '?')}")
 
     def med(conc: int, name: str) -> Optional[float]:
         rs = results.get((conc, name))
@@ -408,7 +425,9 @@ def main() -> int:
         print(head)
         print("|---|---|---|" + "---|" * len(peer_names))
         for n in names:
-            rs = results[(conc, n)]
+            rs = results.get((conc, n))
+            if not rs:
+                continue
             v = [r.jobs_per_s for r in rs]
             cpu = statistics.median(r.cpu_s for r in rs)
             cells = ""
@@ -417,6 +436,33 @@ def main() -> int:
                 cells += f" {m / pm:.2f} |" if n.startswith("homing") and m and pm else " |"
             print(f"| {n} | {fmt(statistics.median(v))} ({fmt(min(v))}-{fmt(max(v))}) | "
                   f"{cpu:.2f} |{cells}")
+
+
+def report_jsonl(path: str) -> int:
+    """The same report from the runs a --jsonl file recorded (all of them, or the rounds an
+    interrupted run finished)."""
+    results: dict[tuple[int, str], list[Run]] = {}
+    names: list[str] = []
+    concs: list[int] = []
+    loads: list[float] = []
+    jobs = workers = 0
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            c, n = int(r["concurrency"]), str(r["system"])
+            if n not in names:
+                names.append(n)
+            if c not in concs:
+                concs.append(c)
+            jobs, workers = int(r["jobs"]), int(r["workers"])
+            loads.append(float(r["load"]))
+            results.setdefault((c, n), []).append(
+                Run(float(r["jobs_per_s"]), float(r["cpu_s"]), float(r["load"])))
+    if not results:
+        raise SystemExit(f"{path}: no runs recorded")
+    names.sort(key=lambda n: (not n.startswith("homing"), list(RECORDS).index(n)
+                              if n in RECORDS else 99))
+    report(results, names, concs, jobs, workers, f"(from {path})", loads)
     return 0
 
 
