@@ -574,6 +574,11 @@ pub struct BenchArgs {
     /// Give the benchmark's queue a rate limit, COUNT/PERIOD (e.g. 1000000/1s).
     #[arg(long, value_name = "COUNT/PERIOD", value_parser = homing::limit::Rate::parse)]
     pub limit_rate: Option<homing::limit::Rate>,
+    /// Only enqueue the jobs, start no worker, and print the queue's name and the enqueue rate
+    /// (with --json, one object): a backlog for workers started afterwards, e.g. by
+    /// scripts/bench-million. Needs --broker and --store (a throwaway database would be gone).
+    #[arg(long, conflicts_with_all = ["backends", "kills", "keep"])]
+    pub enqueue_only: bool,
 }
 
 const CHAOS_ABOUT: &str = "Prove the guarantees: run a real deployment under load, inject faults, check every invariant.

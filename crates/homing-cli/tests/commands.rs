@@ -247,3 +247,36 @@ fn an_old_version_2_sqlite_store_gets_only_the_newer_migrations() {
     let all: Vec<&str> = homing::sqlite::MIGRATIONS.iter().map(|m| m.name).collect();
     assert_eq!(names, all, "recorded as applied");
 }
+
+/// `homing bench --enqueue-only` leaves its jobs queued in the given store, with no worker to
+/// take them (scripts/bench-million drains them afterwards), and refuses the embedded default,
+/// whose throwaway database would be deleted with the jobs in it.
+#[test]
+fn bench_enqueue_only_leaves_a_backlog_and_refuses_a_throwaway_database() {
+    let env = Env::sqlite();
+    let (code, out, err) = env.run(&["bench", "--enqueue-only", "--jobs", "1200", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    let queue = report["queue"].as_str().expect("queue name").to_string();
+    assert_eq!(report["jobs"], 1200, "{report}");
+    let (code, out, err) = env.run(&["queues", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let queues: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let q = queues["queues"]
+        .as_array()
+        .expect("queues")
+        .iter()
+        .find(|q| q["queue"] == queue.as_str())
+        .unwrap_or_else(|| panic!("{queue} not listed: {queues}"));
+    assert_eq!(q["queued"], 1200, "every job waits, none ran: {q}");
+
+    let mut cmd = env.command(&["bench", "--enqueue-only", "--jobs", "10"]);
+    cmd.env_remove("HOMING_BROKER").env_remove("HOMING_STORE");
+    let out = cmd.output().expect("run homing");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--enqueue-only needs --broker and --store"),
+        "{err}"
+    );
+}

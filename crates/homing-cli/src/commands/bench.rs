@@ -129,6 +129,11 @@ async fn wait_done(b: &Backends, queue: &str, want: u64, limit: Duration) -> any
 
 pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
     let embedded_default = g.broker == homing::DEFAULT_URL && g.store == homing::DEFAULT_URL;
+    if a.enqueue_only && embedded_default {
+        anyhow::bail!(
+            "--enqueue-only needs --broker and --store: the jobs must stay where workers started afterwards find them"
+        );
+    }
     let tmp = if embedded_default || a.backends.is_some() {
         Some(tempdir()?)
     } else {
@@ -217,7 +222,8 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
             .context("cannot start a worker process")
     };
     let mut children = Vec::new();
-    for _ in 0..a.workers {
+    let workers = if a.enqueue_only { 0 } else { a.workers };
+    for _ in 0..workers {
         children.push(spawn_worker()?);
     }
     // Wait until every worker has registered, so the measurement starts with all of them up.
@@ -229,7 +235,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
             .iter()
             .filter(|w| w.status == WorkerStatus::Live && w.info.queues.contains(&queue))
             .count();
-        if ready >= a.workers {
+        if ready >= workers {
             break;
         }
         if Instant::now() > deadline {
@@ -256,6 +262,16 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         left -= n;
     }
     let enqueue_s = t0.elapsed().as_secs_f64();
+    if a.enqueue_only {
+        let rate = (a.jobs as f64 / enqueue_s).round();
+        if a.json {
+            let out = serde_json::json!({ "queue": queue, "jobs": a.jobs, "enqueue_per_s": rate });
+            println!("{out}");
+        } else {
+            println!("enqueued {} jobs on queue {queue} at {rate} jobs/s", a.jobs);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     wait_done(&backends, &queue, a.jobs as u64, Duration::from_secs(3600)).await?;
 
     let loaded = all_jobs(&client, &queue).await?;
