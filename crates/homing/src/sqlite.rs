@@ -72,6 +72,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0010_enqueue_checks",
         sql: include_str!("sqlite/migrations/0010_enqueue_checks.sql"),
     },
+    Migration {
+        version: 13,
+        name: "0013_search",
+        sql: include_str!("sqlite/migrations/0013_search.sql"),
+    },
 ];
 
 /// An open database file.

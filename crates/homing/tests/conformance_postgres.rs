@@ -45,6 +45,10 @@ mod access_suite {
     homing::access_conformance!(super::store());
 }
 
+mod search_suite {
+    homing::search_conformance!(super::store());
+}
+
 /// Raw writes to the store's tables, for the poisoned-row cases.
 struct RawPg(PgStore);
 

@@ -40,6 +40,10 @@ mod access_suite {
     homing::access_conformance!(super::store());
 }
 
+mod search_suite {
+    homing::search_conformance!(super::store());
+}
+
 /// Raw writes to the SQLite file, for the poisoned-row cases.
 struct RawSqlite(Arc<Db>);
 

@@ -12,6 +12,7 @@ pub mod limits;
 pub mod poison;
 pub mod queues;
 pub mod schedules;
+pub mod search;
 pub mod store;
 pub mod workflows;
 
