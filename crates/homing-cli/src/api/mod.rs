@@ -78,6 +78,7 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/", get(status::page))
         .route("/dashboard/app.js", get(status::script))
         .route("/dashboard/style.css", get(status::style))
+        .route("/dashboard/views.js", get(status::views_script))
         .route("/healthz", get(status::healthz))
         .route("/metrics", get(metrics::render))
         .route("/v1/openapi.json", get(status::openapi))
@@ -129,7 +130,7 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
 fn is_open(path: &str) -> bool {
     matches!(
         path,
-        "/healthz" | "/" | "/dashboard/app.js" | "/dashboard/style.css"
+        "/healthz" | "/" | "/dashboard/app.js" | "/dashboard/style.css" | "/dashboard/views.js"
     )
 }
 
