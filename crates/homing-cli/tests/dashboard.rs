@@ -769,7 +769,7 @@ async fn dashboard_searches_jobs_and_shows_a_worker() {
     browser
         .wait_for(
             "the search fields",
-            "return document.querySelector('#f-path') !== null;",
+            "return !document.querySelector('#app').hidden && document.querySelector('#f-path') !== null;",
         )
         .await;
     let shown = "return Array.from(document.querySelectorAll('#jobs tbody tr[data-id]')).map((r) => r.dataset.id).join(',');";
@@ -838,11 +838,11 @@ async fn dashboard_searches_jobs_and_shows_a_worker() {
     let refused = browser.screenshot("dashboard-search-refused.png").await;
     eprintln!("screenshot: {}", refused.display());
 
-    // The worker view: the `up` process's own worker.
+    // The worker view of one of the `up` process's live workers.
     let worker = browser
         .wait_for(
             "a worker link",
-            "const a = document.querySelector('#workers a[href^=\"#/workers/\"]'); return a ? a.getAttribute('href') : null;",
+            "const a = document.querySelector('#workers tr:has(.badge.w-live) a[href^=\"#/workers/\"]'); return a ? a.getAttribute('href') : null;",
         )
         .await;
     browser
@@ -861,11 +861,38 @@ async fn dashboard_searches_jobs_and_shows_a_worker() {
         "pid",
         "concurrency",
         "queues",
-        "default",
+        "tasks",
+        "Running jobs",
     ] {
         assert!(detail.contains(part), "{part} in {detail}");
     }
     let shot = browser.screenshot("dashboard-worker.png").await;
     eprintln!("screenshot: {}", shot.display());
+
+    // The job view links a job to its follow-up (found by search on args.parent.id) and back.
+    let parent = enqueue(
+        &base,
+        token,
+        serde_json::json!({"task": "builtin.noop", "on_success": {"task": "builtin.noop", "args": {"n": 1}}}),
+    )
+    .await;
+    browser.goto(&format!("{base}/#/jobs/{parent}")).await;
+    let child = browser
+        .wait_for(
+            "the follow-up link",
+            "const a = document.querySelector('#follow-ups a[href^=\"#/jobs/\"]'); return a ? a.getAttribute('href').slice(7) : null;",
+        )
+        .await;
+    let child = child.as_str().unwrap().to_string();
+    assert_ne!(child, parent);
+    let shot = browser.screenshot("dashboard-job-links.png").await;
+    eprintln!("screenshot: {}", shot.display());
+    browser.goto(&format!("{base}/#/jobs/{child}")).await;
+    browser
+        .wait_for(
+            "the link back to the parent",
+            &format!("const a = document.querySelector('.job-links a[href=\"#/jobs/{parent}\"]'); return a !== null;"),
+        )
+        .await;
     browser.quit().await;
 }

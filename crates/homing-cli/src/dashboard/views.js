@@ -120,3 +120,39 @@ function renderWorker(w, wanted) {
     el('h3', {}, 'Running jobs'), running);
   d.hidden = false;
 }
+
+// The job view's links: the schedule that enqueued it, the workflow parents it ran after, the
+// job it follows (a follow-up's args carry `parent`), and its follow-ups, found by searching
+// for jobs whose args.parent.id is this job.
+const baseRenderDetail = renderDetail;
+renderDetail = function (job) {
+  baseRenderDetail(job);
+  if (!job) return;
+  const links = [];
+  if (job.schedule) {
+    links.push(...kv('schedule', job.schedule + (job.scheduled_tick ? ' (tick ' + job.scheduled_tick + ')' : '')));
+  }
+  if (job.parents) {
+    links.push(...kv('after steps', el('span', {}, ...Object.entries(job.parents).map(([name, p]) =>
+      el('span', { class: 'link-item' }, name + ': ', el('a', { href: '#/jobs/' + p.id }, shortId(p.id)), ' ', stateBadge(p.state))))));
+  }
+  const parent = job.args && job.args.parent;
+  if (parent && typeof parent.id === 'string' && /^[0-9a-f-]{36}$/.test(parent.id)) {
+    links.push(...kv('follows', el('span', {}, el('a', { href: '#/jobs/' + parent.id }, shortId(parent.id)),
+      ' (' + (parent.task || '') + ', ' + (parent.state || '') + ')')));
+  }
+  const follow = el('dd', { id: 'follow-ups' }, el('span', { class: 'muted' }, job.on_success || job.on_failure ? 'looking…' : 'none'));
+  links.push(el('dt', {}, 'follow-ups'), follow);
+  const d = $('#job-detail');
+  d.append(el('h3', {}, 'Links'), el('dl', { class: 'job-links' }, ...links));
+  if (job.on_success || job.on_failure) {
+    const q = new URLSearchParams({ args_path: 'parent.id', args_value: job.id, limit: '20' });
+    baseApi('/v1/jobs?' + q.toString()).then((page) => {
+      follow.replaceChildren(page.jobs.length === 0
+        ? el('span', { class: 'muted' }, 'none yet (' + [job.on_success && 'on success: ' + job.on_success.task,
+          job.on_failure && 'on failure: ' + job.on_failure.task].filter(Boolean).join(', ') + ')')
+        : el('span', {}, ...page.jobs.map((f) => el('span', { class: 'link-item' },
+          el('a', { href: '#/jobs/' + f.id }, f.task + ' ' + shortId(f.id)), ' ', stateBadge(f.state)))));
+    }).catch(() => {});
+  }
+};
