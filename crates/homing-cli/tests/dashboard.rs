@@ -825,7 +825,7 @@ async fn dashboard_searches_jobs_and_shows_a_worker() {
     let msg = browser
         .wait_for(
             "the refusal",
-            "const m = document.querySelector('#message'); return !m.hidden && m.textContent.includes('args_path') ? m.textContent : null;",
+            "const m = document.querySelector('#search-error'); return !m.hidden && m.textContent.includes('args_path') ? m.textContent : null;",
         )
         .await;
     assert!(msg.as_str().unwrap().contains("search refused"), "{msg}");

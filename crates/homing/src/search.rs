@@ -195,7 +195,7 @@ pub fn parse_path(p: &str) -> Result<Vec<PathStep>, String> {
             None => (part, ""),
         };
         // Only a path's first part may start with an index (`[2].a`).
-        if key.is_empty() && !(n == 0 && !rest.is_empty()) {
+        if key.is_empty() && (n != 0 || rest.is_empty()) {
             return Err(bad("has an empty key"));
         }
         if !key.is_empty() {

@@ -26,6 +26,7 @@ function searchActive() {
     ...SEARCH_FIELDS.map(([name, hint, id]) => el('label', {}, name.replace('_', ' ') + ' ',
       el('input', { id, name, placeholder: hint, maxlength: name === 'id' ? '36' : '1024' }))));
   form.after(row);
+  row.after(el('p', { id: 'search-error', class: 'error', hidden: '' }));
   // Read before app.js's own submit handler runs its refresh (capture on the document).
   document.addEventListener('submit', (ev) => {
     if (ev.target !== form) return;
@@ -53,11 +54,16 @@ renderBulk = function () {
 
 const baseApi = api;
 api = async function (path, options) {
+  const isSearch = path.startsWith('/v1/jobs?');
   try {
-    return await baseApi(path, options);
+    const r = await baseApi(path, options);
+    if (isSearch) $('#search-error').hidden = true;
+    return r;
   } catch (e) {
-    if (e instanceof Unauthorized || !path.startsWith('/v1/jobs?')) throw e;
-    flash('search refused: ' + e.message);
+    if (e instanceof Unauthorized || !isSearch) throw e;
+    const m = $('#search-error');
+    m.textContent = 'search refused: ' + e.message;
+    m.hidden = false;
     return { jobs: [], next_cursor: null, refused: true };
   }
 };

@@ -1998,12 +1998,7 @@ impl Store for PgStore {
                 ("task", search.task.clone()),
             ]
             .into_iter()
-            .filter_map(|(col, v)| {
-                v.map(|v| {
-                    sql += &format!(" AND {col} = ${}", next());
-                    v
-                })
-            })
+            .filter_map(|(col, v)| v.inspect(|_| sql += &format!(" AND {col} = ${}", next())))
             .collect();
             if search.id_range.is_some() {
                 sql += &format!(" AND id >= ${} AND id <= ${}", next(), next());
