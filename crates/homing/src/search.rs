@@ -298,7 +298,7 @@ mod tests {
         ] {
             assert!(parse_path(bad).is_err(), "{bad:?}");
         }
-        assert!(parse_path(&"a.".repeat(17).trim_end_matches('.').to_string()).is_err());
+        assert!(parse_path("a.".repeat(17).trim_end_matches('.')).is_err());
         assert!(parse_path(&"a".repeat(300)).is_err());
         let s = JobSearch {
             args_path: Some(parse_path("a[1].b").unwrap()),
