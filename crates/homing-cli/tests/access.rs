@@ -131,6 +131,7 @@ async fn every_route_of_the_document_honours_the_roles() {
                     | "/dashboard/charts.js"
                     | "/dashboard/vendor/uplot.min.js"
                     | "/dashboard/vendor/uplot.min.css"
+                    | "/dashboard/views.js"
             );
             assert!(
                 open || none == 401,

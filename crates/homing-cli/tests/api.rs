@@ -650,3 +650,124 @@ async fn hostile_bodies_are_refused_and_nothing_is_stored() {
         "the deepest accepted args come back as the result"
     );
 }
+
+/// `GET /v1/jobs` as a search: each parameter narrows the page, pages follow the cursor, and
+/// every hostile value is a 400 naming the parameter, or (a substring's `%` and `_`) plain text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn search_over_http_finds_jobs_and_refuses_hostile_input() {
+    let env = Env::sqlite();
+    let (_up, base) = start_api(&env).await;
+    let http = http_client();
+    // A queue no worker serves, so the jobs stay as enqueued.
+    let mut ids = Vec::new();
+    for (i, args) in [
+        serde_json::json!({"customer": {"id": 7}, "code": "50%_off"}),
+        serde_json::json!({"customer": {"id": 8}, "code": "50xyoff"}),
+        serde_json::json!({"customer": {"id": 7}, "items": [{"sku": "A-1"}]}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let resp = http
+            .post(format!("{base}/v1/jobs"))
+            .json(
+                &serde_json::json!({"task": format!("t.search{}", i % 2), "queue": "searchq",
+                "args": args, "allow_unknown_task": true}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 202);
+        let job: serde_json::Value = resp.json().await.unwrap();
+        ids.push(job["id"].as_str().unwrap().to_string());
+    }
+    let found = |query: &str| {
+        let url = format!("{base}/v1/jobs?queue=searchq&{query}");
+        let query = query.to_string();
+        let http = http.clone();
+        async move {
+            let resp = http.get(url).send().await.unwrap();
+            assert_eq!(resp.status(), 200, "{query}");
+            let page: serde_json::Value = resp.json().await.unwrap();
+            page["jobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|j| j["id"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    let (a, b, c) = (ids[0].clone(), ids[1].clone(), ids[2].clone());
+    assert_eq!(found("").await, vec![c.clone(), b.clone(), a.clone()]);
+    assert_eq!(found("task=t.search0").await, vec![c.clone(), a.clone()]);
+    assert_eq!(
+        found("args_path=customer.id&args_value=7").await,
+        vec![c.clone(), a.clone()]
+    );
+    assert_eq!(
+        found("args_path=items%5B0%5D.sku&args_value=A-1").await,
+        vec![c.clone()]
+    );
+    assert_eq!(found("args_contains=%25_").await, vec![a.clone()]);
+    assert_eq!(found(&format!("id={}", &b[..33])).await, vec![b.clone()]);
+    assert_eq!(
+        found("created_from=2000-01-01T00:00:00Z&created_to=2000-01-02T00:00:00Z").await,
+        Vec::<String>::new()
+    );
+    // Paging: one job a page, newest first, then no cursor.
+    let resp: serde_json::Value = http
+        .get(format!(
+            "{base}/v1/jobs?queue=searchq&args_path=customer.id&args_value=7&limit=1"
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(resp["jobs"][0]["id"], c.as_str());
+    let next = resp["next_cursor"].as_str().unwrap().to_string();
+    let resp: serde_json::Value = http
+        .get(format!(
+            "{base}/v1/jobs?queue=searchq&args_path=customer.id&args_value=7&limit=1&cursor={next}"
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(resp["jobs"][0]["id"], a.as_str());
+    assert!(resp["next_cursor"].is_null());
+
+    let long = "x".repeat(2000);
+    let deep = vec!["a"; 17].join(".");
+    for bad in [
+        "id=%25".to_string(),
+        "id=' OR 1=1 --".into(),
+        "id=0123456789abcdef0123456789abcdef0".into(),
+        "created_from=yesterday".into(),
+        "created_from=20&created_to=10".into(),
+        "args_path=a;DROP TABLE jobs&args_value=1".into(),
+        "args_path=a\"b&args_value=1".into(),
+        "args_path=a[x]&args_value=1".into(),
+        format!("args_path={deep}&args_value=1"),
+        "args_path=a".into(),
+        "args_value=1".into(),
+        "args_path=a&args_value={\"b\":1}".into(),
+        format!("args_path=a&args_value={long}"),
+        format!("args_contains={long}"),
+        "args_contains=a%00b".into(),
+        "state=lost".into(),
+        "cursor=nope".into(),
+        "limit=0".into(),
+        "argz=1".into(),
+    ] {
+        let resp = http
+            .get(format!("{base}/v1/jobs?{bad}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(error_code(resp).await.0, 400, "{bad}");
+    }
+}

@@ -989,3 +989,165 @@ async fn charts_count_real_jobs_survive_a_restart_render_in_both_themes_and_are_
     )
     .await;
 }
+
+/// Search (docs/operate.md): the args path and substring fields narrow the jobs table, a refused
+/// search says why and leaves the rest of the page working, bulk buttons hide while a search
+/// narrows the list further than a bulk action would reach, and a worker opens its own view
+/// with what liveness uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dashboard_searches_jobs_and_shows_a_worker() {
+    let env = Env::sqlite();
+    let token = "dashboard-token-search";
+    let (_up, base) = start_up(&env, &[("HOMING_API_TOKEN", token)]).await;
+    let mut ids = Vec::new();
+    for (i, who) in ["ann", "bob", "ann"].into_iter().enumerate() {
+        ids.push(
+            enqueue(
+                &base,
+                token,
+                serde_json::json!({"task": "t.search", "queue": "searchq", "allow_unknown_task": true,
+                    "args": {"customer": {"name": who}, "code": format!("{i}0%_off")}}),
+            )
+            .await,
+        );
+    }
+    let browser = Browser::start(&env).await;
+    browser.goto(&format!("{base}/")).await;
+    browser
+        .wait_for(
+            "the token form",
+            "return !document.querySelector('#login').hidden;",
+        )
+        .await;
+    browser.type_into("#token-input", token).await;
+    browser.click("#token-submit").await;
+    browser
+        .wait_for(
+            "the search fields",
+            "return !document.querySelector('#app').hidden && document.querySelector('#f-path') !== null;",
+        )
+        .await;
+    let shown = "return Array.from(document.querySelectorAll('#jobs tbody tr[data-id]')).map((r) => r.dataset.id).join(',');";
+    browser.type_into("#f-queue", "searchq").await;
+    browser.type_into("#f-path", "customer.name").await;
+    browser.type_into("#f-value", "ann").await;
+    browser.click("#filters button[type=submit]").await;
+    let want = format!("{},{}", ids[2], ids[0]);
+    browser
+        .wait_for(
+            "only ann's jobs",
+            &format!("const s = (() => {{ {shown} }})(); return s === '{want}';"),
+        )
+        .await;
+    // A queued filter would offer "Cancel all…", but not while the search narrows the list.
+    browser
+        .eval("document.querySelector('#f-state').value = 'queued'; return true;")
+        .await;
+    browser.click("#filters button[type=submit]").await;
+    browser
+        .wait_for(
+            "the queued search",
+            &format!("const s = (() => {{ {shown} }})(); return s === '{want}';"),
+        )
+        .await;
+    assert_eq!(
+        browser
+            .eval("return document.querySelector('#bulk').hidden;")
+            .await,
+        true
+    );
+    let shot = browser.screenshot("dashboard-search.png").await;
+    eprintln!("screenshot: {}", shot.display());
+    // A substring is plain text: "1" then "0%_" matches only the second job's code "10%_off".
+    browser
+        .eval("for (const id of ['f-path', 'f-value']) document.querySelector('#' + id).value = ''; document.querySelector('#f-state').value = ''; return true;")
+        .await;
+    browser.type_into("#f-contains", "10%_").await;
+    browser.click("#filters button[type=submit]").await;
+    browser
+        .wait_for(
+            "the substring match",
+            &format!(
+                "const s = (() => {{ {shown} }})(); return s === '{}';",
+                ids[1]
+            ),
+        )
+        .await;
+    // A bad path is refused with its reason; the rest of the page keeps refreshing.
+    browser.type_into("#f-path", "a;DROP").await;
+    browser.type_into("#f-value", "1").await;
+    browser.click("#filters button[type=submit]").await;
+    let msg = browser
+        .wait_for(
+            "the refusal",
+            "const m = document.querySelector('#search-error'); return !m.hidden && m.textContent.includes('args_path') ? m.textContent : null;",
+        )
+        .await;
+    assert!(msg.as_str().unwrap().contains("search refused"), "{msg}");
+    assert_eq!(
+        browser
+            .eval("return document.querySelector('#status').className;")
+            .await,
+        "status ok"
+    );
+    let refused = browser.screenshot("dashboard-search-refused.png").await;
+    eprintln!("screenshot: {}", refused.display());
+
+    // The worker view of one of the `up` process's live workers.
+    let worker = browser
+        .wait_for(
+            "a worker link",
+            "const a = document.querySelector('#workers tr:has(.badge.w-live) a[href^=\"#/workers/\"]'); return a ? a.getAttribute('href') : null;",
+        )
+        .await;
+    browser
+        .goto(&format!("{base}/{}", worker.as_str().unwrap()))
+        .await;
+    let detail = browser
+        .wait_for(
+            "the worker view",
+            "const d = document.querySelector('#worker-detail'); return d && !d.hidden && d.textContent.includes('heartbeat expires in') ? d.textContent : null;",
+        )
+        .await;
+    let detail = detail.as_str().unwrap();
+    for part in [
+        "liveness",
+        "host",
+        "pid",
+        "concurrency",
+        "queues",
+        "tasks",
+        "Running jobs",
+    ] {
+        assert!(detail.contains(part), "{part} in {detail}");
+    }
+    let shot = browser.screenshot("dashboard-worker.png").await;
+    eprintln!("screenshot: {}", shot.display());
+
+    // The job view links a job to its follow-up (found by search on args.parent.id) and back.
+    let parent = enqueue(
+        &base,
+        token,
+        serde_json::json!({"task": "builtin.noop", "on_success": {"task": "builtin.noop", "args": {"n": 1}}}),
+    )
+    .await;
+    browser.goto(&format!("{base}/#/jobs/{parent}")).await;
+    let child = browser
+        .wait_for(
+            "the follow-up link",
+            "const a = document.querySelector('#follow-ups a[href^=\"#/jobs/\"]'); return a ? a.getAttribute('href').slice(7) : null;",
+        )
+        .await;
+    let child = child.as_str().unwrap().to_string();
+    assert_ne!(child, parent);
+    let shot = browser.screenshot("dashboard-job-links.png").await;
+    eprintln!("screenshot: {}", shot.display());
+    browser.goto(&format!("{base}/#/jobs/{child}")).await;
+    browser
+        .wait_for(
+            "the link back to the parent",
+            &format!("const a = document.querySelector('.job-links a[href=\"#/jobs/{parent}\"]'); return a !== null;"),
+        )
+        .await;
+    browser.quit().await;
+}

@@ -305,6 +305,16 @@ impl Client {
         self.store.list(filter, cursor, limit).await
     }
 
+    /// Jobs matching a checked search, newest first, paged by `cursor` (docs/operate.md).
+    pub async fn search(
+        &self,
+        search: &crate::search::JobSearch,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<JobPage> {
+        self.store.search(search, cursor, limit).await
+    }
+
     /// Puts a failed, dead or cancelled job back in its queue.
     pub async fn retry(&self, id: JobId) -> Result<Job> {
         let job = self.store.retry(id, now()).await?;

@@ -72,6 +72,7 @@ pub mod remote;
 pub mod retry;
 pub mod schedule;
 pub mod schema;
+pub mod search;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub mod stats;

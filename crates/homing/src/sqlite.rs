@@ -77,6 +77,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0012_stats",
         sql: include_str!("sqlite/migrations/0012_stats.sql"),
     },
+    Migration {
+        version: 13,
+        name: "0013_search",
+        sql: include_str!("sqlite/migrations/0013_search.sql"),
+    },
 ];
 
 /// An open database file.

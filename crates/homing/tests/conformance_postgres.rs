@@ -49,6 +49,10 @@ mod stats_suite {
     homing::stats_conformance!(super::store());
 }
 
+mod search_suite {
+    homing::search_conformance!(super::store());
+}
+
 /// Raw writes to the store's tables, for the poisoned-row cases.
 struct RawPg(PgStore);
 

@@ -44,6 +44,10 @@ mod stats_suite {
     homing::stats_conformance!(super::store());
 }
 
+mod search_suite {
+    homing::search_conformance!(super::store());
+}
+
 /// Raw writes to the SQLite file, for the poisoned-row cases.
 struct RawSqlite(Arc<Db>);
 

@@ -225,12 +225,21 @@ pub async fn get(
     Ok(Json(state.client.get(id).await?).into_response())
 }
 
+/// `GET /v1/jobs`: a page of jobs, newest first, narrowed by any of the search fields
+/// (docs/operate.md); `cursor` is the previous page's `next_cursor`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     pub state: Option<String>,
     pub queue: Option<String>,
     pub task: Option<String>,
+    /// A job id or its first hex digits.
+    pub id: Option<String>,
+    pub created_from: Option<String>,
+    pub created_to: Option<String>,
+    pub args_path: Option<String>,
+    pub args_value: Option<String>,
+    pub args_contains: Option<String>,
     pub limit: Option<usize>,
     pub cursor: Option<String>,
 }
@@ -240,30 +249,29 @@ pub async fn list(
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = q?;
-    let st = q
-        .state
-        .as_deref()
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<JobState>())
-        .transpose()
-        .map_err(ApiError::bad_request)?;
     let limit = q.limit.unwrap_or(50);
     if limit == 0 || limit > 1000 {
         return Err(ApiError::bad_request("limit must be between 1 and 1000"));
     }
-    let filter = JobFilter {
-        state: st,
-        queue: q.queue.filter(|s| !s.is_empty()),
-        task: q.task.filter(|s| !s.is_empty()),
-    };
-    let page = state
-        .client
-        .list(
-            &filter,
-            q.cursor.as_deref().filter(|s| !s.is_empty()),
-            limit,
-        )
-        .await?;
+    let search = homing::search::JobSearch::parse(&homing::search::RawSearch {
+        id: q.id.as_deref(),
+        state: q.state.as_deref(),
+        queue: q.queue.as_deref(),
+        task: q.task.as_deref(),
+        created_from: q.created_from.as_deref(),
+        created_to: q.created_to.as_deref(),
+        args_path: q.args_path.as_deref(),
+        args_value: q.args_value.as_deref(),
+        args_contains: q.args_contains.as_deref(),
+    })
+    .map_err(ApiError::bad_request)?;
+    let cursor = q.cursor.as_deref().filter(|s| !s.is_empty());
+    if let Some(c) = cursor {
+        parse_id(c).map_err(|_| {
+            ApiError::bad_request("cursor must be the next_cursor of a previous page")
+        })?;
+    }
+    let page = state.client.search(&search, cursor, limit).await?;
     Ok(Json(page).into_response())
 }
 

@@ -88,6 +88,7 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/dashboard/vendor/uplot.min.js", get(stats::uplot_script))
         .route("/dashboard/vendor/uplot.min.css", get(stats::uplot_style))
         .route("/v1/stats/series", get(stats::series))
+        .route("/dashboard/views.js", get(status::views_script))
         .route("/healthz", get(status::healthz))
         .route("/metrics", get(metrics::render))
         .route("/v1/openapi.json", get(status::openapi))
@@ -156,6 +157,7 @@ fn is_open(path: &str) -> bool {
             | "/dashboard/charts.js"
             | "/dashboard/vendor/uplot.min.js"
             | "/dashboard/vendor/uplot.min.css"
+            | "/dashboard/views.js"
     )
 }
 

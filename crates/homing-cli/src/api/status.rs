@@ -99,6 +99,15 @@ pub async fn script() -> Response {
         .into_response()
 }
 
+/// Search and the worker view (docs/operate.md), loaded after app.js.
+pub async fn views_script() -> Response {
+    (
+        [(CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("../dashboard/views.js"),
+    )
+        .into_response()
+}
+
 pub async fn style() -> Response {
     (
         [(CONTENT_TYPE, "text/css; charset=utf-8")],

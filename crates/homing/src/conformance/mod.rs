@@ -14,6 +14,7 @@ pub mod poison;
 pub mod queues;
 pub mod schedules;
 pub mod stats;
+pub mod search;
 pub mod store;
 pub mod workflows;
 

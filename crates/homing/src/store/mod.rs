@@ -638,6 +638,16 @@ pub trait Store: Send + Sync + 'static {
     async fn list(&self, filter: &JobFilter, cursor: Option<&str>, limit: usize)
         -> Result<JobPage>;
 
+    /// Jobs matching every field of `search` (docs/operate.md), newest first (by id), at most
+    /// `limit`, after `cursor` (a job id): keyset paging, so a page costs the same deep in the
+    /// list as at its head. Nothing of `search` is spliced into SQL.
+    async fn search(
+        &self,
+        search: &crate::search::JobSearch,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<JobPage>;
+
     /// An operator's retry: a `failed`, `dead` or `cancelled` job goes back to `queued`
     /// (undispatched) with its retry budget renewed. Other states are a `Conflict`.
     ///

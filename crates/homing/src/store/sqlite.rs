@@ -1315,6 +1315,74 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn search(
+        &self,
+        search: &crate::search::JobSearch,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<JobPage> {
+        use rusqlite::types::Value as V;
+        if let Some(c) = cursor {
+            if c.parse::<JobId>().is_err() {
+                return Err(Error::Invalid(format!("invalid cursor '{c}'")));
+            }
+        }
+        let search = search.clone();
+        let cursor = cursor.map(str::to_string);
+        let limit = limit.clamp(1, 1000);
+        self.db
+            .read(move |c| {
+                let mut sql = format!("SELECT {COLUMNS} FROM jobs WHERE 1 = 1");
+                let mut args: Vec<V> = Vec::new();
+                let mut add = |sql: &mut String, cond: &str, v: V| {
+                    args.push(v);
+                    *sql += &cond.replace('#', &format!("?{}", args.len()));
+                };
+                if let Some(s) = search.state {
+                    add(&mut sql, " AND state = #", V::Text(s.as_str().into()));
+                }
+                if let Some(q) = &search.queue {
+                    add(&mut sql, " AND queue = #", V::Text(q.clone()));
+                }
+                if let Some(t) = &search.task {
+                    add(&mut sql, " AND task = #", V::Text(t.clone()));
+                }
+                if let Some((lo, hi)) = search.id_range {
+                    add(&mut sql, " AND id >= #", V::Text(lo.to_string()));
+                    add(&mut sql, " AND id <= #", V::Text(hi.to_string()));
+                }
+                if let Some(f) = search.created_from {
+                    add(&mut sql, " AND created_at >= #", V::Integer(f));
+                }
+                if let Some(t) = search.created_to {
+                    add(&mut sql, " AND created_at < #", V::Integer(t));
+                }
+                if let (Some(p), Some(v)) = (search.sqlite_path(), &search.args_value) {
+                    // A row whose args are not JSON (damaged) matches nothing rather than
+                    // failing the whole search.
+                    add(
+                        &mut sql,
+                        " AND CASE WHEN json_valid(args) THEN args -> # END",
+                        V::Text(p),
+                    );
+                    add(&mut sql, " = #", V::Text(v.clone()));
+                }
+                if let Some(sub) = &search.args_contains {
+                    add(&mut sql, " AND instr(args, #) > 0", V::Text(sub.clone()));
+                }
+                if let Some(cur) = &cursor {
+                    add(&mut sql, " AND id < #", V::Text(cur.clone()));
+                }
+                sql += &format!(" ORDER BY id DESC LIMIT {}", limit + 1);
+                let mut st = c.prepare(&sql)?;
+                let jobs = st
+                    .query_map(rusqlite::params_from_iter(args.iter()), row_to_job)?
+                    .collect::<rusqlite::Result<Vec<Job>>>()?;
+                Ok(JobPage::cut(jobs, limit))
+            })
+            .await
+    }
+
     async fn retry(&self, id: JobId, now: Micros) -> Result<Job> {
         self.db
             .write(move |tx| {

@@ -69,6 +69,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0012_stats",
         sql: include_str!("migrations/0012_stats.sql"),
     },
+    Migration {
+        version: 13,
+        name: "0013_search",
+        sql: include_str!("migrations/0013_search.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are

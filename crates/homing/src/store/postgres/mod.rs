@@ -1972,6 +1972,92 @@ impl Store for PgStore {
         .await
     }
 
+    async fn search(
+        &self,
+        search: &crate::search::JobSearch,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<JobPage> {
+        let cursor = match cursor {
+            Some(c) => Some(
+                c.parse::<JobId>()
+                    .map_err(|_| Error::Invalid(format!("invalid cursor '{c}'")))?,
+            ),
+            None => None,
+        };
+        let limit = limit.clamp(1, 1000);
+        self.call(async {
+            // Parameters are numbered in the order they are bound below.
+            let mut sql = format!("SELECT {} FROM homing_jobs WHERE true", columns(""));
+            let mut n = 0;
+            let mut next = || {
+                n += 1;
+                n
+            };
+            let texts: Vec<String> = [
+                ("state", search.state.map(|s| s.as_str().to_string())),
+                ("queue", search.queue.clone()),
+                ("task", search.task.clone()),
+            ]
+            .into_iter()
+            .filter_map(|(col, v)| v.inspect(|_| sql += &format!(" AND {col} = ${}", next())))
+            .collect();
+            if search.id_range.is_some() {
+                sql += &format!(" AND id >= ${} AND id <= ${}", next(), next());
+            }
+            if search.created_from.is_some() {
+                sql += &format!(" AND created_at >= ${}", next());
+            }
+            if search.created_to.is_some() {
+                sql += &format!(" AND created_at < ${}", next());
+            }
+            let path = search.postgres_path();
+            if path.is_some() && search.args_value.is_some() {
+                // `json`, not `jsonb`: its `#>` returns the element's text as stored (serde_json's
+                // compact form) and accepts an escaped NUL; homing_json_at (migration 0013) turns
+                // a damaged row into no match instead of an error for the whole search.
+                sql += &format!(" AND homing_json_at(args, ${}) = ${}", next(), next());
+            }
+            if search.args_contains.is_some() {
+                sql += &format!(" AND strpos(args, ${}) > 0", next());
+            }
+            if cursor.is_some() {
+                sql += &format!(" AND id < ${}", next());
+            }
+            sql += &format!(" ORDER BY id DESC LIMIT {}", limit + 1);
+            let mut q = sqlx::query(AssertSqlSafe(sql));
+            for t in &texts {
+                q = q.bind(t);
+            }
+            if let Some((lo, hi)) = search.id_range {
+                q = q.bind(lo).bind(hi);
+            }
+            if let Some(f) = search.created_from {
+                q = q.bind(f);
+            }
+            if let Some(t) = search.created_to {
+                q = q.bind(t);
+            }
+            if let (Some(p), Some(v)) = (&path, &search.args_value) {
+                q = q.bind(p).bind(v);
+            }
+            if let Some(sub) = &search.args_contains {
+                q = q.bind(sub);
+            }
+            if let Some(c) = cursor {
+                q = q.bind(c);
+            }
+            let jobs = q
+                .fetch_all(&self.pool)
+                .await?
+                .iter()
+                .map(row_to_job)
+                .collect::<sqlx::Result<Vec<Job>>>()?;
+            Ok(JobPage::cut(jobs, limit))
+        })
+        .await
+    }
+
     async fn retry(&self, id: JobId, now: Micros) -> Result<Job> {
         self.call(async {
             let mut tx = self.pool.begin().await?;
