@@ -67,6 +67,7 @@ pub mod job;
 pub mod limit;
 pub mod maintenance;
 pub mod metrics;
+pub mod otel;
 pub mod redact;
 pub mod remote;
 pub mod retry;
@@ -77,6 +78,7 @@ pub mod sqlite;
 pub mod store;
 pub mod task;
 pub mod time;
+pub mod tracecontext;
 #[cfg(any(feature = "http", feature = "redis"))]
 pub mod tls;
 pub mod transition;

@@ -72,6 +72,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0010_enqueue_checks",
         sql: include_str!("sqlite/migrations/0010_enqueue_checks.sql"),
     },
+    Migration {
+        version: 14,
+        name: "0014_traceparent",
+        sql: include_str!("sqlite/migrations/0014_traceparent.sql"),
+    },
 ];
 
 /// An open database file.
