@@ -403,3 +403,98 @@ async fn without_an_endpoint_the_callers_context_is_kept_and_sent_on_as_it_is() 
     .await;
     assert_eq!(calls[0].1, tp);
 }
+
+/// A remote worker exports nothing: the server records each run from the completion it
+/// commits, under the enqueue, and hands the job's context to the worker with the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_records_a_remote_workers_runs_in_the_jobs_trace() {
+    let (endpoint, spans) = start_receiver().await;
+    let env = Env::sqlite();
+    let o = otel_env(&endpoint);
+    let (_up, base) = start_up(&env, &vars(&o)).await;
+    let http = http_client();
+    let post = |path: &str, body: serde_json::Value| {
+        let req = http.post(format!("{base}{path}")).json(&body);
+        async move {
+            let r = req.send().await.unwrap();
+            let status = r.status();
+            let v: serde_json::Value = r.json().await.unwrap();
+            assert!(status.is_success(), "{status} {v}");
+            v
+        }
+    };
+    let session = post(
+        "/v1/remote/sessions",
+        json!({"queues": ["py"], "concurrency": 1, "heartbeat_interval_ms": 1000,
+               "tasks": [{"name": "py.work", "max_retries": 1, "retry_delay_ms": 100}]}),
+    )
+    .await["session"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let job: serde_json::Value = http
+        .post(format!("{base}/v1/jobs"))
+        .header("traceparent", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
+        .json(&json!({"task": "py.work", "queue": "py", "allow_unknown_task": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = job["id"].as_str().unwrap().to_string();
+    let reserve = format!("/v1/remote/sessions/{session}/reserve");
+    let complete = format!("/v1/remote/sessions/{session}/complete");
+    for outcome in ["error", "succeeded"] {
+        let got = eventually(Duration::from_secs(30), "a reserved job", || {
+            let f = post(&reserve, json!({"max": 1, "wait_ms": 1000}));
+            async move {
+                let v = f.await;
+                v["jobs"].as_array().and_then(|j| j.first().cloned())
+            }
+        })
+        .await;
+        assert_eq!(got["job_id"], id.as_str());
+        assert_eq!(got["traceparent"], job["traceparent"], "the worker gets the job's context");
+        let done = post(
+            &complete,
+            json!({"results": [{"job_id": id, "epoch": got["epoch"], "lease": got["lease"],
+                                "outcome": outcome, "error": "first try fails",
+                                "result": {"ok": true}}]}),
+        )
+        .await;
+        assert_eq!(done["results"][0]["status"], "applied", "{done}");
+    }
+    let all = eventually(Duration::from_secs(30), "two run spans", || {
+        let spans = spans.clone();
+        let id = id.clone();
+        async move {
+            let s = spans.lock().unwrap().clone();
+            let n = s
+                .iter()
+                .filter(|x| x.attr("homing.job_id") == id && x.name == "run py.work")
+                .count();
+            (n >= 2).then_some(s)
+        }
+    })
+    .await;
+    let enqueue = all
+        .iter()
+        .find(|x| x.attr("homing.job_id") == id && x.name == "enqueue py.work")
+        .expect("an enqueue span");
+    assert_eq!(enqueue.parent, CALLER_SPAN);
+    let mut runs: Vec<&Exported> = all
+        .iter()
+        .filter(|x| x.attr("homing.job_id") == id && x.name == "run py.work")
+        .collect();
+    runs.sort_by_key(|x| x.attr("homing.attempt").to_string());
+    assert_eq!(runs.len(), 2);
+    for (n, (run, outcome)) in runs.iter().zip(["retry", "succeeded"]).enumerate() {
+        assert_eq!(run.trace_id, CALLER_TRACE);
+        assert_eq!(run.parent, enqueue.span_id);
+        assert_eq!(run.attr("homing.attempt"), n.to_string());
+        assert_eq!(run.attr("homing.epoch"), (n + 1).to_string());
+        assert_eq!(run.attr("homing.outcome"), outcome);
+        assert_eq!(run.attr("homing.queue"), "py");
+    }
+}
