@@ -229,7 +229,11 @@ async fn the_callers_traceparent_parents_the_enqueue_and_every_run_joins_it() {
     })
     .await;
     for (path, tp) in &calls {
-        assert_eq!(trace_id_of(tp), CALLER_TRACE, "{path} got traceparent {tp:?}");
+        assert_eq!(
+            trace_id_of(tp),
+            CALLER_TRACE,
+            "{path} got traceparent {tp:?}"
+        );
     }
 
     // The receiver has the enqueue span (child of the caller's span) and both runs under it.
@@ -258,19 +262,28 @@ async fn the_callers_traceparent_parents_the_enqueue_and_every_run_joins_it() {
         .find(|x| x.name == "enqueue builtin.http")
         .expect("an enqueue span");
     assert_eq!(enqueue.trace_id, CALLER_TRACE);
-    assert_eq!(enqueue.parent, CALLER_SPAN, "the header's span is the parent");
+    assert_eq!(
+        enqueue.parent, CALLER_SPAN,
+        "the header's span is the parent"
+    );
     assert_eq!(enqueue.service, "homing-under-test");
     assert_eq!(
         stored,
         format!("00-{CALLER_TRACE}-{}-01", enqueue.span_id),
         "the job stores its enqueue span's context"
     );
-    let mut runs: Vec<&&Exported> = mine.iter().filter(|x| x.name == "run builtin.http").collect();
+    let mut runs: Vec<&&Exported> = mine
+        .iter()
+        .filter(|x| x.name == "run builtin.http")
+        .collect();
     runs.sort_by_key(|x| x.attr("homing.attempt").to_string());
     assert_eq!(runs.len(), 2, "{runs:#?}");
     for (n, run) in runs.iter().enumerate() {
         assert_eq!(run.trace_id, CALLER_TRACE);
-        assert_eq!(run.parent, enqueue.span_id, "a run is a child of the enqueue");
+        assert_eq!(
+            run.parent, enqueue.span_id,
+            "a run is a child of the enqueue"
+        );
         assert_eq!(run.attr("homing.task"), "builtin.http");
         assert_eq!(run.attr("homing.queue"), "default");
         assert_eq!(run.attr("homing.attempt"), n.to_string());
@@ -320,7 +333,13 @@ async fn a_run_after_a_crash_joins_the_enqueue_trace_from_another_process() {
     let wv = vars(&o);
     let mut first = env.spawn_with_env(
         "worker1",
-        &["worker", "--queue", "default", "--heartbeat-interval", "200ms"],
+        &[
+            "worker",
+            "--queue",
+            "default",
+            "--heartbeat-interval",
+            "200ms",
+        ],
         &wv,
     );
     eventually(Duration::from_secs(30), "the job to start", || async {
@@ -331,7 +350,13 @@ async fn a_run_after_a_crash_joins_the_enqueue_trace_from_another_process() {
     first.kill9();
     let _second = env.spawn_with_env(
         "worker2",
-        &["worker", "--queue", "default", "--heartbeat-interval", "200ms"],
+        &[
+            "worker",
+            "--queue",
+            "default",
+            "--heartbeat-interval",
+            "200ms",
+        ],
         &wv,
     );
     let done = support::wait_state(
@@ -359,12 +384,19 @@ async fn a_run_after_a_crash_joins_the_enqueue_trace_from_another_process() {
         .iter()
         .find(|x| x.attr("homing.job_id") == idt && x.name == "enqueue builtin.sleep")
         .expect("the server exported the enqueue span");
-    assert_eq!(enqueue.parent, "", "no caller context: the enqueue is the root");
+    assert_eq!(
+        enqueue.parent, "",
+        "no caller context: the enqueue is the root"
+    );
     let runs: Vec<&Exported> = all
         .iter()
         .filter(|x| x.attr("homing.job_id") == idt && x.name == "run builtin.sleep")
         .collect();
-    assert_eq!(runs.len(), 1, "only the surviving run is exported: {runs:#?}");
+    assert_eq!(
+        runs.len(),
+        1,
+        "only the surviving run is exported: {runs:#?}"
+    );
     assert_eq!(runs[0].trace_id, enqueue.trace_id);
     assert_eq!(runs[0].parent, enqueue.span_id);
     assert_eq!(runs[0].attr("homing.epoch"), "2");
@@ -455,7 +487,10 @@ async fn the_server_records_a_remote_workers_runs_in_the_jobs_trace() {
         })
         .await;
         assert_eq!(got["job_id"], id.as_str());
-        assert_eq!(got["traceparent"], job["traceparent"], "the worker gets the job's context");
+        assert_eq!(
+            got["traceparent"], job["traceparent"],
+            "the worker gets the job's context"
+        );
         let done = post(
             &complete,
             json!({"results": [{"job_id": id, "epoch": got["epoch"], "lease": got["lease"],

@@ -78,9 +78,9 @@ pub mod sqlite;
 pub mod store;
 pub mod task;
 pub mod time;
-pub mod tracecontext;
 #[cfg(any(feature = "http", feature = "redis"))]
 pub mod tls;
+pub mod tracecontext;
 pub mod transition;
 pub mod unique;
 pub mod validate;

@@ -156,7 +156,9 @@ mod imp {
         /// `existed`: an idempotency key or uniqueness returned an earlier job instead.
         pub fn end(mut self, result: Result<bool, &str>) {
             match result {
-                Ok(existed) => self.0.set_attribute(KeyValue::new("homing.existed", existed)),
+                Ok(existed) => self
+                    .0
+                    .set_attribute(KeyValue::new("homing.existed", existed)),
                 Err(e) => self.0.set_status(Status::error(e.to_string())),
             }
             self.0.end();

@@ -20,8 +20,7 @@ pub fn validate(tp: &str) -> Result<(), String> {
     }
     let hex = |s: &str, n: usize| {
         s.len() == n
-            && s
-                .bytes()
+            && s.bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     };
     let mut parts = tp.split('-');

@@ -78,7 +78,9 @@ fn traceparent(headers: &axum::http::HeaderMap) -> Result<Option<String>, ApiErr
         return Ok(None);
     };
     if values.next().is_some() {
-        return Err(ApiError::bad_request("only one traceparent header is allowed"));
+        return Err(ApiError::bad_request(
+            "only one traceparent header is allowed",
+        ));
     }
     let tp = v
         .to_str()

@@ -110,7 +110,11 @@ impl Task for Http {
         // The job's trace goes on to the endpoint (docs/traces.md), unless the producer put a
         // `traceparent` of its own in `headers`.
         if let Some(tp) = ctx.traceparent() {
-            if !args.headers.keys().any(|k| k.eq_ignore_ascii_case("traceparent")) {
+            if !args
+                .headers
+                .keys()
+                .any(|k| k.eq_ignore_ascii_case("traceparent"))
+            {
                 req = req.header("traceparent", tp);
             }
         }

@@ -460,7 +460,11 @@ pub async fn traceparent_goes_with_the_job_and_its_follow_ups(s: Arc<dyn Store>)
     let listed = page.jobs.iter().find(|j| j.id == nj.id).expect("listed");
     assert_eq!(listed.traceparent.as_deref(), Some(tp));
     let j = run_one(&*s, nj.id, "w").await;
-    assert_eq!(j.traceparent.as_deref(), Some(tp), "the started run carries it");
+    assert_eq!(
+        j.traceparent.as_deref(),
+        Some(tp),
+        "the started run carries it"
+    );
     let c = Completion {
         id: nj.id,
         epoch: j.epoch,
@@ -473,7 +477,11 @@ pub async fn traceparent_goes_with_the_job_and_its_follow_ups(s: Arc<dyn Store>)
         panic!("{r:?}")
     };
     let f = s.get(dispatch[0].id).await.unwrap().expect("follow-up");
-    assert_eq!(f.traceparent.as_deref(), Some(tp), "a follow-up continues the trace");
+    assert_eq!(
+        f.traceparent.as_deref(),
+        Some(tp),
+        "a follow-up continues the trace"
+    );
 }
 
 pub async fn release_counts_nothing(s: Arc<dyn Store>) {
