@@ -24,6 +24,11 @@ def add(ctx: Context, a: int, b: int) -> dict[str, Any]:
             "key": ctx.idempotency_key}
 
 
+@app.task(name="py.trace", queue=QUEUE)
+def trace(ctx: Context) -> Any:
+    return ctx.traceparent
+
+
 @app.task(name="py.async_add", queue=QUEUE)
 async def async_add(ctx: Context, a: int, b: int) -> int:
     await asyncio.sleep(0.01)

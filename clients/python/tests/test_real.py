@@ -148,6 +148,39 @@ def test_cancel_reaches_a_running_task(shared: tuple[Homing, Proc, App]) -> None
     assert app.wait(job.id, timeout=30).state == "cancelled"
 
 
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_enqueue_sends_a_traceparent_the_task_sees(shared: tuple[Homing, Proc, App]) -> None:
+    # The server exports nothing here (no OTEL_EXPORTER_OTLP_ENDPOINT): it keeps the caller's
+    # context as it is, and hands it to the remote worker's task.
+    _, _, app = shared
+    job = app.enqueue("py.trace", {}, queue="py", traceparent=TRACEPARENT)
+    assert job.raw["traceparent"] == TRACEPARENT
+    done = app.wait(job.id, timeout=30)
+    assert done.state == "succeeded" and done.result == TRACEPARENT
+    with pytest.raises(ApiError) as e:
+        app.enqueue("py.trace", {}, queue="py", traceparent="00-not-a-trace-01")
+    assert e.value.status == 400 and "traceparent" in str(e.value)
+
+
+def test_enqueue_sends_the_current_opentelemetry_context(shared: tuple[Homing, Proc, App]) -> None:
+    # opentelemetry-api is the optional dependency (scripts/python-venv installs it).
+    from opentelemetry import context, trace
+
+    _, _, app = shared
+    assert app.enqueue("py.add", {"a": 1, "b": 1}, queue="py").raw.get("traceparent") is None
+    span = trace.NonRecordingSpan(trace.SpanContext(
+        trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736, span_id=0x00F067AA0BA902B7,
+        is_remote=False, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED)))
+    token = context.attach(trace.set_span_in_context(span))
+    try:
+        job = app.enqueue("py.add", {"a": 1, "b": 2}, queue="py")
+    finally:
+        context.detach(token)
+    assert job.raw["traceparent"] == TRACEPARENT
+
+
 def test_enqueue_errors_are_api_errors(shared: tuple[Homing, Proc, App]) -> None:
     _, _, app = shared
     with pytest.raises(ApiError) as e:

@@ -370,6 +370,10 @@ pub struct EnqueueArgs {
     /// job instead of a new one (1s to 366 days).
     #[arg(long, value_parser = duration_in(homing::validate::MIN_UNIQUE_FOR, homing::validate::MAX_DELAY))]
     pub unique_for: Option<Duration>,
+    /// A W3C trace context (`00-<trace id>-<span id>-<flags>`): the job's enqueue and runs join
+    /// that trace (docs/traces.md).
+    #[arg(long, env = "TRACEPARENT")]
+    pub traceparent: Option<String>,
     /// Queue (default: the task's own queue, else `default`).
     #[arg(long)]
     pub queue: Option<String>,

@@ -36,6 +36,24 @@ fn main() -> std::process::ExitCode {
     };
     init_tracing(&cli.global.log_format, default);
     homing::tls::install_crypto_provider();
+    // Spans (docs/traces.md) from the processes that enqueue and run jobs, when the standard
+    // OTEL_EXPORTER_OTLP_* variables ask for them. Set up outside the runtime, and dropped
+    // after it (the last spans are exported then), because the exporter's client blocks.
+    let traced = matches!(
+        cli.command,
+        cli::Command::Up(_)
+            | cli::Command::Server(_)
+            | cli::Command::Worker(_)
+            | cli::Command::Enqueue(_)
+    );
+    let _traces = match traced.then(|| homing::otel::init_from_env("homing")) {
+        Some(Err(e)) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+        Some(Ok(guard)) => guard,
+        None => None,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -46,7 +64,9 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(commands::run(cli)) {
+    let outcome = runtime.block_on(commands::run(cli));
+    drop(runtime);
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             let mut msg = e.to_string();

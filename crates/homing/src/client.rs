@@ -96,6 +96,9 @@ pub fn validate_request(req: &EnqueueRequest) -> Result<()> {
     if let Some(u) = &o.callback_url {
         checks.push(crate::job::validate_callback_url(u));
     }
+    if let Some(tp) = &o.traceparent {
+        checks.push(crate::tracecontext::validate(tp));
+    }
     if let Some(d) = o.countdown {
         checks.push(v::duration("countdown", d, Duration::ZERO, v::MAX_DELAY));
     }
@@ -251,13 +254,31 @@ impl Client {
         self.insert_and_publish(jobs).await
     }
 
-    async fn insert_and_publish(&self, jobs: Vec<NewJob>) -> Result<Vec<Inserted>> {
+    async fn insert_and_publish(&self, mut jobs: Vec<NewJob>) -> Result<Vec<Inserted>> {
+        // Traces on: each job stores its enqueue span's context instead of the caller's.
+        let spans: Vec<crate::otel::EnqueueSpan> = if crate::otel::enabled() {
+            jobs.iter_mut()
+                .filter_map(crate::otel::start_enqueue)
+                .collect()
+        } else {
+            Vec::new()
+        };
         let tasks: Vec<String> = jobs.iter().map(|j| j.task.clone()).collect();
         let priorities: Vec<i32> = jobs
             .iter()
             .map(|j| j.options.priority.unwrap_or(0))
             .collect();
-        let inserted = self.store.insert(jobs).await?;
+        let inserted = match self.store.insert(jobs).await {
+            Ok(i) => i,
+            Err(e) => {
+                let why = e.to_string();
+                spans.into_iter().for_each(|s| s.end(Err(&why)));
+                return Err(e);
+            }
+        };
+        for (s, i) in spans.into_iter().zip(&inserted) {
+            s.end(Ok(i.existed));
+        }
         for (i, task) in inserted.iter().zip(&tasks) {
             if !i.existed {
                 crate::metrics::count(crate::metrics::JOBS_ENQUEUED, &i.queue, task);

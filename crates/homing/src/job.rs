@@ -126,7 +126,11 @@ impl FollowUp {
             task: self.task.clone(),
             queue: self.queue.clone().unwrap_or_else(|| "default".into()),
             args,
-            options: JobOptions::default(),
+            // A follow-up continues its parent's trace (docs/traces.md).
+            options: JobOptions {
+                traceparent: parent.traceparent.clone(),
+                ..JobOptions::default()
+            },
             created_at: now,
             run_at: None,
         }
@@ -181,6 +185,11 @@ pub struct JobOptions {
         with = "opt_duration"
     )]
     pub unique_for: Option<std::time::Duration>,
+    /// The W3C trace context (`00-<trace id>-<span id>-<flags>`) the job's runs continue
+    /// (docs/traces.md). Set from a `traceparent` header or argument; with traces exported,
+    /// the enqueue replaces it by its own span's context, keeping the trace id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// A job as handed to [`crate::store::Store::insert`]: fully resolved, with its id chosen.
@@ -275,6 +284,10 @@ pub struct Job {
     /// when the step became runnable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parents: Option<std::collections::BTreeMap<String, crate::workflow::ParentRun>>,
+    /// The W3C trace context stored with the job at enqueue (docs/traces.md): every run of
+    /// the job, in whichever process and after any crash, joins this trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// Checks a callback or webhook URL: `http` or `https`, a host, at most 2048 bytes.

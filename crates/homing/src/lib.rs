@@ -67,6 +67,7 @@ pub mod job;
 pub mod limit;
 pub mod maintenance;
 pub mod metrics;
+pub mod otel;
 pub mod redact;
 pub mod remote;
 pub mod retry;
@@ -81,6 +82,7 @@ pub mod task;
 pub mod time;
 #[cfg(any(feature = "http", feature = "redis"))]
 pub mod tls;
+pub mod tracecontext;
 pub mod transition;
 pub mod unique;
 pub mod validate;

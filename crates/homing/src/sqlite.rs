@@ -82,6 +82,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0013_search",
         sql: include_str!("sqlite/migrations/0013_search.sql"),
     },
+    Migration {
+        version: 14,
+        name: "0014_traceparent",
+        sql: include_str!("sqlite/migrations/0014_traceparent.sql"),
+    },
 ];
 
 /// An open database file.

@@ -280,6 +280,7 @@ pub struct Context {
     cancel: CancellationToken,
     store: Arc<dyn Store>,
     time_limit: Duration,
+    traceparent: Option<Arc<str>>,
 }
 
 impl fmt::Debug for Context {
@@ -303,7 +304,22 @@ impl Context {
             cancel,
             store,
             time_limit,
+            traceparent: None,
         }
+    }
+
+    /// Sets the context outgoing calls hand on (this run's span, see [`Self::traceparent`]).
+    pub(crate) fn with_traceparent(mut self, tp: Option<Arc<str>>) -> Self {
+        self.traceparent = tp;
+        self
+    }
+
+    /// The W3C `traceparent` to send with calls this run makes (docs/traces.md): this run's
+    /// span when traces are exported, else the context stored with the job, if any.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.traceparent
+            .as_deref()
+            .or(self.job.traceparent.as_deref())
     }
 
     pub fn job_id(&self) -> JobId {

@@ -450,6 +450,7 @@ pub(crate) fn sample_job(state: JobState) -> Job {
         unreadable: Vec::new(),
         workflow: None,
         parents: None,
+        traceparent: None,
     }
 }
 

@@ -108,6 +108,7 @@ impl StepSpec {
             callback_url: self.callback_url.clone(),
             priority: None,
             unique_for: None,
+            traceparent: None,
         }
     }
 }

@@ -3,6 +3,7 @@ that any Python program uses to hand work to homing and read what became of it."
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import threading
@@ -124,6 +125,20 @@ class Task:
         }
 
 
+def current_traceparent() -> Optional[str]:
+    """The `traceparent` of the active OpenTelemetry span, through the globally configured
+    propagator; None when the optional `opentelemetry` package is absent or no span is active.
+    Imported by name so that the package stays optional, for type checkers too."""
+    try:
+        propagate: Any = importlib.import_module("opentelemetry.propagate")
+    except ImportError:
+        return None
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    value = carrier.get("traceparent")
+    return value if isinstance(value, str) and value else None
+
+
 def millis(seconds: Optional[float]) -> Optional[int]:
     return None if seconds is None else round(seconds * 1000)
 
@@ -204,12 +219,16 @@ class App:
         countdown: Optional[float] = None,
         idempotency_key: Optional[str] = None,
         options: Optional[dict[str, Any]] = None,
+        traceparent: Optional[str] = None,
     ) -> Job:
         """Enqueues a job of any homing task (Rust or Python), by name or `Task`. `countdown`
         delays its first run by that many seconds. With an `idempotency_key` already used, the
         existing job is returned. Without `queue`, a task this App defines goes to its own queue,
         any other task to the server's default. `options` adds other fields of `POST /v1/jobs`
-        as they are (`max_retries`, `time_limit`, `on_success`, `on_failure`, `callback_url`...)."""
+        as they are (`max_retries`, `time_limit`, `on_success`, `on_failure`, `callback_url`...).
+        `traceparent` (a W3C trace context) makes the job's enqueue and runs part of that trace
+        (docs/traces.md); without it, the current OpenTelemetry context is sent when the
+        `opentelemetry` package is installed and a span is active."""
         if not isinstance(task, Task):
             task = self.tasks.get(task, task)
         if isinstance(task, Task):
@@ -227,7 +246,9 @@ class App:
             body["countdown"] = millis(countdown)
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
-        return Job.from_json(self.http().call("POST", "/v1/jobs", body))
+        tp = traceparent if traceparent is not None else current_traceparent()
+        headers = {"traceparent": tp} if tp else None
+        return Job.from_json(self.http().call("POST", "/v1/jobs", body, headers=headers))
 
     def enqueue_many(self, jobs: Sequence[Mapping[str, Any]]) -> list[str]:
         """Enqueues up to 10000 jobs in one request (`POST /v1/jobs/batch`, docs/batch.md) and

@@ -29,6 +29,9 @@ class Context:
         self.parents: dict[str, dict[str, Any]] = dict(job.get("parents") or {})
         # The workflow this job is a step of ({"id", "step", "after", "run_on"}), or None.
         self.workflow: Optional[dict[str, Any]] = job.get("workflow")
+        # The W3C trace context stored with the job (docs/traces.md), to send as the
+        # `traceparent` header of the task's own calls so they join the job's trace; or None.
+        self.traceparent: Optional[str] = job.get("traceparent")
         self._report_progress = report_progress
         self._is_cancelled = is_cancelled
 

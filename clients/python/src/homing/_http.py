@@ -32,6 +32,7 @@ class Http:
         *,
         params: Optional[dict[str, str]] = None,
         timeout: Optional[float] = None,
+        headers: Optional[dict[str, str]] = None,
     ) -> Any:
         """Sends one request; returns the decoded JSON body (None for an empty one). Raises
         `Unreachable` when no answer came and `ApiError` for a non-2xx answer."""
@@ -41,6 +42,7 @@ class Http:
                 path,
                 json=body,
                 params=params,
+                headers=headers,
                 timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
             )
         except httpx.TransportError as e:

@@ -63,10 +63,31 @@ impl CreateJob {
                 callback_url: self.callback_url,
                 priority: self.priority,
                 unique_for: self.unique_for,
+                traceparent: None,
             },
         };
         (req, self.allow_unknown_task)
     }
+}
+
+/// The caller's W3C trace context (docs/traces.md): the job's enqueue and runs join its trace.
+/// A malformed one is refused rather than dropped, so a broken propagator is noticed.
+fn traceparent(headers: &axum::http::HeaderMap) -> Result<Option<String>, ApiError> {
+    let mut values = headers.get_all("traceparent").iter();
+    let Some(v) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ApiError::bad_request(
+            "only one traceparent header is allowed",
+        ));
+    }
+    let tp = v
+        .to_str()
+        .map_err(|_| ApiError::bad_request("traceparent must be ASCII"))?
+        .trim();
+    homing::tracecontext::validate(tp).map_err(ApiError::bad_request)?;
+    Ok(Some(tp.to_string()))
 }
 
 pub fn parse_id(s: &str) -> Result<JobId, ApiError> {
@@ -99,10 +120,12 @@ pub async fn check_known_task(state: &AppState, task: &str) -> Result<(), ApiErr
 
 pub async fn create(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
     body: Result<Json<CreateJob>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
-    let (req, allow_unknown_task) = body.into_request();
+    let (mut req, allow_unknown_task) = body.into_request();
+    req.options.traceparent = traceparent(&headers)?;
     // Every rule first (names, internal tasks and queues, depth, sizes, ranges), so a refused
     // name is reported as such rather than as an unknown task.
     homing::client::validate_request(&req)?;

@@ -35,6 +35,7 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
             callback_url: a.callback_url,
             priority: a.priority,
             unique_for: a.unique_for,
+            traceparent: a.traceparent,
         },
     };
     // Before anything is opened or looked up, so a refused value gets its own reason.

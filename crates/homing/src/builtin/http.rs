@@ -107,6 +107,17 @@ impl Task for Http {
             .request(method, url)
             .header("Idempotency-Key", ctx.idempotency_key())
             .timeout(timeout);
+        // The job's trace goes on to the endpoint (docs/traces.md), unless the producer put a
+        // `traceparent` of its own in `headers`.
+        if let Some(tp) = ctx.traceparent() {
+            if !args
+                .headers
+                .keys()
+                .any(|k| k.eq_ignore_ascii_case("traceparent"))
+            {
+                req = req.header("traceparent", tp);
+            }
+        }
         for (k, v) in &args.headers {
             req = req.header(k, v);
         }

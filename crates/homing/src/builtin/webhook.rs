@@ -53,6 +53,14 @@ fn client() -> &'static reqwest::Client {
 }
 
 /// Parses `Retry-After` in its seconds form (what Discord and most APIs send).
+/// The trace a job event belongs to: the context stored with the job it is about (carried in
+/// the event's `job`), so the receiver continues that job's trace (docs/traces.md).
+fn event_traceparent(event: &serde_json::Value) -> Option<&str> {
+    event["job"]["traceparent"]
+        .as_str()
+        .filter(|tp| crate::tracecontext::validate(tp).is_ok())
+}
+
 fn retry_after(h: &reqwest::header::HeaderMap) -> Option<Duration> {
     let v = h.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
     let secs: f64 = v.parse().ok()?;
@@ -132,7 +140,7 @@ impl Task for Webhook {
             Format::Discord => serde_json::json!({ "content": discord_message(&args.event) }),
             Format::Json => args.event.clone(),
         };
-        let req = client()
+        let mut req = client()
             .post(parsed)
             .header("Idempotency-Key", ctx.idempotency_key())
             .header(
@@ -140,6 +148,9 @@ impl Task for Webhook {
                 args.event["event"].as_str().unwrap_or("event"),
             )
             .json(&body);
+        if let Some(tp) = event_traceparent(&args.event).or(ctx.traceparent()) {
+            req = req.header("traceparent", tp);
+        }
         let resp = tokio::select! {
             r = req.send() => r,
             _ = ctx.cancelled() => return Err(TaskError::retry("cancelled")),

@@ -28,7 +28,7 @@ macro_rules! store_conformance {
             batches_decide_as_one_by_one, purge_deletes_only_old_history,
             schedules_are_set_read_paused_and_deleted, schedule_ticks_get_one_job_each,
             completions_record_their_epoch, running_under_lists_one_workers_jobs,
-            remote_worker_info_round_trips,
+            remote_worker_info_round_trips, traceparent_goes_with_the_job_and_its_follow_ups,
             workflow_step_runs_once_after_its_parents,
             workflow_failure_cancels_dependents_but_not_finalisers,
             workflow_last_parents_racing_ready_the_step_once,
@@ -427,6 +427,63 @@ pub async fn follow_up_in_same_transaction(s: Arc<dyn Store>) {
         .await
         .unwrap();
     assert!(page.jobs.is_empty(), "on_success must not fire on failure");
+}
+
+/// The W3C trace context stored at enqueue comes back on every read, on the started run (so a
+/// run in any process joins the trace), and on a follow-up, which continues its parent's trace.
+pub async fn traceparent_goes_with_the_job_and_its_follow_ups(s: Arc<dyn Store>) {
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let q = unique_queue("trace");
+    let mut nj = new_job(&q, "t");
+    nj.options.traceparent = Some(tp.into());
+    nj.options.on_failure = Some(FollowUp {
+        task: "notify".into(),
+        queue: Some(q.clone()),
+        args: serde_json::json!({}),
+    });
+    let plain = new_job(&q, "t");
+    insert_one(&*s, nj.clone()).await;
+    insert_one(&*s, plain.clone()).await;
+    let got = s.get(nj.id).await.unwrap().expect("job");
+    assert_eq!(got.traceparent.as_deref(), Some(tp));
+    let none = s.get(plain.id).await.unwrap().expect("job");
+    assert_eq!(none.traceparent, None);
+    let page = s
+        .list(
+            &JobFilter {
+                queue: Some(q.clone()),
+                ..Default::default()
+            },
+            None,
+            10,
+        )
+        .await
+        .unwrap();
+    let listed = page.jobs.iter().find(|j| j.id == nj.id).expect("listed");
+    assert_eq!(listed.traceparent.as_deref(), Some(tp));
+    let j = run_one(&*s, nj.id, "w").await;
+    assert_eq!(
+        j.traceparent.as_deref(),
+        Some(tp),
+        "the started run carries it"
+    );
+    let c = Completion {
+        id: nj.id,
+        epoch: j.epoch,
+        outcome: Outcome::Failed {
+            error: "broke".into(),
+        },
+    };
+    let r = s.complete(&[c], now()).await.unwrap();
+    let Committed::Applied { dispatch, .. } = &r[0] else {
+        panic!("{r:?}")
+    };
+    let f = s.get(dispatch[0].id).await.unwrap().expect("follow-up");
+    assert_eq!(
+        f.traceparent.as_deref(),
+        Some(tp),
+        "a follow-up continues the trace"
+    );
 }
 
 pub async fn release_counts_nothing(s: Arc<dyn Store>) {

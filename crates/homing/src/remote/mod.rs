@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::broker::{Broker, Delivery};
 use crate::events::{NewEvent, WORKER_READY, WORKER_SHUTDOWN};
-use crate::job::{JobId, JobState};
+use crate::job::{Job, JobId, JobState};
 use crate::store::{
     Committed, Completion, Lost, Outcome, RunningUnder, StartOutcome, Store, WorkerInfo,
     WorkerStatus,
@@ -148,6 +148,11 @@ pub struct ReservedJob {
     /// sees what a Rust handler's `ctx.parents()` gives.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parents: Option<std::collections::BTreeMap<String, crate::workflow::ParentRun>>,
+    /// The W3C trace context stored with the job (docs/traces.md), for the handler's own
+    /// outgoing calls. The server records the run's span itself, from the reserve and the
+    /// completion it sees.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -574,6 +579,7 @@ impl Gateway {
                             .min(u64::MAX as u128) as u64,
                         workflow: job.workflow,
                         parents: job.parents,
+                        traceparent: job.traceparent,
                         args: job.args,
                     });
                 }
@@ -650,6 +656,8 @@ impl Gateway {
         };
         let at = now();
         let mut completions = Vec::with_capacity(reports.len());
+        // Traces on: each run's span is recorded from the job as it was while it ran.
+        let mut ran: Vec<Option<Job>> = Vec::new();
         for r in reports {
             let input = decide::ReportIn {
                 kind: r.outcome,
@@ -658,11 +666,15 @@ impl Gateway {
                 retry_delay: r.retry_delay_ms.map(Duration::from_millis),
                 delay: r.delay_ms.map(Duration::from_millis),
             };
-            let job = if r.outcome == ReportKind::Error {
+            let job = if r.outcome == ReportKind::Error || crate::otel::enabled() {
                 self.store.get(r.job_id).await?
             } else {
                 None
             };
+            if crate::otel::enabled() {
+                ran.push(job.clone().filter(|j| j.epoch == r.epoch));
+            }
+            let job = job.filter(|_| r.outcome == ReportKind::Error);
             let outcome = decide::outcome(
                 &input,
                 job.as_ref(),
@@ -687,6 +699,9 @@ impl Gateway {
             match result {
                 Committed::Applied { state, dispatch } => {
                     log_applied(session, c, state);
+                    if let Some(Some(job)) = ran.get(out.len()) {
+                        crate::otel::record_run(job, crate::otel::outcome_name(&c.outcome));
+                    }
                     if let Some(name) = decide::outcome_metric(&c.outcome, state) {
                         crate::metrics::count(name, &lease.queue, &task);
                     }

@@ -341,6 +341,7 @@ pub(crate) fn buried_job(
         scheduled_tick: None,
         workflow: None,
         parents: None,
+        traceparent: None,
         unreadable: vec![
             "made dead as a last resort: only id, task, queue, worker and callback_url were read"
                 .into(),

@@ -47,7 +47,7 @@ impl SqliteStore {
 const COLUMNS: &str = "id, task, queue, state, args, result, error, attempts, crashes, epoch, \
     max_retries, max_crashes, retry_policy, time_limit_ms, idempotency_key, progress, worker, \
     created_at, scheduled_at, started_at, finished_at, cancel_requested, on_success, on_failure, \
-    callback_url, workflow, parents, priority";
+    callback_url, workflow, parents, priority, traceparent";
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(format!("corrupt {what}: {e}").into())
@@ -164,6 +164,7 @@ fn row_to_job(row: &Row<'_>) -> rusqlite::Result<Job> {
         unreadable: bad,
         workflow,
         parents,
+        traceparent: text_lossy(row, 28)?,
     };
     (job.schedule, job.scheduled_tick) = crate::schedule::tick_of(job.idempotency_key.as_deref());
     Ok(job)
@@ -257,8 +258,8 @@ pub(super) fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result
     tx.prepare_cached(
         "INSERT INTO jobs (id, task, queue, state, args, max_retries, max_crashes, retry_policy, \
          time_limit_ms, idempotency_key, created_at, scheduled_at, updated_at, on_success, on_failure, \
-         callback_url, priority, unique_key) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?11, ?13, ?14, ?15, ?16, ?17)",
+         callback_url, priority, unique_key, traceparent) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?11, ?13, ?14, ?15, ?16, ?17, ?18)",
     )?
     .execute(params![
         job.id.to_string(),
@@ -278,6 +279,7 @@ pub(super) fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result
         o.callback_url,
         o.priority.unwrap_or(0),
         unique_key,
+        o.traceparent,
     ])?;
     Ok(Inserted {
         id: job.id,

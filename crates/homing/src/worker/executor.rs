@@ -307,7 +307,9 @@ async fn run(s: Arc<Session>, r: Reserved, job: Job, slot: OwnedSemaphorePermit)
         running.stop(StopReason::Lost);
     }
     let job = Arc::new(job);
-    let ctx = Context::new(job.clone(), token.clone(), s.store.clone(), time_limit);
+    let span = crate::otel::start_run(&job);
+    let ctx = Context::new(job.clone(), token.clone(), s.store.clone(), time_limit)
+        .with_traceparent(span.as_ref().map(|s| Arc::from(s.traceparent())));
     let began = tokio::time::Instant::now();
     let mut handle = tokio::spawn(handler.call(ctx, job.args.clone()));
     enum Ended {
@@ -344,6 +346,9 @@ async fn run(s: Arc<Session>, r: Reserved, job: Job, slot: OwnedSemaphorePermit)
         // Presumed dead: the job belongs to the rescuer now. Commit nothing, ack nothing.
         (_, Some(StopReason::Lost)) => {
             committing(&s, job.id, false);
+            if let Some(span) = span {
+                span.end("lost");
+            }
             return;
         }
         (Ended::Returned(Ok(Ok(value))), _) => match crate::validate::result(&value) {
@@ -375,6 +380,9 @@ async fn run(s: Arc<Session>, r: Reserved, job: Job, slot: OwnedSemaphorePermit)
             now(),
         ),
     };
+    if let Some(span) = span {
+        span.end(crate::otel::outcome_name(&outcome));
+    }
     commit(&s, r, &job, outcome).await;
 }
 
@@ -461,6 +469,7 @@ mod tests {
             unreadable: Vec::new(),
             workflow: None,
             parents: None,
+            traceparent: None,
         }
     }
 

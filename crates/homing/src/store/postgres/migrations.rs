@@ -74,6 +74,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0013_search",
         sql: include_str!("migrations/0013_search.sql"),
     },
+    Migration {
+        version: 14,
+        name: "0014_traceparent",
+        sql: include_str!("migrations/0014_traceparent.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are

@@ -281,6 +281,7 @@ const COLUMNS: &[&str] = &[
     "workflow",
     "parents",
     "priority",
+    "traceparent",
 ];
 
 /// The job columns in `row_to_job`'s order, qualified with `alias` when it is not empty.
@@ -388,6 +389,7 @@ fn row_to_job(row: &PgRow) -> sqlx::Result<Job> {
         unreadable: bad,
         workflow,
         parents,
+        traceparent: row.try_get(28)?,
     };
     (job.schedule, job.scheduled_tick) = crate::schedule::tick_of(job.idempotency_key.as_deref());
     Ok(job)
@@ -513,6 +515,7 @@ pub(super) async fn insert_jobs(
     let mut callback_urls: Vec<Option<String>> = Vec::with_capacity(n);
     let mut priorities: Vec<i64> = Vec::with_capacity(n);
     let mut unique_keys: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut traceparents: Vec<Option<String>> = Vec::with_capacity(n);
     for &i in &send {
         let j = &jobs[i];
         let o: &JobOptions = &j.options;
@@ -543,20 +546,22 @@ pub(super) async fn insert_jobs(
         on_success.push(o.on_success.as_ref().map(to_json));
         on_failure.push(o.on_failure.as_ref().map(to_json));
         callback_urls.push(o.callback_url.clone());
+        traceparents.push(o.traceparent.clone());
     }
     let inserted: HashSet<JobId> = sqlx::query_scalar(
         "INSERT INTO homing_jobs (id, task, queue, state, args, max_retries, max_crashes, \
          retry_policy, time_limit_ms, idempotency_key, created_at, scheduled_at, updated_at, \
-         on_success, on_failure, callback_url, priority, unique_key) \
+         on_success, on_failure, callback_url, priority, unique_key, traceparent) \
          SELECT u.id, u.task, u.queue, u.state, u.args, u.max_retries, u.max_crashes, \
                 u.retry_policy, u.time_limit_ms, u.idempotency_key, u.created_at, u.scheduled_at, \
-                u.created_at, u.on_success, u.on_failure, u.callback_url, u.priority, u.unique_key \
+                u.created_at, u.on_success, u.on_failure, u.callback_url, u.priority, u.unique_key, \
+                u.traceparent \
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], \
                      $7::int8[], $8::text[], $9::int8[], $10::text[], $11::int8[], $12::int8[], \
-                     $13::text[], $14::text[], $15::text[], $16::int8[], $17::text[]) \
+                     $13::text[], $14::text[], $15::text[], $16::int8[], $17::text[], $18::text[]) \
               AS u(id, task, queue, state, args, max_retries, max_crashes, retry_policy, \
                    time_limit_ms, idempotency_key, created_at, scheduled_at, on_success, on_failure, \
-                   callback_url, priority, unique_key) \
+                   callback_url, priority, unique_key, traceparent) \
          ON CONFLICT DO NOTHING RETURNING id",
     )
     .bind(&ids)
@@ -576,6 +581,7 @@ pub(super) async fn insert_jobs(
     .bind(&callback_urls)
     .bind(&priorities)
     .bind(&unique_keys)
+    .bind(&traceparents)
     .fetch_all(&mut *conn)
     .await?
     .into_iter()
