@@ -89,6 +89,8 @@ struct Reader {
 }
 
 /// Where the broker connects.
+// One per broker: the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Client {
     Single(::redis::Client),
     /// One client for the shared connection, one (without a response timeout: a blocking read

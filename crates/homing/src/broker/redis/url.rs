@@ -14,6 +14,8 @@ use super::keys::{valid_prefix, DEFAULT_PREFIX};
 use crate::error::{Error, Result};
 
 /// What a broker URL connects to.
+// Parsed once per broker: the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Target {
     Single(ConnectionInfo),
     /// The seed nodes of a Redis Cluster.
