@@ -90,8 +90,9 @@ pub struct Cli {
 #[derive(Debug, Clone, Args)]
 pub struct Global {
     /// Where messages travel: sqlite://PATH (embedded default), redis://[:PASSWORD@]HOST:PORT/DB,
-    /// rediss://… (TLS) or redis+unix:///PATH/TO/SOCKET; `?prefix=NAME` sets the Redis key
-    /// namespace (default `homing`).
+    /// rediss://… (TLS), redis+unix:///PATH/TO/SOCKET, or a Redis Cluster's seed nodes
+    /// redis+cluster://[:PASSWORD@]HOST:PORT,HOST:PORT (rediss+cluster:// for TLS); `?prefix=NAME`
+    /// sets the Redis key namespace (default `homing`).
     #[arg(long, global = true, env = "HOMING_BROKER", default_value = homing::DEFAULT_URL, hide_env_values = true)]
     pub broker: String,
     /// Where job records live: sqlite://PATH (embedded default) or postgres://USER:PASSWORD@HOST/DB.

@@ -92,11 +92,19 @@ fn report(
     }
 }
 
-/// Whether `url` names a Redis broker (`redis://`, `rediss://`, `redis+unix://`, `unix://`).
+/// Whether `url` names a Redis broker (`redis://`, `rediss://`, `redis+unix://`, `unix://`, or a
+/// Redis Cluster's seed nodes: `redis+cluster://`, `rediss+cluster://`).
 pub fn is_redis_url(url: &str) -> bool {
-    ["redis://", "rediss://", "redis+unix://", "unix://"]
-        .iter()
-        .any(|s| url.starts_with(s))
+    [
+        "redis://",
+        "rediss://",
+        "redis+unix://",
+        "unix://",
+        "redis+cluster://",
+        "rediss+cluster://",
+    ]
+    .iter()
+    .any(|s| url.starts_with(s))
 }
 
 /// Settings of the opened backends that their URLs do not carry.
@@ -199,7 +207,8 @@ impl Backends {
         } else {
             return Err(Error::Invalid(format!(
                 "unsupported broker URL '{}': expected sqlite://PATH, redis://HOST:PORT/DB, \
-                 rediss://HOST:PORT/DB or redis+unix://PATH",
+                 rediss://HOST:PORT/DB, redis+unix://PATH or \
+                 redis+cluster://HOST:PORT,HOST:PORT",
                 redact_url(broker_url)
             )));
         };

@@ -12,6 +12,8 @@
 //! | `homing:{w}:workers` | set | every registered worker (consumer) name |
 //! | `homing:{w}:hb:<worker>` | string with a TTL | the worker's heartbeat |
 //! | `homing:marker` | string | proves the server kept its data (see `check_marker`) |
+//! | `homing:{q:<queue>}:marker` | string | Redis Cluster only: proves the queue's master kept its data |
+//! | `{homing:queues}:marker` | string | Redis Cluster only: the same for the master holding `homing:queues` (the tag is that key's whole name, so both share a slot) |
 //!
 //! The `{…}` parts are Redis Cluster hash tags: a queue's streams share one slot, so a Lua
 //! script may touch all of them; all worker keys share another, so "forget this worker unless its
@@ -107,6 +109,17 @@ impl Keys {
     pub fn marker(&self) -> String {
         format!("{}:marker", self.prefix)
     }
+
+    /// The data-loss marker of one queue, in the queue's slot (used on a cluster).
+    pub fn queue_marker(&self, queue: &str) -> String {
+        format!("{}:{{q:{queue}}}:marker", self.prefix)
+    }
+
+    /// The data-loss marker in the slot of [`Self::queues`] (used on a cluster): a key whose
+    /// hash tag is another key's whole name hashes like that key.
+    pub fn queues_marker(&self) -> String {
+        format!("{{{}}}:marker", self.queues())
+    }
 }
 
 /// A namespace may not contain braces (they would change the hash tags above), whitespace or
@@ -170,6 +183,14 @@ mod tests {
             assert!(BANDS.contains(&band(p)));
         }
         assert!(BANDS.windows(2).all(|w| w[0] > w[1]));
+    }
+
+    #[test]
+    fn markers_share_the_slot_of_what_they_guard() {
+        use ::redis::cluster_routing::Slot;
+        let k = Keys::new("homing");
+        assert_eq!(tag(&k.queue_marker("ocr")), tag(&k.stream("ocr")));
+        assert_eq!(Slot::for_key(k.queues_marker()), Slot::for_key(k.queues()));
     }
 
     #[test]

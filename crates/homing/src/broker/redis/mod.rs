@@ -28,14 +28,21 @@
 //!   re-created on `NOGROUP`, so reservations keep working.
 //! - Failures to reach the server are [`Error::Unavailable`], so callers retry; nothing here
 //!   blocks longer than a bounded timeout.
+//! - The same broker runs on a Redis Cluster (`redis+cluster://` seed nodes; docs/redis-cluster.md):
+//!   [`conn`] routes each command and script to its slot's master and splits pipelines per slot.
+//!   Blocking reads need every stream in one slot, so a consumer of several queues polls instead
+//!   of blocking there, and the data-loss marker is checked per queue (a single master can restart
+//!   empty while the others keep their data).
 
+mod conn;
 mod entry;
 pub mod keys;
 mod scripts;
 mod url;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use ::redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
+use ::redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
 use async_trait::async_trait;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -45,6 +52,7 @@ use tokio::time::Instant;
 use super::*;
 use crate::error::Error;
 use crate::time::now;
+use conn::{Batch, Conn};
 use entry::{int, items, string, Tag};
 use keys::{band, Keys, BANDS, GROUP, REQUEUED};
 use scripts::Scripts;
@@ -66,19 +74,39 @@ const CHUNK: usize = 1000;
 /// A reserving consumer's connection is closed after this long unused (consumers of sessions
 /// that ended, e.g. a worker that rejoined under a new name).
 const READER_IDLE: Duration = Duration::from_secs(300);
+/// On a cluster, how often an idle consumer of queues in several slots looks for new messages:
+/// one blocking read cannot wait on streams of different slots.
+const CLUSTER_POLL: Duration = Duration::from_millis(20);
+/// How many times a cluster command is retried (redirections, a master failing over or
+/// restarting) before the caller gets an `Unavailable`, and the longest pause between tries.
+const CLUSTER_RETRIES: u32 = 6;
+const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 400;
 
 /// A reserving consumer's own connection, opened on first use and dropped when it breaks.
 struct Reader {
-    conn: Arc<tokio::sync::Mutex<Option<MultiplexedConnection>>>,
+    conn: Arc<tokio::sync::Mutex<Option<Conn>>>,
     used: Instant,
 }
 
+/// Where the broker connects.
+// One per broker: the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Client {
+    Single(::redis::Client),
+    /// One client for the shared connection, one (without a response timeout: a blocking read
+    /// legitimately takes its `BLOCK`) for reserving consumers' own connections.
+    Cluster {
+        shared: ClusterClient,
+        reader: ClusterClient,
+    },
+}
+
 pub struct RedisBroker {
-    client: ::redis::Client,
+    client: Client,
     keys: Keys,
     /// The server's address without credentials, for logs.
     display: String,
-    manager: tokio::sync::OnceCell<ConnectionManager>,
+    manager: tokio::sync::OnceCell<Conn>,
     readers: Mutex<HashMap<String, Reader>>,
     /// Queues whose consumer group this process created or found. Only a cache: a `NOGROUP`
     /// answer empties it for the queues concerned.
@@ -150,8 +178,30 @@ impl RedisBroker {
     /// refuses our credentials, is.
     pub async fn open(url: &str) -> Result<Self> {
         let parsed = url::parse(url)?;
-        let client = ::redis::Client::open(parsed.info)
-            .map_err(|e| Error::Invalid(format!("invalid Redis URL {}: {e}", parsed.display)))?;
+        let invalid =
+            |e: RedisError| Error::Invalid(format!("invalid Redis URL {}: {e}", parsed.display));
+        let client = match parsed.target {
+            url::Target::Single(info) => {
+                Client::Single(::redis::Client::open(info).map_err(invalid)?)
+            }
+            url::Target::Cluster(seeds) => {
+                let builder = || {
+                    ClusterClientBuilder::new(seeds.clone())
+                        .connection_timeout(CONNECT_TIMEOUT)
+                        .retries(CLUSTER_RETRIES)
+                        .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS)
+                        .use_protocol(::redis::ProtocolVersion::RESP2)
+                };
+                Client::Cluster {
+                    shared: builder()
+                        .response_timeout(RESPONSE_TIMEOUT)
+                        .build()
+                        .map_err(invalid)?,
+                    // No response timeout: `read_once` bounds each blocking read itself.
+                    reader: builder().build().map_err(invalid)?,
+                }
+            }
+        };
         let broker = Self {
             client,
             keys: Keys::new(&parsed.prefix),
@@ -176,19 +226,35 @@ impl RedisBroker {
         &self.keys
     }
 
+    /// Whether the broker runs on a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.client, Client::Cluster { .. })
+    }
+
     /// The shared connection, connected on first use (and again after a failed first use).
-    async fn manager(&self) -> Result<ConnectionManager> {
+    async fn manager(&self) -> Result<Conn> {
         self.manager
             .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                    .set_response_timeout(Some(RESPONSE_TIMEOUT))
-                    // One connection attempt per reconnection: a caller waiting on it must get
-                    // an `Unavailable` promptly and retry at its own pace (every loop does).
-                    .set_number_of_retries(0);
-                let mut m = ConnectionManager::new_with_config(self.client.clone(), config)
-                    .await
-                    .map_err(err)?;
+                let mut m = match &self.client {
+                    Client::Single(client) => {
+                        let config = ConnectionManagerConfig::new()
+                            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+                            // One connection attempt per reconnection: a caller waiting on it
+                            // must get an `Unavailable` promptly and retry at its own pace
+                            // (every loop does).
+                            .set_number_of_retries(0);
+                        Conn::Manager(
+                            ConnectionManager::new_with_config(client.clone(), config)
+                                .await
+                                .map_err(err)?,
+                        )
+                    }
+                    // Reconnects to masters and refreshes the slot map by itself.
+                    Client::Cluster { shared, .. } => {
+                        Conn::Cluster(shared.get_async_connection().await.map_err(err)?)
+                    }
+                };
                 self.check_eviction_policy(&mut m).await;
                 tracing::info!(server = %self.display, "connected to the Redis broker");
                 Ok(m)
@@ -198,8 +264,8 @@ impl RedisBroker {
     }
 
     /// Redis evicting keys would silently drop messages and heartbeats: warn loudly unless the
-    /// server refuses writes instead when it is full.
-    async fn check_eviction_policy(&self, m: &mut ConnectionManager) {
+    /// server refuses writes instead when it is full. (On a cluster, one master answers.)
+    async fn check_eviction_policy(&self, m: &mut Conn) {
         let reply = ::redis::cmd("CONFIG")
             .arg("GET")
             .arg("maxmemory-policy")
@@ -233,45 +299,56 @@ impl RedisBroker {
         pipe.query_async(&mut c).await.map_err(err)
     }
 
-    /// Runs one script several times (one call per `(keys, args)`) in a single round trip.
+    /// Runs one script several times (one call per `(keys, args)`, each call's keys in one
+    /// slot) in a single round trip per slot. A server that forgot its scripts (restart) gets
+    /// the script loaded and the batch again.
     async fn eval_each(
         &self,
-        script: &Script,
+        script: &::redis::Script,
         calls: &[(Vec<String>, Vec<String>)],
     ) -> Result<Vec<Value>> {
         if calls.is_empty() {
             return Ok(Vec::new());
         }
-        let invocations: Vec<_> = calls
-            .iter()
-            .map(|(keys, args)| {
-                let mut inv = script.prepare_invoke();
-                for k in keys {
-                    inv.key(k);
-                }
-                for a in args {
-                    inv.arg(a);
-                }
-                inv
-            })
-            .collect();
-        let mut pipe = ::redis::pipe();
-        for inv in &invocations {
-            pipe.invoke_script(inv);
+        let mut batch = Batch::new();
+        for (keys, args) in calls {
+            batch.script(script, keys, args);
         }
-        let mut c = self.manager().await?;
-        match pipe.query_async::<Vec<Value>>(&mut c).await {
-            // The server forgot its scripts (restart): load this one and run the batch again.
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                script
-                    .prepare_invoke()
-                    .load_async(&mut c)
-                    .await
-                    .map_err(err)?;
-                pipe.query_async(&mut c).await.map_err(err)
+        batch.run(&self.manager().await?, Some(script)).await
+    }
+
+    /// Runs a batch of commands (one pipeline per slot on a cluster).
+    async fn run(&self, batch: Batch) -> Result<Vec<Value>> {
+        batch.run(&self.manager().await?, None).await
+    }
+
+    /// Records queues as known. On a cluster, a queue seen for the first time also gets its
+    /// own data-loss marker (see [`Broker::check_marker`]): only when `SADD` says it is new, so
+    /// a queue whose master restarted empty is not marked as if nothing happened.
+    async fn remember_queues(&self, queues: &[&str]) -> Result<()> {
+        if queues.is_empty() {
+            return Ok(());
+        }
+        let mut batch = Batch::new();
+        for q in queues {
+            let mut cmd = ::redis::cmd("SADD");
+            cmd.arg(self.keys.queues()).arg(*q);
+            batch.push(&self.keys.queues(), cmd);
+        }
+        let added = self.run(batch).await?;
+        if !self.is_cluster() {
+            return Ok(());
+        }
+        let mut markers = Batch::new();
+        for (q, v) in queues.iter().zip(&added) {
+            if int(v) == Some(1) {
+                let key = self.keys.queue_marker(q);
+                let mut cmd = ::redis::cmd("SET");
+                cmd.arg(&key).arg(now()).arg("NX");
+                markers.push(&key, cmd);
             }
-            r => r.map_err(err),
         }
+        self.run(markers).await.map(|_| ())
     }
 
     /// Every queue the broker knows, sorted.
@@ -305,18 +382,13 @@ impl RedisBroker {
             .map(|q| (self.keys.streams(q), vec![GROUP.to_string()]))
             .collect();
         self.eval_each(&self.scripts.ensure_groups, &calls).await?;
-        let mut c = self.manager().await?;
-        ::redis::cmd("SADD")
-            .arg(self.keys.queues())
-            .arg(&missing)
-            .query_async::<()>(&mut c)
-            .await
-            .map_err(err)?;
+        let names: Vec<&str> = missing.iter().map(String::as_str).collect();
+        self.remember_queues(&names).await?;
         lock(&self.groups).extend(missing);
         Ok(())
     }
 
-    fn reader(&self, consumer: &str) -> Arc<tokio::sync::Mutex<Option<MultiplexedConnection>>> {
+    fn reader(&self, consumer: &str) -> Arc<tokio::sync::Mutex<Option<Conn>>> {
         let mut readers = lock(&self.readers);
         let t = Instant::now();
         if !readers.contains_key(consumer) {
@@ -337,23 +409,31 @@ impl RedisBroker {
     /// One `XREADGROUP`, on the consumer's own connection. `block: None` does not wait.
     async fn read_once(
         &self,
-        slot: &mut Option<MultiplexedConnection>,
+        slot: &mut Option<Conn>,
         consumer: &str,
         queues: &[String],
         count: usize,
         block: Option<Duration>,
     ) -> std::result::Result<Vec<Delivery>, ReadFail> {
         if slot.is_none() {
-            // No client-side response timeout (redis-rs's default, 500 ms, is shorter than a
-            // BLOCK): the read below bounds the wait itself.
-            let config = AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                .set_response_timeout(None);
-            let conn = self
-                .client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-                .map_err(err)?;
+            let conn = match &self.client {
+                Client::Single(client) => {
+                    // No client-side response timeout (redis-rs's default, 500 ms, is shorter
+                    // than a BLOCK): the read below bounds the wait itself.
+                    let config = AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                        .set_response_timeout(None);
+                    Conn::Multiplexed(
+                        client
+                            .get_multiplexed_async_connection_with_config(&config)
+                            .await
+                            .map_err(err)?,
+                    )
+                }
+                Client::Cluster { reader, .. } => {
+                    Conn::Cluster(reader.get_async_connection().await.map_err(err)?)
+                }
+            };
             *slot = Some(conn);
         }
         let Some(conn) = slot.as_mut() else {
@@ -427,7 +507,7 @@ impl RedisBroker {
     /// [`Self::read_once`], re-creating missing groups once (after `FLUSHALL` or a restart).
     async fn read(
         &self,
-        slot: &mut Option<MultiplexedConnection>,
+        slot: &mut Option<Conn>,
         consumer: &str,
         queues: &[String],
         count: usize,
@@ -561,22 +641,31 @@ impl Broker for RedisBroker {
             return Ok(());
         }
         let queues: BTreeSet<&str> = jobs.iter().map(|j| j.queue.as_str()).collect();
-        // One round trip for the whole batch. Recording the queue every time (not once per
-        // process) keeps it known even after Redis lost its data.
-        let mut pipe = ::redis::pipe();
-        pipe.cmd("SADD")
-            .arg(self.keys.queues())
-            .arg(queues.iter().collect::<Vec<_>>())
-            .ignore();
+        // Recording the queue every time (not once per process) keeps it known even after
+        // Redis lost its data.
+        if self.is_cluster() {
+            // Per-queue markers depend on which queues are new: one more round trip.
+            self.remember_queues(&queues.iter().copied().collect::<Vec<_>>())
+                .await?;
+        }
+        // One round trip for the whole batch (one per slot on a cluster).
+        let mut batch = Batch::new();
+        if !self.is_cluster() {
+            let mut cmd = ::redis::cmd("SADD");
+            cmd.arg(self.keys.queues())
+                .arg(queues.iter().collect::<Vec<_>>());
+            batch.push(&self.keys.queues(), cmd);
+        }
         for j in jobs {
-            pipe.cmd("XADD")
-                .arg(self.keys.band_stream(&j.queue, band(j.priority)))
+            let key = self.keys.band_stream(&j.queue, band(j.priority));
+            let mut cmd = ::redis::cmd("XADD");
+            cmd.arg(&key)
                 .arg("*")
                 .arg(entry::JOB_FIELD)
-                .arg(j.id.to_string())
-                .ignore();
+                .arg(j.id.to_string());
+            batch.push(&key, cmd);
         }
-        self.query_pipe::<()>(&pipe).await
+        self.run(batch).await.map(|_| ())
     }
 
     async fn reserve(
@@ -612,6 +701,11 @@ impl Broker for RedisBroker {
             let left = deadline.saturating_duration_since(Instant::now());
             if !out.is_empty() || left.is_zero() {
                 return Ok(out);
+            }
+            if self.is_cluster() && queues.len() > 1 {
+                // Streams of several slots cannot be read by one blocking command.
+                tokio::time::sleep(left.min(CLUSTER_POLL)).await;
+                continue;
             }
             let block = left.min(BLOCK_SLICE);
             let mut out = self
@@ -826,16 +920,30 @@ impl Broker for RedisBroker {
         Ok(true)
     }
 
+    /// On a single server the one marker covers everything. On a cluster each master keeps or
+    /// loses its data on its own, so there are markers wherever messages live: one per queue (in
+    /// the queue's slot), one beside the set of known queues (losing it would hide queues from
+    /// this check), and the global one. Any missing one means "lost"; all are set again.
     async fn check_marker(&self) -> Result<bool> {
-        let set: Option<String> = self
-            .query(
-                ::redis::cmd("SET")
-                    .arg(self.keys.marker())
-                    .arg(now())
-                    .arg("NX"),
-            )
-            .await?;
-        Ok(set.is_none())
+        let mut keys = vec![self.keys.marker()];
+        if self.is_cluster() {
+            keys.push(self.keys.queues_marker());
+            keys.extend(
+                self.known_queues()
+                    .await?
+                    .iter()
+                    .map(|q| self.keys.queue_marker(q)),
+            );
+        }
+        let mut batch = Batch::new();
+        for k in &keys {
+            let mut cmd = ::redis::cmd("SET");
+            cmd.arg(k).arg(now()).arg("NX");
+            batch.push(k, cmd);
+        }
+        let replies = self.run(batch).await?;
+        // `SET … NX` answers OK when it set the key (it was missing), nil when it was there.
+        Ok(replies.iter().all(|v| matches!(v, Value::Nil)))
     }
 
     async fn depths(&self) -> Result<Vec<QueueDepth>> {
@@ -882,16 +990,18 @@ impl Broker for RedisBroker {
             return Ok(0);
         }
         let min_id = format!("{}-0", before.max(0) / 1000);
-        let mut pipe = ::redis::pipe();
+        let mut batch = Batch::new();
         for q in &queues {
-            pipe.cmd("XTRIM")
-                .arg(self.keys.dead(q))
-                .arg("MINID")
-                .arg(&min_id);
+            let key = self.keys.dead(q);
+            let mut cmd = ::redis::cmd("XTRIM");
+            cmd.arg(&key).arg("MINID").arg(&min_id);
+            batch.push(&key, cmd);
         }
-        let mut c = self.manager().await?;
-        let trimmed: Vec<u64> = pipe.query_async(&mut c).await.map_err(err)?;
-        Ok(trimmed.into_iter().sum())
+        let trimmed = self.run(batch).await?;
+        Ok(trimmed
+            .iter()
+            .map(|v| int(v).unwrap_or(0).max(0) as u64)
+            .sum())
     }
 
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>> {
@@ -899,16 +1009,14 @@ impl Broker for RedisBroker {
         if queues.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
-        let mut pipe = ::redis::pipe();
+        let mut batch = Batch::new();
         for q in &queues {
-            pipe.cmd("XREVRANGE")
-                .arg(self.keys.dead(q))
-                .arg("+")
-                .arg("-")
-                .arg("COUNT")
-                .arg(limit);
+            let key = self.keys.dead(q);
+            let mut cmd = ::redis::cmd("XREVRANGE");
+            cmd.arg(&key).arg("+").arg("-").arg("COUNT").arg(limit);
+            batch.push(&key, cmd);
         }
-        let replies: Vec<Value> = self.query_pipe(&pipe).await?;
+        let replies = self.run(batch).await?;
         let mut out = Vec::new();
         for v in replies {
             out.extend(
