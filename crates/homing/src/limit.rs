@@ -24,7 +24,8 @@ pub const MAX_KEY_ARG: usize = 200;
 /// value can be a key without growing the index.
 const MAX_KEY_TEXT: usize = 128;
 
-/// At most `count` starts in any window of `period`.
+/// At most `count` starts in each window of `period`, windows aligned to the Unix epoch
+/// ([`window_of`]): `10/1s` admits ten starts in each whole second of the clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rate {
     pub count: u32,
@@ -164,7 +165,8 @@ impl QueueLimits {
 pub struct Usage {
     /// Jobs of the queue (key) running now, including those this transaction started.
     pub running: u64,
-    /// Starts recorded for the queue (key) in the rate's window ending now.
+    /// Starts counted for the queue (key) in the rate's current window ([`counted`]),
+    /// including those this transaction granted.
     pub recent_starts: u64,
 }
 
@@ -185,9 +187,28 @@ pub fn admits(limits: &QueueLimits, usage: Usage) -> bool {
     room(limits, usage) > 0
 }
 
-/// The oldest start time that still counts against `rate` at `now`.
-pub fn window_start(rate: &Rate, now: Micros) -> Micros {
-    now.saturating_sub(rate.period_micros())
+/// The start of the rate window holding `now`: the last multiple of the period since the Unix
+/// epoch at or before it. Windows are fixed and aligned, so a store keeps one counter per
+/// (queue, key) instead of a row per start (docs/limits.md, "Rate windows").
+pub fn window_of(rate: &Rate, now: Micros) -> Micros {
+    now - now.rem_euclid(rate.period_micros().max(1))
+}
+
+/// The window a start at `now` is counted in, given the counter's stored window: the window of
+/// `now`, or the stored one if it is later (a start whose clock lags another process's is
+/// counted in the window that one already opened, never in a closed one it would reopen).
+pub fn counting_window(rate: &Rate, stored: Option<Micros>, now: Micros) -> Micros {
+    let w = window_of(rate, now);
+    stored.map_or(w, |s| s.max(w))
+}
+
+/// How many starts count against `rate` at `now`, given the stored counter `(window, count)`:
+/// its count while its window is still the counting one, else none (a new window opened).
+pub fn counted(rate: &Rate, stored: Option<(Micros, i64)>, now: Micros) -> u64 {
+    match stored {
+        Some((w, n)) if w >= window_of(rate, now) => n.max(0) as u64,
+        _ => 0,
+    }
 }
 
 #[cfg(test)]
@@ -248,6 +269,26 @@ mod tests {
         assert_eq!(room(&l, u(5, 0)), 0);
         assert!(!admits(&l, u(2, 0)));
         assert!(admits(&QueueLimits::default(), u(1_000, 1_000)));
+    }
+
+    #[test]
+    fn rate_windows_are_aligned_to_the_epoch_and_roll_over() {
+        let r = Rate::parse("10/1s").unwrap();
+        assert_eq!(window_of(&r, 0), 0);
+        assert_eq!(window_of(&r, 999_999), 0);
+        assert_eq!(window_of(&r, 1_000_000), 1_000_000);
+        assert_eq!(window_of(&r, 2_345_678), 2_000_000);
+        let m = Rate::parse("5/1m").unwrap();
+        assert_eq!(window_of(&m, 125_000_000), 120_000_000);
+        // The counter's window is current: its count holds; an older one counts nothing.
+        assert_eq!(counted(&r, Some((2_000_000, 7)), 2_500_000), 7);
+        assert_eq!(counted(&r, Some((1_000_000, 7)), 2_500_000), 0);
+        assert_eq!(counted(&r, None, 2_500_000), 0);
+        // A lagging clock counts against the later window another process opened.
+        assert_eq!(counted(&r, Some((3_000_000, 4)), 2_500_000), 4);
+        assert_eq!(counting_window(&r, Some(3_000_000), 2_500_000), 3_000_000);
+        assert_eq!(counting_window(&r, Some(1_000_000), 2_500_000), 2_000_000);
+        assert_eq!(counting_window(&r, None, 2_500_000), 2_000_000);
     }
 
     #[test]

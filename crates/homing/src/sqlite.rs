@@ -72,6 +72,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0010_enqueue_checks",
         sql: include_str!("sqlite/migrations/0010_enqueue_checks.sql"),
     },
+    Migration {
+        version: 11,
+        name: "0011_rate_windows",
+        sql: include_str!("sqlite/migrations/0011_rate_windows.sql"),
+    },
 ];
 
 /// An open database file.

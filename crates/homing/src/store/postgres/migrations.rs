@@ -64,6 +64,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0010_enqueue_checks",
         sql: include_str!("migrations/0010_enqueue_checks.sql"),
     },
+    Migration {
+        version: 11,
+        name: "0011_rate_windows",
+        sql: include_str!("migrations/0011_rate_windows.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are
