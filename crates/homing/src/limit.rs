@@ -194,19 +194,18 @@ pub fn window_of(rate: &Rate, now: Micros) -> Micros {
     now - now.rem_euclid(rate.period_micros().max(1))
 }
 
-/// The window a start at `now` is counted in, given the counter's stored window: the window of
-/// `now`, or the stored one if it is later (a start whose clock lags another process's is
-/// counted in the window that one already opened, never in a closed one it would reopen).
-pub fn counting_window(rate: &Rate, stored: Option<Micros>, now: Micros) -> Micros {
-    let w = window_of(rate, now);
-    stored.map_or(w, |s| s.max(w))
-}
-
 /// How many starts count against `rate` at `now`, given the stored counter `(window, count)`:
-/// its count while its window is still the counting one, else none (a new window opened).
+/// its count while its window is `now`'s, none once a newer window has opened, and "full"
+/// (`u64::MAX`) if the counter is already in a later window than `now`'s. That last case is a
+/// start whose clock lags the process that opened the later window: it is parked (and started
+/// again by a later pass) rather than counted in a window its start time is not in, so every
+/// granted start's `started_at` lies in the window that counted it, and no window counts more
+/// than COUNT.
 pub fn counted(rate: &Rate, stored: Option<(Micros, i64)>, now: Micros) -> u64 {
+    let current = window_of(rate, now);
     match stored {
-        Some((w, n)) if w >= window_of(rate, now) => n.max(0) as u64,
+        Some((w, n)) if w == current => n.max(0) as u64,
+        Some((w, _)) if w > current => u64::MAX,
         _ => 0,
     }
 }
@@ -284,11 +283,18 @@ mod tests {
         assert_eq!(counted(&r, Some((2_000_000, 7)), 2_500_000), 7);
         assert_eq!(counted(&r, Some((1_000_000, 7)), 2_500_000), 0);
         assert_eq!(counted(&r, None, 2_500_000), 0);
-        // A lagging clock counts against the later window another process opened.
-        assert_eq!(counted(&r, Some((3_000_000, 4)), 2_500_000), 4);
-        assert_eq!(counting_window(&r, Some(3_000_000), 2_500_000), 3_000_000);
-        assert_eq!(counting_window(&r, Some(1_000_000), 2_500_000), 2_000_000);
-        assert_eq!(counting_window(&r, None, 2_500_000), 2_000_000);
+        // A lagging clock finds the later window another process opened: no room for it.
+        assert_eq!(counted(&r, Some((3_000_000, 4)), 2_500_000), u64::MAX);
+        assert!(!admits(
+            &QueueLimits {
+                rate: Some(r),
+                ..Default::default()
+            },
+            Usage {
+                running: 0,
+                recent_starts: counted(&r, Some((3_000_000, 0)), 2_500_000)
+            }
+        ));
     }
 
     #[test]

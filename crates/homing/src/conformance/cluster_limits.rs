@@ -187,8 +187,8 @@ pub async fn rate_limit_counts_starts_in_its_window(s: Arc<dyn Store>) {
 /// Rate windows are fixed, aligned to the epoch (docs/limits.md, "Rate windows"): a batch
 /// counts each of its starts; a start late in a full window is parked however long ago the
 /// window's starts were; the next window's first instant admits COUNT again, the periodic pass
-/// unparks then and not before; a start whose clock lags the counter's window counts in that
-/// later window.
+/// unparks then and not before; a start whose clock lags the counter's window is parked (it
+/// is not counted in a window its start time is not in).
 pub async fn rate_windows_are_aligned_and_count_batches(s: Arc<dyn Store>) {
     let q = unique_queue("windows");
     let period = Duration::from_secs(60);
@@ -210,7 +210,10 @@ pub async fn rate_windows_are_aligned_and_count_batches(s: Arc<dyn Store>) {
     ran(&out[0]);
     ran(&out[1]);
     ran(&start_one_at(&*s, ids[2], w0 + p - 2).await);
-    assert_eq!(start_one_at(&*s, ids[3], w0 + p - 1).await, StartOutcome::Parked);
+    assert_eq!(
+        start_one_at(&*s, ids[3], w0 + p - 1).await,
+        StartOutcome::Parked
+    );
     let early = s.unpark_ready(w0 + p - 1, 1000).await.unwrap();
     assert!(!early.iter().any(|d| d.id == ids[3]), "{early:?}");
     // The next window opens: the pass unparks the held job, and three start again.
@@ -221,8 +224,11 @@ pub async fn rate_windows_are_aligned_and_count_batches(s: Arc<dyn Store>) {
     ran(&out[1]);
     ran(&out[2]);
     assert_eq!(out[3], StartOutcome::Parked, "a batch of 4 on a rate of 3");
-    // A lagging clock (still in the first window) counts against the later, full window.
-    assert_eq!(start_one_at(&*s, ids[7], w0 + 5).await, StartOutcome::Parked);
+    // A lagging clock (still in the first window) finds the later window opened: parked.
+    assert_eq!(
+        start_one_at(&*s, ids[7], w0 + 5).await,
+        StartOutcome::Parked
+    );
     ran(&start_one_at(&*s, ids[7], w0 + 2 * p).await);
 }
 

@@ -107,7 +107,9 @@ pub(crate) mod sqlite {
                 tx.prepare_cached(
                     "SELECT window_start, count FROM limit_windows WHERE queue = ?1 AND key = ?2",
                 )?
-                .query_row(params![queue, start_key(key)], |r| Ok((r.get(0)?, r.get(1)?)))
+                .query_row(params![queue, start_key(key)], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
                 .optional()?,
                 now,
             ),

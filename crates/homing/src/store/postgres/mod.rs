@@ -1213,8 +1213,9 @@ async fn start_tx(
             let u = match usage_here.get(&k) {
                 Some(u) => *u,
                 None => {
-                    let u = super::limits::postgres::usage(&mut tx, &job.queue, l, key.as_deref(), now)
-                        .await?;
+                    let u =
+                        super::limits::postgres::usage(&mut tx, &job.queue, l, key.as_deref(), now)
+                            .await?;
                     usage_here.insert(k, u);
                     u
                 }
@@ -1249,8 +1250,8 @@ async fn start_tx(
                 job.state = JobState::Running;
                 if let Some(l) = limits {
                     if let Some(u) = usage_here.get_mut(&(job.queue.clone(), key.clone())) {
-                        u.running += 1;
-                        u.recent_starts += 1;
+                        u.running = u.running.saturating_add(1);
+                        u.recent_starts = u.recent_starts.saturating_add(1);
                     }
                     grants.push((*id, job.queue.clone(), key.clone(), l.rate));
                 }
