@@ -161,18 +161,19 @@ pub async fn rate_limit_counts_starts_in_its_window(s: Arc<dyn Store>) {
     for n in 0..3 {
         ids.push(enqueue(&*s, &q, serde_json::json!({ "n": n })).await);
     }
-    let out = s.start(&ids, "w1", now()).await.unwrap();
+    // One instant for every start, so that the hour's window cannot roll in between.
+    let t = now();
+    let out = s.start(&ids, "w1", t).await.unwrap();
     let a = ran(&out[0]);
     let b = ran(&out[1]);
     assert_eq!(out[2], StartOutcome::Parked);
     succeed(&*s, &a).await;
     succeed(&*s, &b).await;
     assert_eq!(
-        start_one(&*s, ids[2]).await,
+        start_one_at(&*s, ids[2], t).await,
         StartOutcome::Parked,
         "still two starts in the window"
     );
-    let t = now();
     let early = s.unpark_ready(t, 1000).await.unwrap();
     assert!(!early.iter().any(|d| d.id == ids[2]), "{early:?}");
     let later = t + micros(Duration::from_secs(3601));

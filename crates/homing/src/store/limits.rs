@@ -433,16 +433,34 @@ pub(crate) mod postgres {
         .bind(&keys)
         .execute(&mut *conn)
         .await?;
-        let mut starts: Vec<((&str, &str), (Micros, i64))> = Vec::new();
+        /// A rate-limited (queue, key) of the batch: its window now, and the starts granted.
+        struct Starts<'a> {
+            queue: &'a str,
+            key: &'a str,
+            window: Micros,
+            n: i64,
+        }
+        let mut starts: Vec<Starts<'_>> = Vec::new();
         for (_, queue, key, rate) in grants {
             let Some(rate) = rate else { continue };
-            let k = (queue.as_str(), start_key(key.as_deref()));
-            match starts.iter_mut().find(|(q, _)| *q == k) {
-                Some((_, (_, n))) => *n += 1,
-                None => starts.push((k, (crate::limit::window_of(rate, now), 1))),
+            let key = start_key(key.as_deref());
+            match starts.iter_mut().find(|s| s.queue == queue && s.key == key) {
+                Some(s) => s.n += 1,
+                None => starts.push(Starts {
+                    queue,
+                    key,
+                    window: crate::limit::window_of(rate, now),
+                    n: 1,
+                }),
             }
         }
-        for ((queue, key), (window, n)) in starts {
+        for Starts {
+            queue,
+            key,
+            window,
+            n,
+        } in starts
+        {
             sqlx::query(
                 "INSERT INTO homing_limit_windows AS w (queue, key, window_start, count) \
                  VALUES ($1, $2, $3, $4) ON CONFLICT (queue, key) DO UPDATE SET \
