@@ -138,6 +138,19 @@ def test_countdown(shared: tuple[Homing, Proc, App]) -> None:
     assert app.wait(job.id, timeout=30).state == "succeeded"
 
 
+def test_priority_and_unique_for(shared: tuple[Homing, Proc, App]) -> None:
+    _, _, app = shared
+    job = app.enqueue("py.add", {"a": 5, "b": 5}, queue="py", priority=7, unique_for=60)
+    assert job.raw["priority"] == 7
+    again = app.enqueue("py.add", {"a": 5, "b": 5}, queue="py", priority=7, unique_for=60)
+    assert again.id == job.id
+    other = app.enqueue("py.add", {"a": 5, "b": 6}, queue="py", unique_for=60)
+    assert other.id != job.id
+    assert app.wait(job.id, timeout=30).state == "succeeded"
+    with pytest.raises(ValueError):
+        app.enqueue("py.add", {}, queue="py", unique_for=0)
+
+
 def test_cancel_reaches_a_running_task(shared: tuple[Homing, Proc, App]) -> None:
     h, _, app = shared
     job = app.enqueue("py.sleep", {"seconds": 30}, queue="py")

@@ -180,8 +180,9 @@ pub enum QueuesCommand {
     #[command(
         long_about = "Set a queue's cluster-wide limits, replacing its previous ones.\n\n\
         --concurrency N: at most N of the queue's jobs run at once, across every worker and \
-        server. --rate COUNT/PERIOD (e.g. 10/1s, 100/1m): at most COUNT starts in any window \
-        of PERIOD. --key-arg NAME: apply each limit per value of the jobs' top-level argument \
+        server. --rate COUNT/PERIOD (e.g. 10/1s, 100/1m): at most COUNT starts in each \
+        PERIOD-long window aligned to the Unix epoch (10/1s: ten per whole second of the clock; \
+        a stretch straddling two windows can see up to 2 x COUNT). --key-arg NAME: apply each limit per value of the jobs' top-level argument \
         NAME (e.g. --key-arg user_id --concurrency 1: at most one running job per user).\n\n\
         A job over the limit stays queued: it is not failed, spends no retry and holds no \
         worker slot; it starts when a running job of its queue (or key) finishes or, for a \
@@ -194,7 +195,7 @@ pub enum QueuesCommand {
         /// At most this many running at once (1..1000000).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
         concurrency: Option<u32>,
-        /// At most COUNT starts per PERIOD, e.g. 10/1s (period 10ms..24h).
+        /// At most COUNT starts in each aligned PERIOD window, e.g. 10/1s (period 10ms..24h).
         #[arg(long, value_name = "COUNT/PERIOD", value_parser = homing::limit::Rate::parse)]
         rate: Option<homing::limit::Rate>,
         /// Apply the limits per value of this top-level job argument.

@@ -14,6 +14,8 @@
 //! The file may also declare periodic schedules (`"schedules": [{"name", "task", "cron" or
 //! "every", ...}]`, the body of `PUT /v1/schedules/{name}` plus its name), checked when the file
 //! is read and set in the store by every process at start ([`Config::reconcile_schedules`]).
+//! Likewise queue limits (`"queues": {"bgm": {"concurrency": 1, "rate": "10/1s", "key_arg":
+//! "user_id"}}`, each the body of `PUT /v1/queues/{name}`), set by [`Config::reconcile_queues`].
 
 use anyhow::Context as _;
 use serde::Deserialize;
@@ -31,6 +33,9 @@ struct File {
     webhooks: Vec<Subscription>,
     #[serde(default)]
     schedules: Vec<serde_json::Value>,
+    /// Queue name → the body of `PUT /v1/queues/{name}`, read by [`queues_from`].
+    #[serde(default)]
+    queues: serde_json::Value,
 }
 
 /// One token of the file: a bare string (an unnamed `admin` token, as before roles existed) or
@@ -178,6 +183,37 @@ fn schedule_from(mut v: serde_json::Value) -> Result<ScheduleDef, String> {
     Ok(def)
 }
 
+/// The file's `"queues"`: each name checked as a producer's queue name, each body as the body
+/// of `PUT /v1/queues/{name}` (the same struct, so the same fields and ranges), with an error
+/// naming the queue and the field.
+fn queues_from(
+    queues: serde_json::Value,
+) -> Result<Vec<(String, homing::limit::QueueLimits)>, String> {
+    let queues = match queues {
+        serde_json::Value::Null => return Ok(Vec::new()),
+        serde_json::Value::Object(m) => m,
+        _ => return Err(
+            "queues must be a map of queue name to limits, e.g. {\"bgm\": {\"concurrency\": 1}}"
+                .into(),
+        ),
+    };
+    let mut out = Vec::with_capacity(queues.len());
+    for (name, body) in queues {
+        homing::validate::producer_queue(&name).map_err(|e| format!("queues.{name}: {e}"))?;
+        if !body.is_object() {
+            return Err(format!(
+                "queues.{name} must be an object like {{\"concurrency\": 1, \"rate\": \"10/1s\", \"key_arg\": \"user_id\"}}"
+            ));
+        }
+        let limits = serde_json::from_value::<crate::api::queues::PutQueue>(body)
+            .map_err(|e| e.to_string())
+            .and_then(|b| b.into_limits())
+            .map_err(|e| format!("queues.{name}: {e}"))?;
+        out.push((name, limits));
+    }
+    Ok(out)
+}
+
 /// The loaded configuration.
 #[derive(Debug, Clone, Default)]
 pub struct Config {
@@ -187,6 +223,8 @@ pub struct Config {
     pub webhooks: Arc<Vec<Subscription>>,
     /// Schedules declared in the file, set at every start.
     pub schedules: Vec<ScheduleDef>,
+    /// Queue limits declared in the file, set at every start.
+    pub queues: Vec<(String, homing::limit::QueueLimits)>,
 }
 
 impl Config {
@@ -230,10 +268,12 @@ impl Config {
             }
             schedules.push(def);
         }
+        let queues = queues_from(file.queues).map_err(|e| anyhow::anyhow!("HOMING_CONFIG: {e}"))?;
         Ok(Config {
             api_tokens: tokens,
             webhooks: Arc::new(webhooks),
             schedules,
+            queues,
         })
     }
 
@@ -257,6 +297,37 @@ impl Config {
                 "schedules from HOMING_CONFIG set"
             );
         }
+        Ok(())
+    }
+
+    /// Sets the file's queue limits in the store, replacing a queue's previous ones, and only
+    /// where they differ: a change unparks the queue's held jobs (the reconciler publishes
+    /// them), which a restart with the same file should not do. A queue removed from the file
+    /// keeps its limits until `homing queues limit Q --clear`, as schedules do.
+    pub async fn reconcile_queues(&self, store: &dyn homing::store::Store) -> anyhow::Result<()> {
+        if self.queues.is_empty() {
+            return Ok(());
+        }
+        let stored = store.queue_settings().await?;
+        let mut changed = 0;
+        for (name, limits) in &self.queues {
+            let now = stored.iter().find(|q| &q.queue == name).map(|q| &q.limits);
+            if now == Some(limits) || (now.is_none() && !limits.is_limited()) {
+                continue;
+            }
+            store
+                .set_limits(name, limits, homing::time::now())
+                .await
+                .with_context(|| {
+                    format!("setting the limits of queue '{name}' from HOMING_CONFIG")
+                })?;
+            changed += 1;
+        }
+        tracing::info!(
+            queues = self.queues.len(),
+            changed,
+            "queue limits from HOMING_CONFIG set"
+        );
         Ok(())
     }
 
@@ -295,6 +366,56 @@ mod tests {
 
     fn parse(text: &str) -> Vec<serde_json::Value> {
         serde_json::from_str::<File>(text).unwrap().api_tokens
+    }
+
+    fn queues(text: &str) -> Result<Vec<(String, homing::limit::QueueLimits)>, String> {
+        queues_from(
+            serde_json::from_str::<File>(text)
+                .map_err(|e| e.to_string())?
+                .queues,
+        )
+    }
+
+    #[test]
+    fn queue_limits_are_read_like_the_put_body() {
+        let q = queues(
+            r#"{"queues": {"bgm": {"concurrency": 1}, "mail": {"rate": "10/1s", "key_arg": "user_id"}, "free": {}}}"#,
+        )
+        .unwrap();
+        let get = |n: &str| q.iter().find(|(name, _)| name == n).unwrap().1.clone();
+        assert_eq!(get("bgm").concurrency, Some(1));
+        assert_eq!(get("mail").rate.unwrap().to_string(), "10/1s");
+        assert_eq!(get("mail").key_arg.as_deref(), Some("user_id"));
+        assert!(!get("free").is_limited());
+        for (text, names) in [
+            (
+                r#"{"queues": {"bgm": {"concurrency": 0}}}"#,
+                ["queues.bgm", "concurrency"],
+            ),
+            (
+                r#"{"queues": {"bgm": {"rate": "ten"}}}"#,
+                ["queues.bgm", "rate"],
+            ),
+            (
+                r#"{"queues": {"bgm": {"paused": true}}}"#,
+                ["queues.bgm", "paused"],
+            ),
+            (
+                r#"{"queues": {"bgm": {"key_arg": "u"}}}"#,
+                ["queues.bgm", "key_arg"],
+            ),
+            (r#"{"queues": {"bgm": 1}}"#, ["queues.bgm", "object"]),
+            (
+                r#"{"queues": {"homing.x": {"concurrency": 1}}}"#,
+                ["queues.homing.x", "homing"],
+            ),
+            (r#"{"queues": [1]}"#, ["queues", "map"]),
+        ] {
+            let e = queues(text).expect_err(text);
+            for n in names {
+                assert!(e.contains(n), "{text}: {e} should name {n}");
+            }
+        }
     }
 
     #[test]

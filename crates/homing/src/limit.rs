@@ -24,7 +24,8 @@ pub const MAX_KEY_ARG: usize = 200;
 /// value can be a key without growing the index.
 const MAX_KEY_TEXT: usize = 128;
 
-/// At most `count` starts in any window of `period`.
+/// At most `count` starts in each window of `period`, windows aligned to the Unix epoch
+/// ([`window_of`]): `10/1s` admits ten starts in each whole second of the clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rate {
     pub count: u32,
@@ -164,7 +165,8 @@ impl QueueLimits {
 pub struct Usage {
     /// Jobs of the queue (key) running now, including those this transaction started.
     pub running: u64,
-    /// Starts recorded for the queue (key) in the rate's window ending now.
+    /// Starts counted for the queue (key) in the rate's current window ([`counted`]),
+    /// including those this transaction granted.
     pub recent_starts: u64,
 }
 
@@ -185,9 +187,27 @@ pub fn admits(limits: &QueueLimits, usage: Usage) -> bool {
     room(limits, usage) > 0
 }
 
-/// The oldest start time that still counts against `rate` at `now`.
-pub fn window_start(rate: &Rate, now: Micros) -> Micros {
-    now.saturating_sub(rate.period_micros())
+/// The start of the rate window holding `now`: the last multiple of the period since the Unix
+/// epoch at or before it. Windows are fixed and aligned, so a store keeps one counter per
+/// (queue, key) instead of a row per start (docs/limits.md, "Rate windows").
+pub fn window_of(rate: &Rate, now: Micros) -> Micros {
+    now - now.rem_euclid(rate.period_micros().max(1))
+}
+
+/// How many starts count against `rate` at `now`, given the stored counter `(window, count)`:
+/// its count while its window is `now`'s, none once a newer window has opened, and "full"
+/// (`u64::MAX`) if the counter is already in a later window than `now`'s. That last case is a
+/// start whose clock lags the process that opened the later window: it is parked (and started
+/// again by a later pass) rather than counted in a window its start time is not in, so every
+/// granted start's `started_at` lies in the window that counted it, and no window counts more
+/// than COUNT.
+pub fn counted(rate: &Rate, stored: Option<(Micros, i64)>, now: Micros) -> u64 {
+    let current = window_of(rate, now);
+    match stored {
+        Some((w, n)) if w == current => n.max(0) as u64,
+        Some((w, _)) if w > current => u64::MAX,
+        _ => 0,
+    }
 }
 
 #[cfg(test)]
@@ -248,6 +268,33 @@ mod tests {
         assert_eq!(room(&l, u(5, 0)), 0);
         assert!(!admits(&l, u(2, 0)));
         assert!(admits(&QueueLimits::default(), u(1_000, 1_000)));
+    }
+
+    #[test]
+    fn rate_windows_are_aligned_to_the_epoch_and_roll_over() {
+        let r = Rate::parse("10/1s").unwrap();
+        assert_eq!(window_of(&r, 0), 0);
+        assert_eq!(window_of(&r, 999_999), 0);
+        assert_eq!(window_of(&r, 1_000_000), 1_000_000);
+        assert_eq!(window_of(&r, 2_345_678), 2_000_000);
+        let m = Rate::parse("5/1m").unwrap();
+        assert_eq!(window_of(&m, 125_000_000), 120_000_000);
+        // The counter's window is current: its count holds; an older one counts nothing.
+        assert_eq!(counted(&r, Some((2_000_000, 7)), 2_500_000), 7);
+        assert_eq!(counted(&r, Some((1_000_000, 7)), 2_500_000), 0);
+        assert_eq!(counted(&r, None, 2_500_000), 0);
+        // A lagging clock finds the later window another process opened: no room for it.
+        assert_eq!(counted(&r, Some((3_000_000, 4)), 2_500_000), u64::MAX);
+        assert!(!admits(
+            &QueueLimits {
+                rate: Some(r),
+                ..Default::default()
+            },
+            Usage {
+                running: 0,
+                recent_starts: counted(&r, Some((3_000_000, 0)), 2_500_000)
+            }
+        ));
     }
 
     #[test]

@@ -218,12 +218,17 @@ class App:
         queue: Optional[str] = None,
         countdown: Optional[float] = None,
         idempotency_key: Optional[str] = None,
+        priority: Optional[int] = None,
+        unique_for: Optional[float] = None,
         options: Optional[dict[str, Any]] = None,
         traceparent: Optional[str] = None,
     ) -> Job:
         """Enqueues a job of any homing task (Rust or Python), by name or `Task`. `countdown`
         delays its first run by that many seconds. With an `idempotency_key` already used, the
-        existing job is returned. Without `queue`, a task this App defines goes to its own queue,
+        existing job is returned. `priority` (-1000..1000, default 0): higher starts first within
+        the queue. `unique_for` (seconds): while an equal job (same task, queue and args, also
+        enqueued with `unique_for`) is waiting or running, or finished less than that long ago,
+        that job is returned instead of a new one (docs/limits.md). Without `queue`, a task this App defines goes to its own queue,
         any other task to the server's default. `options` adds other fields of `POST /v1/jobs`
         as they are (`max_retries`, `time_limit`, `on_success`, `on_failure`, `callback_url`...).
         `traceparent` (a W3C trace context) makes the job's enqueue and runs part of that trace
@@ -246,6 +251,12 @@ class App:
             body["countdown"] = millis(countdown)
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
+        if priority is not None:
+            body["priority"] = priority
+        if unique_for is not None:
+            if unique_for <= 0:
+                raise ValueError("unique_for must be > 0 seconds")
+            body["unique_for"] = millis(unique_for)
         tp = traceparent if traceparent is not None else current_traceparent()
         headers = {"traceparent": tp} if tp else None
         return Job.from_json(self.http().call("POST", "/v1/jobs", body, headers=headers))

@@ -12,7 +12,7 @@ mod audit;
 mod events;
 pub mod jobs;
 mod metrics;
-mod queues;
+pub mod queues;
 mod remote;
 pub mod schedules;
 mod stats;

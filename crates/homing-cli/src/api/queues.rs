@@ -46,6 +46,19 @@ pub struct PutQueue {
     key_arg: Option<String>,
 }
 
+impl PutQueue {
+    /// The limits the body sets, checked as at every door.
+    pub fn into_limits(self) -> Result<homing::limit::QueueLimits, String> {
+        let limits = homing::limit::QueueLimits {
+            concurrency: self.concurrency,
+            rate: self.rate,
+            key_arg: self.key_arg,
+        };
+        limits.check()?;
+        Ok(limits)
+    }
+}
+
 pub async fn put(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -53,12 +66,7 @@ pub async fn put(
 ) -> Result<Response, ApiError> {
     homing::validate::producer_queue(&name).map_err(ApiError::bad_request)?;
     let Json(body) = body?;
-    let limits = homing::limit::QueueLimits {
-        concurrency: body.concurrency,
-        rate: body.rate,
-        key_arg: body.key_arg,
-    };
-    limits.check().map_err(ApiError::bad_request)?;
+    let limits = body.into_limits().map_err(ApiError::bad_request)?;
     state.client.set_queue_limits(&name, &limits).await?;
     get(State(state), Path(name)).await
 }

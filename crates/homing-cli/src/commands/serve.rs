@@ -148,6 +148,7 @@ pub async fn up(g: &Global, a: UpArgs) -> anyhow::Result<ExitCode> {
     let registry = tasks::registry(&pipelines);
     let backends = open(g, true).await?;
     config.reconcile_schedules(&*backends.store).await?;
+    config.reconcile_queues(&*backends.store).await?;
     let stop = signals::shutdown_token();
     let heartbeat = a.tuning.heartbeat_interval;
     let mut config_w = worker_config(a.queues.clone(), &a.tuning, true)?;
@@ -192,6 +193,7 @@ pub async fn server(g: &Global, a: ServerArgs) -> anyhow::Result<ExitCode> {
     let pipelines = crate::pipelines::configured(g)?;
     let backends = open(g, true).await?;
     config.reconcile_schedules(&*backends.store).await?;
+    config.reconcile_queues(&*backends.store).await?;
     let stop = signals::shutdown_token();
     let mc = MaintenanceConfig {
         rescue_interval: a.rescue_interval,
@@ -231,6 +233,7 @@ pub async fn worker(g: &Global, a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let pipelines = crate::pipelines::configured(g)?;
     let backends = open(g, true).await?;
     config.reconcile_schedules(&*backends.store).await?;
+    config.reconcile_queues(&*backends.store).await?;
     let stop = signals::shutdown_token();
     let heartbeat = a.tuning.heartbeat_interval;
     let mut bridge = super::celery::Bridge::new(

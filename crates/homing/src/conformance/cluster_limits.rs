@@ -17,7 +17,8 @@ macro_rules! cluster_limits_conformance {
     ($make:expr) => {
         $crate::__conformance_cases!(cluster_limits, $make;
             concurrency_limit_parks_and_a_release_unparks, key_limit_partitions_by_argument,
-            rate_limit_counts_starts_in_its_window, a_rescue_frees_the_slot,
+            rate_limit_counts_starts_in_its_window, rate_windows_are_aligned_and_count_batches,
+            a_rescue_frees_the_slot,
             concurrent_starts_never_exceed_the_limit, limits_are_shown_changed_and_cleared,
             failure_retry_and_cancel_free_the_slot
         );
@@ -160,18 +161,19 @@ pub async fn rate_limit_counts_starts_in_its_window(s: Arc<dyn Store>) {
     for n in 0..3 {
         ids.push(enqueue(&*s, &q, serde_json::json!({ "n": n })).await);
     }
-    let out = s.start(&ids, "w1", now()).await.unwrap();
+    // One instant for every start, so that the hour's window cannot roll in between.
+    let t = now();
+    let out = s.start(&ids, "w1", t).await.unwrap();
     let a = ran(&out[0]);
     let b = ran(&out[1]);
     assert_eq!(out[2], StartOutcome::Parked);
     succeed(&*s, &a).await;
     succeed(&*s, &b).await;
     assert_eq!(
-        start_one(&*s, ids[2]).await,
+        start_one_at(&*s, ids[2], t).await,
         StartOutcome::Parked,
         "still two starts in the window"
     );
-    let t = now();
     let early = s.unpark_ready(t, 1000).await.unwrap();
     assert!(!early.iter().any(|d| d.id == ids[2]), "{early:?}");
     let later = t + micros(Duration::from_secs(3601));
@@ -181,6 +183,58 @@ pub async fn rate_limit_counts_starts_in_its_window(s: Arc<dyn Store>) {
         s.start(&[ids[2]], "w1", later).await.unwrap()[0],
         StartOutcome::Run(_)
     ));
+}
+
+/// Rate windows are fixed, aligned to the epoch (docs/limits.md, "Rate windows"): a batch
+/// counts each of its starts; a start late in a full window is parked however long ago the
+/// window's starts were; the next window's first instant admits COUNT again, the periodic pass
+/// unparks then and not before; a start whose clock lags the counter's window is parked (it
+/// is not counted in a window its start time is not in).
+pub async fn rate_windows_are_aligned_and_count_batches(s: Arc<dyn Store>) {
+    let q = unique_queue("windows");
+    let period = Duration::from_secs(60);
+    let rate = Rate { count: 3, period };
+    let limits = QueueLimits {
+        rate: Some(rate),
+        ..Default::default()
+    };
+    let p = micros(period);
+    // A window in the future of every other case's clock, so none of them can touch it.
+    let w0 = crate::limit::window_of(&rate, now()) + 100 * p;
+    s.set_limits(&q, &limits, now()).await.unwrap();
+    let mut ids = Vec::new();
+    for n in 0..8 {
+        ids.push(enqueue(&*s, &q, serde_json::json!({ "n": n })).await);
+    }
+    // Two in one batch at the window's start, one more near its end: the third is the last.
+    let out = s.start(&ids[0..2], "w1", w0).await.unwrap();
+    ran(&out[0]);
+    ran(&out[1]);
+    ran(&start_one_at(&*s, ids[2], w0 + p - 2).await);
+    assert_eq!(
+        start_one_at(&*s, ids[3], w0 + p - 1).await,
+        StartOutcome::Parked
+    );
+    let early = s.unpark_ready(w0 + p - 1, 1000).await.unwrap();
+    assert!(!early.iter().any(|d| d.id == ids[3]), "{early:?}");
+    // The next window opens: the pass unparks the held job, and three start again.
+    let ready = s.unpark_ready(w0 + p, 1000).await.unwrap();
+    assert!(ready.iter().any(|d| d.id == ids[3]), "{ready:?}");
+    let out = s.start(&ids[3..7], "w1", w0 + p).await.unwrap();
+    ran(&out[0]);
+    ran(&out[1]);
+    ran(&out[2]);
+    assert_eq!(out[3], StartOutcome::Parked, "a batch of 4 on a rate of 3");
+    // A lagging clock (still in the first window) finds the later window opened: parked.
+    assert_eq!(
+        start_one_at(&*s, ids[7], w0 + 5).await,
+        StartOutcome::Parked
+    );
+    ran(&start_one_at(&*s, ids[7], w0 + 2 * p).await);
+}
+
+async fn start_one_at(s: &dyn Store, id: JobId, at: crate::time::Micros) -> StartOutcome {
+    s.start(&[id], "w1", at).await.expect("start").remove(0)
 }
 
 /// A worker that dies holding the only slot: the rescue that reclaims its job frees the slot

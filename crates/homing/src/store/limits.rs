@@ -100,28 +100,28 @@ pub(crate) mod sqlite {
                 )?
                 .query_row([queue, k], |r| r.get(0))?,
         };
-        let recent: i64 = match &limits.rate {
+        let recent = match &limits.rate {
             None => 0,
-            Some(rate) => {
-                let from = crate::limit::window_start(rate, now);
+            Some(rate) => crate::limit::counted(
+                rate,
                 tx.prepare_cached(
-                    "DELETE FROM limit_starts WHERE queue = ?1 AND key = ?2 AND at <= ?3",
+                    "SELECT window_start, count FROM limit_windows WHERE queue = ?1 AND key = ?2",
                 )?
-                .execute(params![queue, start_key(key), from])?;
-                tx.prepare_cached(
-                    "SELECT COUNT(*) FROM limit_starts WHERE queue = ?1 AND key = ?2 AND at > ?3",
-                )?
-                .query_row(params![queue, start_key(key), from], |r| r.get(0))?
-            }
+                .query_row(params![queue, start_key(key)], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()?,
+                now,
+            ),
         };
         Ok(Usage {
             running: running.max(0) as u64,
-            recent_starts: recent.max(0) as u64,
+            recent_starts: recent,
         })
     }
 
     /// Records a granted start: the job's key (what the running count reads) and, for a rate,
-    /// the start itself.
+    /// one more start in its window's counter.
     pub(crate) fn granted(
         tx: &rusqlite::Connection,
         id: &str,
@@ -132,9 +132,19 @@ pub(crate) mod sqlite {
     ) -> rusqlite::Result<()> {
         tx.prepare_cached("UPDATE jobs SET limit_key = ?2, parked = 0 WHERE id = ?1")?
             .execute(params![id, key])?;
-        if limits.rate.is_some() {
-            tx.prepare_cached("INSERT INTO limit_starts (queue, key, at) VALUES (?1, ?2, ?3)")?
-                .execute(params![queue, start_key(key), now])?;
+        if let Some(rate) = &limits.rate {
+            tx.prepare_cached(
+                "INSERT INTO limit_windows (queue, key, window_start, count) \
+                 VALUES (?1, ?2, ?3, 1) ON CONFLICT (queue, key) DO UPDATE SET \
+                 count = CASE WHEN window_start >= excluded.window_start \
+                   THEN count + 1 ELSE 1 END, \
+                 window_start = MAX(window_start, excluded.window_start)",
+            )?
+            .execute(params![
+                queue,
+                start_key(key),
+                crate::limit::window_of(rate, now)
+            ])?;
         }
         Ok(())
     }
@@ -206,9 +216,12 @@ pub(crate) mod sqlite {
         now: Micros,
         limit: usize,
     ) -> rusqlite::Result<Vec<ToPublish>> {
+        // A counter whose window has ended counts nothing (`crate::limit::counted`): forgetting
+        // it changes no decision, and keeps the table at one row per active key.
         tx.prepare_cached(
-            "DELETE FROM limit_starts WHERE at <= ?1 - COALESCE((SELECT q.rate_period_us \
-             FROM queues q WHERE q.name = limit_starts.queue AND q.rate_count IS NOT NULL), 0)",
+            "DELETE FROM limit_windows WHERE window_start <= ?1 - COALESCE((\
+               SELECT q.rate_period_us FROM queues q WHERE q.name = limit_windows.queue \
+               AND q.rate_count IS NOT NULL), 0)",
         )?
         .execute([now])?;
         let mut out = Vec::new();
@@ -379,55 +392,88 @@ pub(crate) mod postgres {
             .fetch_one(&mut *conn)
             .await?
         };
-        let recent: i64 = match &limits.rate {
+        let recent = match &limits.rate {
             None => 0,
             Some(rate) => {
-                let from = crate::limit::window_start(rate, now);
-                sqlx::query(
-                    "DELETE FROM homing_limit_starts WHERE queue = $1 AND key = $2 AND at <= $3",
+                let stored: Option<(i64, i64)> = sqlx::query_as(
+                    "SELECT window_start, count FROM homing_limit_windows \
+                     WHERE queue = $1 AND key = $2",
                 )
                 .bind(queue)
                 .bind(start_key(key))
-                .bind(from)
-                .execute(&mut *conn)
+                .fetch_optional(&mut *conn)
                 .await?;
-                sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM homing_limit_starts WHERE queue = $1 AND key = $2 \
-                     AND at > $3",
-                )
-                .bind(queue)
-                .bind(start_key(key))
-                .bind(from)
-                .fetch_one(&mut *conn)
-                .await?
+                crate::limit::counted(rate, stored, now)
             }
         };
         Ok(Usage {
             running: running.max(0) as u64,
-            recent_starts: recent.max(0) as u64,
+            recent_starts: recent,
         })
     }
 
-    /// Records granted starts: each job's key, and a rate's starts.
+    /// Records a batch's granted starts: each job's key (one statement for the batch), and for
+    /// each rate-limited (queue, key) its number of starts added to its window's counter (one
+    /// statement per key: `count += k` for k starts).
     pub(crate) async fn granted(
         conn: &mut PgConnection,
-        grants: &[(JobId, String, Option<String>, bool)],
+        grants: &[(JobId, String, Option<String>, Option<Rate>)],
         now: Micros,
     ) -> sqlx::Result<()> {
-        for (id, queue, key, rate) in grants {
-            sqlx::query("UPDATE homing_jobs SET limit_key = $2, parked = false WHERE id = $1")
-                .bind(id)
-                .bind(key.as_deref())
-                .execute(&mut *conn)
-                .await?;
-            if *rate {
-                sqlx::query("INSERT INTO homing_limit_starts (queue, key, at) VALUES ($1, $2, $3)")
-                    .bind(queue)
-                    .bind(start_key(key.as_deref()))
-                    .bind(now)
-                    .execute(&mut *conn)
-                    .await?;
+        if grants.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<JobId> = grants.iter().map(|g| g.0).collect();
+        let keys: Vec<Option<String>> = grants.iter().map(|g| g.2.clone()).collect();
+        sqlx::query(
+            "UPDATE homing_jobs j SET limit_key = g.key, parked = false \
+             FROM UNNEST($1::uuid[], $2::text[]) AS g(id, key) WHERE j.id = g.id",
+        )
+        .bind(&ids)
+        .bind(&keys)
+        .execute(&mut *conn)
+        .await?;
+        /// A rate-limited (queue, key) of the batch: its window now, and the starts granted.
+        struct Starts<'a> {
+            queue: &'a str,
+            key: &'a str,
+            window: Micros,
+            n: i64,
+        }
+        let mut starts: Vec<Starts<'_>> = Vec::new();
+        for (_, queue, key, rate) in grants {
+            let Some(rate) = rate else { continue };
+            let key = start_key(key.as_deref());
+            match starts.iter_mut().find(|s| s.queue == queue && s.key == key) {
+                Some(s) => s.n += 1,
+                None => starts.push(Starts {
+                    queue,
+                    key,
+                    window: crate::limit::window_of(rate, now),
+                    n: 1,
+                }),
             }
+        }
+        for Starts {
+            queue,
+            key,
+            window,
+            n,
+        } in starts
+        {
+            sqlx::query(
+                "INSERT INTO homing_limit_windows AS w (queue, key, window_start, count) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (queue, key) DO UPDATE SET \
+                 count = CASE WHEN w.window_start >= EXCLUDED.window_start \
+                   THEN w.count + EXCLUDED.count ELSE EXCLUDED.count END, \
+                 window_start = GREATEST(w.window_start, EXCLUDED.window_start)",
+            )
+            .bind(queue)
+            .bind(key)
+            .bind(window)
+            .bind(n)
+            .execute(&mut *conn)
+            .await?;
         }
         Ok(())
     }
@@ -515,15 +561,17 @@ pub(crate) mod postgres {
     }
 
     /// The limited, running queues' names (for [`unpark_queue`]); also unparks, up to `limit`,
-    /// parked jobs of queues nothing holds any more, and forgets old rate starts.
+    /// parked jobs of queues nothing holds any more, and forgets ended rate windows.
     pub(crate) async fn unpark_unheld(
         conn: &mut PgConnection,
         now: Micros,
         limit: usize,
     ) -> sqlx::Result<(Vec<ToPublish>, Vec<String>)> {
+        // A counter whose window has ended counts nothing: forgetting it changes no decision.
         sqlx::query(
-            "DELETE FROM homing_limit_starts s USING homing_queues q WHERE q.name = s.queue \
-             AND s.at <= $1 - COALESCE(q.rate_period_us, 0)",
+            "DELETE FROM homing_limit_windows w WHERE w.window_start <= $1 - COALESCE((\
+               SELECT q.rate_period_us FROM homing_queues q WHERE q.name = w.queue \
+               AND q.rate_count IS NOT NULL), 0)",
         )
         .bind(now)
         .execute(&mut *conn)

@@ -65,6 +65,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0010_enqueue_checks.sql"),
     },
     Migration {
+        version: 11,
+        name: "0011_rate_windows",
+        sql: include_str!("migrations/0011_rate_windows.sql"),
+    },
+    Migration {
         version: 12,
         name: "0012_stats",
         sql: include_str!("migrations/0012_stats.sql"),

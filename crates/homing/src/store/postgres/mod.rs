@@ -1184,9 +1184,10 @@ async fn start_tx(
     lock_workflows_of(&mut tx, ids).await?;
     let limited = super::limits::postgres::lock_limited(&mut tx, ids).await?;
     let mut jobs = lock_jobs(&mut tx, ids).await?;
-    // What this batch has granted per (queue, key), not yet written: counted with the store's.
-    let mut granted_here: HashMap<(String, Option<String>), u64> = HashMap::new();
-    let mut grants: Vec<(JobId, String, Option<String>, bool)> = Vec::new();
+    // What the store counted per (queue, key), once per batch (the queue's row lock keeps it
+    // true until the commit), plus what this batch has granted, not yet written.
+    let mut usage_here: HashMap<(String, Option<String>), crate::limit::Usage> = HashMap::new();
+    let mut grants: Vec<(JobId, String, Option<String>, Option<crate::limit::Rate>)> = Vec::new();
     // Read after the jobs are locked, in this transaction: a pause committed before it is seen.
     let queues: Vec<String> = jobs
         .values()
@@ -1216,14 +1217,17 @@ async fn start_tx(
         let key = limits.and_then(|l| l.key_of(&job.args));
         let mut full = false;
         if let Some(l) = limits {
-            let mut u =
-                super::limits::postgres::usage(&mut tx, &job.queue, l, key.as_deref(), now).await?;
-            let here = granted_here
-                .get(&(job.queue.clone(), key.clone()))
-                .copied()
-                .unwrap_or(0);
-            u.running += here;
-            u.recent_starts += here;
+            let k = (job.queue.clone(), key.clone());
+            let u = match usage_here.get(&k) {
+                Some(u) => *u,
+                None => {
+                    let u =
+                        super::limits::postgres::usage(&mut tx, &job.queue, l, key.as_deref(), now)
+                            .await?;
+                    usage_here.insert(k, u);
+                    u
+                }
+            };
             full = !crate::limit::admits(l, u);
         }
         let gate = transition::QueueGate {
@@ -1253,10 +1257,11 @@ async fn start_tx(
                 // would.
                 job.state = JobState::Running;
                 if let Some(l) = limits {
-                    *granted_here
-                        .entry((job.queue.clone(), key.clone()))
-                        .or_default() += 1;
-                    grants.push((*id, job.queue.clone(), key.clone(), l.rate.is_some()));
+                    if let Some(u) = usage_here.get_mut(&(job.queue.clone(), key.clone())) {
+                        u.running = u.running.saturating_add(1);
+                        u.recent_starts = u.recent_starts.saturating_add(1);
+                    }
+                    grants.push((*id, job.queue.clone(), key.clone(), l.rate));
                 }
                 to_run.push(*id);
                 decisions.push(Decision::Run(*id));
