@@ -39,6 +39,10 @@ pub use migrations::{Migration, MIGRATIONS};
 
 const BACKEND: &str = "postgres";
 
+/// Commits one worker may have in flight (of the pool's ten connections by default): each
+/// waits for its own WAL flush, and PostgreSQL flushes commits that wait together in one go.
+const COMMITS_IN_FLIGHT: usize = 4;
+
 /// Pool and timeout settings.
 #[derive(Debug, Clone)]
 pub struct PgOptions {
@@ -1464,6 +1468,11 @@ fn dispatch_rows(rows: Vec<PgRow>) -> sqlx::Result<Vec<ToPublish>> {
 
 #[async_trait]
 impl Store for PgStore {
+    /// A commit waits for its WAL flush: several on separate connections flush together.
+    fn commits_in_flight(&self) -> usize {
+        COMMITS_IN_FLIGHT
+    }
+
     fn kind(&self) -> &'static str {
         BACKEND
     }
