@@ -48,7 +48,10 @@ async fn a_publish_in_another_process_rings_the_waiting_reservation() {
     let bell_dir = dir.path().join("homing.db.doorbell");
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::fs::read_dir(&bell_dir).map_or(0, |d| d.count()) == 0 {
-        assert!(Instant::now() < deadline, "the waiter never bound its doorbell");
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never bound its doorbell"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let job = new_job(&q, "t");

@@ -79,13 +79,11 @@ impl Doorbell {
     }
 
     fn bind(&self) -> Option<(PathBuf, tokio::net::UnixDatagram)> {
-        let path = self.dir.join(format!(
-            "{}-{:08x}",
-            std::process::id(),
-            fastrand::u32(..)
-        ));
-        let bound = std::fs::create_dir_all(&self.dir)
-            .and_then(|_| tokio::net::UnixDatagram::bind(&path));
+        let path = self
+            .dir
+            .join(format!("{}-{:08x}", std::process::id(), fastrand::u32(..)));
+        let bound =
+            std::fs::create_dir_all(&self.dir).and_then(|_| tokio::net::UnixDatagram::bind(&path));
         match bound {
             Ok(sock) => Some((path, sock)),
             Err(e) => {

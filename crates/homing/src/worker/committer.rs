@@ -92,7 +92,11 @@ async fn gather(s: &Session, rx: &mut mpsc::Receiver<Item>, batch: &mut Vec<Item
         if batch.len() >= MAX_BATCH || turns >= LINGER_TURNS || since.elapsed() >= LINGER {
             return;
         }
-        let running = !s.running.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+        let running = !s
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
         if !running {
             return;
         }
@@ -219,8 +223,7 @@ async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
         }
     }
     if !acked {
-        let deliveries: Vec<Delivery> =
-            all.into_iter().filter(|d| !unstored.contains(d)).collect();
+        let deliveries: Vec<Delivery> = all.into_iter().filter(|d| !unstored.contains(d)).collect();
         retrying(s, done, "acknowledging messages", || {
             s.broker.ack(&deliveries)
         })
