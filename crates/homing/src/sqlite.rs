@@ -6,6 +6,8 @@
 //! write lock up front (`BEGIN IMMEDIATE`) so that two processes never deadlock upgrading a read
 //! lock, and wait out each other with a busy timeout instead of failing.
 
+mod doorbell;
+
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -103,6 +105,8 @@ pub struct Db {
     readers: Mutex<Vec<Connection>>,
     /// Wakes reservations in this process as soon as a message is published here.
     pub(crate) published: tokio::sync::Notify,
+    /// Wakes reservations in other processes on the same file (a hint: they poll anyway).
+    pub(crate) doorbell: doorbell::Doorbell,
 }
 
 impl std::fmt::Debug for Db {
@@ -210,10 +214,11 @@ impl Db {
         let migrated = migrate(&writer).map_err(map_err)?;
         Ok(Arc::new(Db {
             migrated,
-            path,
             writer: Mutex::new(writer),
             readers: Mutex::new(Vec::new()),
             published: tokio::sync::Notify::new(),
+            doorbell: doorbell::Doorbell::new(&path),
+            path,
         }))
     }
 

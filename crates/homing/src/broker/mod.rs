@@ -55,6 +55,13 @@ pub trait Broker: Send + Sync + 'static {
     /// A short name for logs and errors (`sqlite`, `redis`).
     fn kind(&self) -> &'static str;
 
+    /// The embedded SQLite file this broker keeps its messages in, if any (see
+    /// [`crate::store::Store::embedded_db`]).
+    #[cfg(feature = "sqlite")]
+    fn embedded_db(&self) -> Option<&std::sync::Arc<crate::sqlite::Db>> {
+        None
+    }
+
     /// Appends one message per job to its queue.
     ///
     /// Crash contract: a crash may publish a prefix of the batch; the store still lists the

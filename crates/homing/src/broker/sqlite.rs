@@ -1,7 +1,7 @@
 //! The broker on the embedded SQLite file: a `messages` table in which a message is either ready
 //! (`consumer IS NULL`) or reserved by one consumer, and a `heartbeats` table of expiry times.
 //! SQLite cannot block on a read, so reservation polls briefly, and is woken at once by a publish
-//! made in the same process.
+//! made in the same process, or rung by one made in another (`crate::sqlite::doorbell`).
 //!
 //! Messages carry their job's priority: a reservation takes the highest first, then the oldest.
 //!
@@ -19,17 +19,25 @@ use super::*;
 use crate::sqlite::Db;
 use crate::time::{micros, now};
 
-/// How often an idle reservation looks for new messages published by another process.
+/// How often an idle reservation looks for new messages published by another process whose
+/// doorbell ring it missed.
 const POLL: Duration = Duration::from_millis(5);
 
 #[derive(Debug, Clone)]
 pub struct SqliteBroker {
     db: Arc<Db>,
+    poll: Duration,
 }
 
 impl SqliteBroker {
     pub fn new(db: Arc<Db>) -> Self {
-        Self { db }
+        Self { db, poll: POLL }
+    }
+
+    /// Sets how often an idle reservation polls the file (the fallback for a missed ring).
+    pub fn with_poll(mut self, poll: Duration) -> Self {
+        self.poll = poll.max(Duration::from_millis(1));
+        self
     }
 
     async fn try_reserve(
@@ -116,7 +124,7 @@ fn parse_tag(tag: &str) -> Option<(i64, i64)> {
     Some((id.parse().ok()?, gen.parse().ok()?))
 }
 
-fn tags(deliveries: &[Delivery]) -> Vec<(i64, i64)> {
+pub(crate) fn tags(deliveries: &[Delivery]) -> Vec<(i64, i64)> {
     deliveries
         .iter()
         .filter_map(|d| parse_tag(&d.tag))
@@ -125,6 +133,10 @@ fn tags(deliveries: &[Delivery]) -> Vec<(i64, i64)> {
 
 #[async_trait]
 impl Broker for SqliteBroker {
+    fn embedded_db(&self) -> Option<&Arc<Db>> {
+        Some(&self.db)
+    }
+
     fn kind(&self) -> &'static str {
         "sqlite"
     }
@@ -146,6 +158,7 @@ impl Broker for SqliteBroker {
             })
             .await?;
         self.db.published.notify_waiters();
+        self.db.doorbell.ring();
         Ok(())
     }
 
@@ -167,9 +180,12 @@ impl Broker for SqliteBroker {
             if !got.is_empty() || tokio::time::Instant::now() >= deadline {
                 return Ok(got);
             }
-            let nap = POLL.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            let nap = self
+                .poll
+                .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
             tokio::select! {
                 _ = notified => {}
+                _ = self.db.doorbell.rung() => {}
                 _ = tokio::time::sleep(nap) => {}
             }
         }
@@ -211,6 +227,7 @@ impl Broker for SqliteBroker {
             .await?;
         if n > 0 {
             self.db.published.notify_waiters();
+            self.db.doorbell.ring();
         }
         Ok(n)
     }

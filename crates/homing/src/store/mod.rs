@@ -489,6 +489,20 @@ pub trait Store: Send + Sync + 'static {
     /// A short name for logs and errors (`sqlite`, `postgres`).
     fn kind(&self) -> &'static str;
 
+    /// How many [`Store::complete`] calls one worker may have in flight at once. One for a store
+    /// with a single writer; more where a commit mostly waits for its own log flush and
+    /// separate connections overlap those waits (docs/fastpath.md).
+    fn commits_in_flight(&self) -> usize {
+        1
+    }
+
+    /// The embedded SQLite file this store lives in, if any: a broker in the same file lets the
+    /// committer acknowledge in the commit's own transaction.
+    #[cfg(feature = "sqlite")]
+    fn embedded_db(&self) -> Option<&std::sync::Arc<crate::sqlite::Db>> {
+        None
+    }
+
     /// Inserts new jobs, each `queued` (undispatched) or `scheduled` when `run_at` is in the
     /// future. A job whose idempotency key already exists is not inserted; the existing job is
     /// returned with `existed = true`.

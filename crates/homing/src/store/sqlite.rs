@@ -528,6 +528,32 @@ fn transit(
     Ok(Some((after, publish)))
 }
 
+/// Commits outcomes and acknowledges `acks` (messages of the SQLite broker in this same file) in
+/// one transaction: the worker's commit and its late ack become one write. All or nothing; an
+/// error leaves the caller to take the ordinary path ([`Store::complete`], then the broker's
+/// ack), which isolates a completion the store cannot write.
+pub(crate) async fn complete_and_ack(
+    db: &Arc<Db>,
+    done: &[Completion],
+    acks: &[crate::broker::Delivery],
+    now: Micros,
+) -> Result<Vec<Committed>> {
+    let done = done.to_vec();
+    let acks = crate::broker::sqlite::tags(acks);
+    db.write(move |tx| {
+        let out = done
+            .iter()
+            .map(|c| complete_one(tx, c, now))
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let mut st = tx.prepare_cached("DELETE FROM messages WHERE id = ?1 AND generation = ?2")?;
+        for (id, gen) in &acks {
+            st.execute([id, gen])?;
+        }
+        Ok(out)
+    })
+    .await
+}
+
 fn complete_one(tx: &Transaction<'_>, c: &Completion, now: Micros) -> rusqlite::Result<Committed> {
     let change = transition::complete(&c.outcome);
     let sid = c.id.to_string();
@@ -888,6 +914,10 @@ fn parse_id(s: String) -> rusqlite::Result<JobId> {
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn embedded_db(&self) -> Option<&Arc<Db>> {
+        Some(&self.db)
+    }
+
     fn kind(&self) -> &'static str {
         "sqlite"
     }

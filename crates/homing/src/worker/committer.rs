@@ -2,11 +2,21 @@
 //! section 4, steps 4–5). Completions that arrive together are committed in one store
 //! transaction and acknowledged in one broker call: batching is what makes full state tracking
 //! cheap.
+//!
+//! Batches come from time and load, not from the number of slots (docs/fastpath.md): the
+//! committer takes whatever has arrived, and while handlers of this session are still running it
+//! yields for a few scheduler turns (at most [`LINGER`]) so that jobs finishing together commit
+//! together. A store that overlaps transactions well (PostgreSQL, whose commit waits for its WAL
+//! flush) gets several batches in flight at once, each on its own connection; the next batch
+//! gathers meanwhile. When the broker lives in the store's own SQLite file, the acknowledgement
+//! is written in the commit's transaction. A batch's reservations are given back together, after
+//! its acknowledgement, so the fetcher reserves one batch, not one message at a time.
 
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::Session;
 use crate::broker::Delivery;
@@ -17,6 +27,12 @@ use crate::time::now;
 
 /// Most completions committed in one transaction.
 const MAX_BATCH: usize = 512;
+
+/// Longest a batch waits for handlers still running to finish and join it.
+const LINGER: Duration = Duration::from_micros(200);
+
+/// Most scheduler turns a batch yields for while it lingers.
+const LINGER_TURNS: u32 = 8;
 
 /// One delivery to finish: commit its completion (if any), then acknowledge its message.
 pub(crate) struct Item {
@@ -30,20 +46,62 @@ pub(crate) struct Item {
 }
 
 pub(crate) async fn run(s: Arc<Session>, mut rx: mpsc::Receiver<Item>, done: CancellationToken) {
+    let in_flight = Arc::new(Semaphore::new(s.store.commits_in_flight().max(1)));
+    let commits = TaskTracker::new();
     loop {
         let first = tokio::select! {
             biased;
-            x = rx.recv() => match x { Some(x) => x, None => return },
-            _ = done.cancelled() => match rx.try_recv() { Ok(x) => x, Err(_) => return },
+            x = rx.recv() => match x { Some(x) => x, None => break },
+            _ = done.cancelled() => match rx.try_recv() { Ok(x) => x, Err(_) => break },
         };
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(x) => batch.push(x),
-                Err(_) => break,
-            }
+        gather(&s, &mut rx, &mut batch).await;
+        // Waiting for a free commit lets the batch grow meanwhile.
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            break;
+        };
+        top_up(&mut rx, &mut batch);
+        let (s2, done2) = (s.clone(), done.clone());
+        commits.spawn(async move {
+            commit(&s2, batch, &done2).await;
+            drop(permit);
+        });
+    }
+    commits.close();
+    commits.wait().await;
+}
+
+/// Takes what is waiting, without waiting.
+fn top_up(rx: &mut mpsc::Receiver<Item>, batch: &mut Vec<Item>) {
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(x) => batch.push(x),
+            Err(_) => break,
         }
-        commit(&s, batch, &done).await;
+    }
+}
+
+/// Grows a batch with what arrives while handlers of this session are still running, for a
+/// few scheduler turns and at most [`LINGER`]: jobs that end together commit together, and a
+/// long job costs the batch no more than that.
+async fn gather(s: &Session, rx: &mut mpsc::Receiver<Item>, batch: &mut Vec<Item>) {
+    let since = std::time::Instant::now();
+    let mut turns = 0;
+    loop {
+        top_up(rx, batch);
+        if batch.len() >= MAX_BATCH || turns >= LINGER_TURNS || since.elapsed() >= LINGER {
+            return;
+        }
+        let running = !s
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        if !running {
+            return;
+        }
+        tokio::task::yield_now().await;
+        turns += 1;
     }
 }
 
@@ -88,13 +146,44 @@ async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
     let _answered = Answered(s, completions.iter().map(|c| c.id).collect());
     let mut to_dispatch: Vec<ToPublish> = Vec::new();
     let mut unstored: Vec<Delivery> = Vec::new();
-    if !completions.is_empty() {
-        let Some(results) = retrying(s, done, "committing outcomes", || {
-            s.store.complete(&completions, now())
+    let all: Vec<Delivery> = batch.iter().map(|i| i.delivery.clone()).collect();
+    // Broker and store in one SQLite file: the acknowledgement goes in the commit's own
+    // transaction, one write instead of two. A batch the combined write refuses for its data
+    // takes the ordinary path below, which isolates the culprit.
+    let mut acked = false;
+    let mut early: Option<Vec<Committed>> = None;
+    #[cfg(feature = "sqlite")]
+    if let Some(db) = shared_db(s) {
+        let combined = retrying(s, done, "committing outcomes", || async {
+            match crate::store::sqlite::complete_and_ack(&db, &completions, &all, now()).await {
+                Ok(r) => Ok(Some(r)),
+                Err(e) if !e.is_transient() => Ok(None),
+                Err(e) => Err(e),
+            }
         })
-        .await
-        else {
-            return;
+        .await;
+        match combined {
+            None => return,
+            Some(Some(r)) => {
+                acked = true;
+                early = Some(r);
+            }
+            Some(None) => {}
+        }
+    }
+    if !completions.is_empty() {
+        let results = match early {
+            Some(r) => r,
+            None => {
+                let Some(r) = retrying(s, done, "committing outcomes", || {
+                    s.store.complete(&completions, now())
+                })
+                .await
+                else {
+                    return;
+                };
+                r
+            }
         };
         let items = batch.iter().filter(|i| i.completion.is_some());
         for ((item, c), r) in items.zip(&completions).zip(results) {
@@ -133,16 +222,38 @@ async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
             tracing::warn!(error = %e, "could not hand back a message; the rescuer will");
         }
     }
-    let deliveries: Vec<Delivery> = batch
-        .iter()
-        .map(|i| i.delivery.clone())
-        .filter(|d| !unstored.contains(d))
-        .collect();
-    retrying(s, done, "acknowledging messages", || {
-        s.broker.ack(&deliveries)
-    })
-    .await;
-    drop(batch);
+    if !acked {
+        let deliveries: Vec<Delivery> = all.into_iter().filter(|d| !unstored.contains(d)).collect();
+        retrying(s, done, "acknowledging messages", || {
+            s.broker.ack(&deliveries)
+        })
+        .await;
+    }
+    release_together(batch);
+}
+
+/// Gives a batch's reservations back in one step: one by one, the fetcher (woken by the first)
+/// could reserve a single message before the others are free, and batches would shrink to one.
+fn release_together(batch: Vec<Item>) {
+    let mut held: Option<OwnedSemaphorePermit> = None;
+    for item in batch {
+        if let Some(p) = item.reservation {
+            match held.as_mut() {
+                Some(h) => h.merge(p),
+                None => held = Some(p),
+            }
+        }
+    }
+    drop(held);
+}
+
+/// The SQLite file both the store and the broker live in, if they share one.
+#[cfg(feature = "sqlite")]
+fn shared_db(s: &Session) -> Option<Arc<crate::sqlite::Db>> {
+    match (s.store.embedded_db(), s.broker.embedded_db()) {
+        (Some(a), Some(b)) if Arc::ptr_eq(a, b) => Some(a.clone()),
+        _ => None,
+    }
 }
 
 /// Unmarks a batch's jobs as committing when the batch is done with, on every path out.

@@ -41,6 +41,12 @@ pub use migrations::{Migration, MIGRATIONS};
 
 const BACKEND: &str = "postgres";
 
+/// Commits one worker may have in flight (of the pool's ten connections by default). Each waits
+/// for its own WAL flush and PostgreSQL can flush commits that wait together in one go, but on
+/// this project's test machine four in flight measured slower (smaller batches, more flushes:
+/// BENCHMARKS.md, "The fast path at the defaults"), so it stays at one until that is understood.
+const COMMITS_IN_FLIGHT: usize = 1;
+
 /// Pool and timeout settings.
 #[derive(Debug, Clone)]
 pub struct PgOptions {
@@ -1477,6 +1483,11 @@ fn dispatch_rows(rows: Vec<PgRow>) -> sqlx::Result<Vec<ToPublish>> {
 
 #[async_trait]
 impl Store for PgStore {
+    /// A commit waits for its WAL flush: several on separate connections flush together.
+    fn commits_in_flight(&self) -> usize {
+        COMMITS_IN_FLIGHT
+    }
+
     fn kind(&self) -> &'static str {
         BACKEND
     }

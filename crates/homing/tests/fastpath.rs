@@ -1,0 +1,219 @@
+//! The worker's fast path (docs/fastpath.md) keeps its promises: the embedded broker's doorbell
+//! wakes a reservation waiting in another process's connection long before its poll would, and
+//! the committer's batching by load (several commits in flight on PostgreSQL, the ack folded into
+//! the commit on the embedded file) never lets a worker hold more than its concurrency in
+//! reserved or running jobs. Deadlines, never speeds, are asserted.
+
+mod support;
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use homing::broker::sqlite::SqliteBroker;
+use homing::broker::Broker;
+use homing::conformance::{new_job, unique_queue};
+use homing::sqlite::Db;
+use homing::store::{Store, ToPublish};
+use homing::{
+    Client, Context, EnqueueRequest, JobState, Registry, TaskDefaults, Worker, WorkerConfig,
+};
+use serde_json::{json, Value};
+
+/// A reservation waiting on one connection to the file is woken by a publish committed through
+/// another (what a separate process does), although its poll interval is a minute: the doorbell
+/// rang. Without it the reservation would sleep out its whole wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_in_another_process_rings_the_waiting_reservation() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("homing.db");
+    // Two opens of one file share nothing in memory: no in-process wakeup between them.
+    let waiting = SqliteBroker::new(Db::open(&path).unwrap()).with_poll(Duration::from_secs(60));
+    let publishing = SqliteBroker::new(Db::open(&path).unwrap());
+    let q = unique_queue("bell");
+    let qs = vec![q.clone()];
+
+    let began = Instant::now();
+    let reserve = tokio::spawn(async move {
+        waiting
+            .reserve("w1", &qs, 1, Duration::from_secs(60))
+            .await
+            .unwrap()
+    });
+    // The waiter binds its socket on its first wait: give it that first look (an empty queue)
+    // before publishing. A publish before it only costs the poll, which this test would see.
+    let bell_dir = dir.path().join("homing.db.doorbell");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_dir(&bell_dir).map_or(0, |d| d.count()) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never bound its doorbell"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let job = new_job(&q, "t");
+    publishing
+        .publish(&[ToPublish {
+            id: job.id,
+            queue: q.clone(),
+            priority: 0,
+        }])
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(30), reserve)
+        .await
+        .expect("the reservation slept through the ring (it would have waited for its 60 s poll)")
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].job, Ok(job.id));
+    assert!(began.elapsed() < Duration::from_secs(50));
+}
+
+/// A socket left behind by a process that died is removed by the next ring, and ringing it
+/// never fails the publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_process_doorbell_is_swept_and_harmless() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("homing.db");
+    let bell_dir = dir.path().join("homing.db.doorbell");
+    std::fs::create_dir_all(&bell_dir).unwrap();
+    let stale = bell_dir.join("999999-deadbeef");
+    // Bound, then closed: the file stays, nobody reads it (a killed process's socket).
+    drop(std::os::unix::net::UnixDatagram::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let broker = SqliteBroker::new(Db::open(&path).unwrap());
+    let q = unique_queue("stale");
+    broker
+        .publish(&[ToPublish {
+            id: new_job(&q, "t").id,
+            queue: q.clone(),
+            priority: 0,
+        }])
+        .await
+        .unwrap();
+    assert!(!stale.exists(), "the dead socket was not swept");
+    let got = broker
+        .reserve("w", &[q], 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+}
+
+/// Runs `jobs` no-op jobs on one worker of concurrency `conc` while sampling the broker: the
+/// messages it holds reserved never exceed `conc`, nor do the handlers running at once, and
+/// every job succeeds.
+async fn at_risk_bound_holds(broker: Arc<dyn Broker>, store: Arc<dyn Store>, conc: usize) {
+    let q = unique_queue("bound");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most_inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Registry::new();
+    {
+        let (inside, most_inside) = (inside.clone(), most_inside.clone());
+        tasks.register_fn(
+            "t.noop",
+            TaskDefaults::default(),
+            move |_c: Context, _a: Value| {
+                let (inside, most_inside) = (inside.clone(), most_inside.clone());
+                async move {
+                    let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most_inside.fetch_max(n, Ordering::SeqCst);
+                    // Some jobs take a moment, so that batches of different sizes overlap.
+                    if n % 3 == 0 {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    Ok(json!(null))
+                }
+            },
+        );
+    }
+    let worker = Worker::new(
+        broker.clone(),
+        store.clone(),
+        tasks,
+        WorkerConfig {
+            queues: vec![q.clone()],
+            concurrency: conc,
+            heartbeat_interval: Duration::from_millis(500),
+            maintenance: false,
+            ..WorkerConfig::default()
+        },
+    );
+    let stop = homing::CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+
+    let client = Client::new(broker.clone(), store.clone());
+    let reqs: Vec<EnqueueRequest> = (0..600)
+        .map(|i| {
+            let mut r = EnqueueRequest::new("t.noop", json!({ "i": i }));
+            r.options.queue = Some(q.clone());
+            r
+        })
+        .collect();
+    let ids: Vec<_> = client
+        .enqueue_many(reqs)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+
+    let mut most_reserved = 0;
+    let mut samples = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let depth = broker.depths().await.unwrap();
+        let reserved = depth
+            .iter()
+            .find(|d| d.queue == q)
+            .map_or(0, |d| d.reserved);
+        most_reserved = most_reserved.max(reserved);
+        samples += 1;
+        let ready = depth.iter().find(|d| d.queue == q).map_or(0, |d| d.ready);
+        if ready == 0 && reserved == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the jobs were not drained");
+        tokio::task::yield_now().await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for id in &ids {
+        loop {
+            let j = store.get(*id).await.unwrap().unwrap();
+            if j.state == JobState::Succeeded {
+                break;
+            }
+            assert!(Instant::now() < deadline, "job {id} left {}", j.state);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    assert!(samples > 1);
+    assert!(
+        most_reserved as usize <= conc,
+        "the worker held {most_reserved} messages at once with concurrency {conc}"
+    );
+    assert!(most_inside.load(Ordering::SeqCst) <= conc);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_worker_never_holds_more_than_its_concurrency() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/homing.db", dir.path().display());
+    let b = homing::Backends::open(&url, &url).await.unwrap();
+    at_risk_bound_holds(b.broker, b.store, 4).await;
+}
+
+/// PostgreSQL gets several commits in flight at once: still never more than the concurrency
+/// reserved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_postgres_worker_never_holds_more_than_its_concurrency() {
+    let pg = support::postgres::server().fresh_database().await;
+    let redis = redis_server::shared().url(&redis_server::unique_prefix("fastpath"));
+    let b = homing::Backends::open(&redis, &pg).await.unwrap();
+    at_risk_bound_holds(b.broker, b.store, 4).await;
+}
