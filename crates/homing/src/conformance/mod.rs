@@ -13,8 +13,8 @@ pub mod limits;
 pub mod poison;
 pub mod queues;
 pub mod schedules;
-pub mod stats;
 pub mod search;
+pub mod stats;
 pub mod store;
 pub mod workflows;
 
