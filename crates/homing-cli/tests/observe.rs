@@ -75,6 +75,9 @@ async fn every_route_but_healthz_needs_a_token() {
         "/",
         "/dashboard/app.js",
         "/dashboard/style.css",
+        "/dashboard/charts.js",
+        "/dashboard/vendor/uplot.min.js",
+        "/dashboard/vendor/uplot.min.css",
         "/dashboard/views.js",
     ];
     let mut protected = 0;

@@ -72,6 +72,48 @@ async fn a_publish_in_another_process_rings_the_waiting_reservation() {
     assert!(began.elapsed() < Duration::from_secs(50));
 }
 
+/// A runtime without its I/O driver (a library user's `enable_time()` only) cannot register the
+/// doorbell's socket: the reservation falls back to polling and finds a published job, instead
+/// of the panic taking the worker down, and leaves no socket file behind.
+#[test]
+fn without_an_io_driver_the_reservation_polls_instead_of_panicking() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_time()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("homing.db");
+    let q = unique_queue("noio");
+    let got = rt.block_on(async {
+        let waiting =
+            SqliteBroker::new(Db::open(&path).unwrap()).with_poll(Duration::from_millis(20));
+        let publishing = SqliteBroker::new(Db::open(&path).unwrap());
+        let qs = vec![q.clone()];
+        let reserve = tokio::spawn(async move {
+            waiting
+                .reserve("w1", &qs, 1, Duration::from_secs(20))
+                .await
+                .unwrap()
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let job = new_job(&q, "t");
+        publishing
+            .publish(&[ToPublish {
+                id: job.id,
+                queue: q.clone(),
+                priority: 0,
+            }])
+            .await
+            .unwrap();
+        (job.id, reserve.await.expect("the reservation panicked"))
+    });
+    assert_eq!(got.1.len(), 1);
+    assert_eq!(got.1[0].job, Ok(got.0));
+    let left = std::fs::read_dir(dir.path().join("homing.db.doorbell")).map_or(0, |d| d.count());
+    assert_eq!(left, 0, "a socket file was left behind");
+}
+
 /// A socket left behind by a process that died is removed by the next ring, and ringing it
 /// never fails the publish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -82,11 +82,21 @@ impl Doorbell {
         let path = self
             .dir
             .join(format!("{}-{:08x}", std::process::id(), fastrand::u32(..)));
-        let bound =
-            std::fs::create_dir_all(&self.dir).and_then(|_| tokio::net::UnixDatagram::bind(&path));
+        let bound = std::fs::create_dir_all(&self.dir)
+            .and_then(|_| std::os::unix::net::UnixDatagram::bind(&path))
+            .and_then(|s| s.set_nonblocking(true).map(|_| s))
+            .and_then(|s| {
+                // A runtime built without its I/O driver (a library user's `enable_time()` only)
+                // panics on registration; such a worker waits by polling instead of dying.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    tokio::net::UnixDatagram::from_std(s)
+                }))
+                .unwrap_or_else(|_| Err(std::io::Error::other("the runtime has no I/O driver")))
+            });
         match bound {
             Ok(sock) => Some((path, sock)),
             Err(e) => {
+                let _ = std::fs::remove_file(&path);
                 tracing::debug!(dir = %self.dir.display(), error = %e, "no doorbell for this database file; waiting by polling");
                 None
             }
