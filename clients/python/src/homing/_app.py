@@ -228,9 +228,10 @@ class App:
         existing job is returned. `priority` (-1000..1000, default 0): higher starts first within
         the queue. `unique_for` (seconds): while an equal job (same task, queue and args, also
         enqueued with `unique_for`) is waiting or running, or finished less than that long ago,
-        that job is returned instead of a new one (docs/limits.md). Without `queue`, a task this App defines goes to its own queue,
-        any other task to the server's default. `options` adds other fields of `POST /v1/jobs`
-        as they are (`max_retries`, `time_limit`, `on_success`, `on_failure`, `callback_url`...).
+        that job is returned instead of a new one (docs/limits.md). Without `queue`, a task this
+        App defines goes to its own queue, any other task to the server's default. `options`
+        adds other fields of `POST /v1/jobs` as they are (`max_retries`, `time_limit`,
+        `on_success`, `on_failure`, `callback_url`...).
         `traceparent` (a W3C trace context) makes the job's enqueue and runs part of that trace
         (docs/traces.md); without it, the current OpenTelemetry context is sent when the
         `opentelemetry` package is installed and a span is active."""
