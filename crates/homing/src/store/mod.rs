@@ -649,9 +649,22 @@ pub trait Store: Send + Sync + 'static {
 
     async fn get_by_key(&self, idempotency_key: &str) -> Result<Option<Job>>;
 
-    /// Jobs matching `filter`, newest first, at most `limit`, after `cursor`.
-    async fn list(&self, filter: &JobFilter, cursor: Option<&str>, limit: usize)
-        -> Result<JobPage>;
+    /// Jobs matching `filter`, newest first, at most `limit`, after `cursor`: the search below
+    /// with only its state, queue and task fields.
+    async fn list(
+        &self,
+        filter: &JobFilter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<JobPage> {
+        let search = crate::search::JobSearch {
+            state: filter.state,
+            queue: filter.queue.clone(),
+            task: filter.task.clone(),
+            ..Default::default()
+        };
+        self.search(&search, cursor, limit).await
+    }
 
     /// Jobs matching every field of `search` (docs/operate.md), newest first (by id), at most
     /// `limit`, after `cursor` (a job id): keyset paging, so a page costs the same deep in the

@@ -1303,50 +1303,6 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn list(
-        &self,
-        filter: &JobFilter,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<JobPage> {
-        if let Some(c) = cursor {
-            if c.parse::<JobId>().is_err() {
-                return Err(Error::Invalid(format!("invalid cursor '{c}'")));
-            }
-        }
-        let filter = filter.clone();
-        let cursor = cursor.map(str::to_string);
-        let limit = limit.clamp(1, 1000);
-        self.db
-            .read(move |c| {
-                let mut sql = format!("SELECT {COLUMNS} FROM jobs WHERE 1 = 1");
-                let mut args: Vec<String> = Vec::new();
-                if let Some(s) = filter.state {
-                    args.push(s.as_str().into());
-                    sql += &format!(" AND state = ?{}", args.len());
-                }
-                if let Some(q) = &filter.queue {
-                    args.push(q.clone());
-                    sql += &format!(" AND queue = ?{}", args.len());
-                }
-                if let Some(t) = &filter.task {
-                    args.push(t.clone());
-                    sql += &format!(" AND task = ?{}", args.len());
-                }
-                if let Some(cur) = &cursor {
-                    args.push(cur.clone());
-                    sql += &format!(" AND id < ?{}", args.len());
-                }
-                sql += &format!(" ORDER BY id DESC LIMIT {}", limit + 1);
-                let mut st = c.prepare(&sql)?;
-                let jobs = st
-                    .query_map(rusqlite::params_from_iter(args.iter()), row_to_job)?
-                    .collect::<rusqlite::Result<Vec<Job>>>()?;
-                Ok(JobPage::cut(jobs, limit))
-            })
-            .await
-    }
-
     async fn search(
         &self,
         search: &crate::search::JobSearch,

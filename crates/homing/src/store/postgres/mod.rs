@@ -1945,55 +1945,6 @@ impl Store for PgStore {
         .await
     }
 
-    async fn list(
-        &self,
-        filter: &JobFilter,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<JobPage> {
-        let cursor = match cursor {
-            Some(c) => Some(
-                c.parse::<JobId>()
-                    .map_err(|_| Error::Invalid(format!("invalid cursor '{c}'")))?,
-            ),
-            None => None,
-        };
-        let limit = limit.clamp(1, 1000);
-        self.call(async {
-            let mut sql = format!("SELECT {} FROM homing_jobs WHERE true", columns(""));
-            let mut texts: Vec<String> = Vec::new();
-            for (col, v) in [
-                ("state", filter.state.map(|s| s.as_str().to_string())),
-                ("queue", filter.queue.clone()),
-                ("task", filter.task.clone()),
-            ] {
-                if let Some(v) = v {
-                    texts.push(v);
-                    sql += &format!(" AND {col} = ${}", texts.len());
-                }
-            }
-            if cursor.is_some() {
-                sql += &format!(" AND id < ${}", texts.len() + 1);
-            }
-            sql += &format!(" ORDER BY id DESC LIMIT {}", limit + 1);
-            let mut q = sqlx::query(AssertSqlSafe(sql));
-            for t in &texts {
-                q = q.bind(t);
-            }
-            if let Some(c) = cursor {
-                q = q.bind(c);
-            }
-            let jobs = q
-                .fetch_all(&self.pool)
-                .await?
-                .iter()
-                .map(row_to_job)
-                .collect::<sqlx::Result<Vec<Job>>>()?;
-            Ok(JobPage::cut(jobs, limit))
-        })
-        .await
-    }
-
     async fn search(
         &self,
         search: &crate::search::JobSearch,
