@@ -274,6 +274,11 @@ pub struct HttpArgs {
     /// of docs/charts.md; 100ms-1h).
     #[arg(long, env = "HOMING_STATS_INTERVAL", default_value = "15s", value_parser = duration_in(100 * MS, HOUR))]
     pub stats_interval: Duration,
+    /// How long one call of a bulk action (`POST /v1/jobs/retry|cancel|delete`) works before it
+    /// answers what it did so far and the cursor to go on from (docs/bulk.md); at most a
+    /// quarter of --request-timeout is used, so a bulk call is never cut by it.
+    #[arg(long, env = "HOMING_BULK_PART", default_value = "10s", value_parser = duration_in(MS, HOUR))]
+    pub bulk_part: Duration,
 }
 
 impl HttpArgs {

@@ -94,6 +94,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0014_traceparent",
         sql: include_str!("sqlite/migrations/0014_traceparent.sql"),
     },
+    Migration {
+        version: 18,
+        name: "0018_bulk",
+        sql: include_str!("sqlite/migrations/0018_bulk.sql"),
+    },
 ];
 
 /// An open database file.

@@ -347,6 +347,9 @@ pub async fn workers(g: &Global, a: WorkersArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// How long the CLI's bulk action works between two progress lines.
+const BULK_PART: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A bulk action from the CLI: counts the matching jobs, asks for confirmation on a terminal
 /// (refuses without --yes when nobody can answer), then runs it and prints what it did.
 async fn run_bulk(
@@ -385,7 +388,33 @@ async fn run_bulk(
             return Ok(ExitCode::FAILURE);
         }
     }
-    let done = client.bulk(action, &filter).await?;
+    // In parts of a few seconds, each committed before the next, so a long action shows its
+    // progress and, if it is stopped, says truthfully how far it got (docs/bulk.md).
+    let mut done = homing::bulk::Outcome::default();
+    let mut cursor: Option<String> = None;
+    loop {
+        let part = match client
+            .bulk_part(action, &filter, cursor.as_deref(), BULK_PART)
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => anyhow::bail!(
+                "{verb} stopped after {} jobs: {e}; running the same command again is safe and finishes it",
+                done.count
+            ),
+        };
+        done.count += part.done.count;
+        done.skipped += part.done.skipped;
+        match part.next {
+            Some(c) => {
+                if !out.json {
+                    eprintln!("{verb}: {} jobs so far…", done.count);
+                }
+                cursor = Some(c);
+            }
+            None => break,
+        }
+    }
     if out.json {
         output::json(&serde_json::json!({
             "action": verb,
