@@ -274,6 +274,11 @@ pub struct HttpArgs {
     /// of docs/charts.md; 100ms-1h).
     #[arg(long, env = "HOMING_STATS_INTERVAL", default_value = "15s", value_parser = duration_in(100 * MS, HOUR))]
     pub stats_interval: Duration,
+    /// How long one call of a bulk action (`POST /v1/jobs/retry|cancel|delete`) works before it
+    /// answers what it did so far and the cursor to go on from (docs/bulk.md); at most a
+    /// quarter of --request-timeout is used, so a bulk call is never cut by it.
+    #[arg(long, env = "HOMING_BULK_PART", default_value = "10s", value_parser = duration_in(MS, HOUR))]
+    pub bulk_part: Duration,
 }
 
 impl HttpArgs {
@@ -457,20 +462,47 @@ pub enum JobsCommand {
         #[command(flatten)]
         out: OutputArgs,
     },
-    /// List jobs, newest first.
+    /// List or search jobs, newest first, a page at a time (docs/operate.md, "Job search").
+    /// Every filter given must match.
     List {
         /// Only jobs in this state (scheduled, waiting, queued, running, succeeded, failed, dead,
         /// cancelled).
         #[arg(long)]
         state: Option<String>,
+        /// Only jobs of this queue.
         #[arg(long)]
         queue: Option<String>,
+        /// Only jobs of this task.
         #[arg(long)]
         task: Option<String>,
+        /// A job id, or the first hex digits of one (dashes optional): every job whose id
+        /// starts with them.
+        #[arg(long)]
+        id: Option<String>,
+        /// Only jobs created at or after this time: RFC 3339 (2026-12-01T00:00:00Z) or
+        /// microseconds since the epoch.
+        #[arg(long, value_name = "TIME")]
+        created_from: Option<String>,
+        /// Only jobs created before this time (same forms as --created-from).
+        #[arg(long, value_name = "TIME")]
+        created_to: Option<String>,
+        /// A path into the args: keys separated by dots, array indexes in brackets
+        /// (customer.id, items[0].sku); with --args-value, only jobs whose args hold that value
+        /// there.
+        #[arg(long, value_name = "PATH")]
+        args_path: Option<String>,
+        /// The JSON value to find at --args-path: 42, true, null, "text" (quoted), or a bare
+        /// word taken as a string.
+        #[arg(long, value_name = "JSON")]
+        args_value: Option<String>,
+        /// Only jobs whose args' JSON text contains this text, byte for byte (no wildcards).
+        #[arg(long, value_name = "TEXT")]
+        args_contains: Option<String>,
         /// Jobs per page (1-1000).
         #[arg(long, default_value_t = 50, value_parser = count_in(1, 1000))]
         limit: usize,
-        /// Continue after this cursor (printed as next_cursor by the previous page).
+        /// Continue after this cursor: the next_cursor printed by the previous page (the same
+        /// filters must be given again).
         #[arg(long)]
         cursor: Option<String>,
         #[command(flatten)]

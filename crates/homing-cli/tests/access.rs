@@ -35,7 +35,12 @@ async fn server() -> &'static Server {
             let (up, base) = start_up_with(
                 &env,
                 &["--queue", "default"],
-                &[("HOMING_CONFIG", config.to_str().unwrap())],
+                // A bulk call answers after its first step (docs/bulk.md), so a walk longer
+                // than one step is answered in parts here; shorter walks are not affected.
+                &[
+                    ("HOMING_CONFIG", config.to_str().unwrap()),
+                    ("HOMING_BULK_PART", "1ms"),
+                ],
             )
             .await;
             Server {
@@ -266,7 +271,7 @@ async fn bulk_actions_count_change_and_are_audited() {
         (st, &v),
         (
             200,
-            &serde_json::json!({"action": "cancel", "count": 7, "skipped": 0})
+            &serde_json::json!({"action": "cancel", "count": 7, "skipped": 0, "done": true, "next_cursor": null})
         )
     );
     assert_eq!(count("cancelled").await, 7);
@@ -316,6 +321,74 @@ async fn bulk_actions_count_change_and_are_audited() {
             ("POST /v1/jobs/cancel".to_string(), serde_json::json!(7)),
         ]
     );
+}
+
+/// A walk longer than a call's budget is answered in parts: each call says exactly what it did
+/// (committed), `done: false` and the cursor to go on from; the parts add up to every job, each
+/// call has its own audit entry with its own count, and a bad cursor is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_bulk_action_answers_in_truthful_parts() {
+    let s = server().await;
+    let b = &s.base;
+    let q = format!("parts-{}", std::process::id());
+    let n = 1100;
+    let jobs: Vec<_> = (0..n)
+        .map(|_| serde_json::json!({"task": "builtin.noop", "queue": q}))
+        .collect();
+    let (st, v) = post_json(
+        &format!("{b}/v1/jobs/batch"),
+        ADMIN,
+        serde_json::json!({ "jobs": jobs }),
+    )
+    .await;
+    assert_eq!(st, 202, "{v}");
+
+    let (st, v) = post_json(
+        &format!("{b}/v1/jobs/cancel?state=queued&queue={q}&cursor=nope"),
+        ADMIN,
+        serde_json::json!(null),
+    )
+    .await;
+    assert_eq!(st, 400, "{v}");
+
+    let mut parts = Vec::new();
+    let mut next: Option<String> = None;
+    loop {
+        let url = match &next {
+            Some(c) => format!("{b}/v1/jobs/cancel?state=queued&queue={q}&cursor={c}"),
+            None => format!("{b}/v1/jobs/cancel?state=queued&queue={q}"),
+        };
+        let (st, v) = post_json(&url, ADMIN, serde_json::json!(null)).await;
+        assert_eq!(st, 200, "{v}");
+        let count = v["count"].as_u64().unwrap();
+        parts.push(count);
+        // What the answer counts has happened: the queue holds exactly that many fewer.
+        let left = get_json(&format!("{b}/v1/jobs/count?state=queued&queue={q}"), READ).await;
+        assert_eq!(
+            left["count"].as_u64().unwrap(),
+            n - parts.iter().sum::<u64>(),
+            "{v}"
+        );
+        if v["done"] == true {
+            assert!(v["next_cursor"].is_null(), "{v}");
+            break;
+        }
+        next = Some(v["next_cursor"].as_str().expect("a cursor").to_string());
+        assert!(parts.len() < 50, "the walk does not end: {parts:?}");
+    }
+    assert!(parts.len() >= 2, "{parts:?}");
+    assert_eq!(parts.iter().sum::<u64>(), n);
+
+    let page = get_json(&format!("{b}/v1/audit?limit=1000"), READ).await;
+    let mut audited: Vec<u64> = page["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["target"].as_str().is_some_and(|t| t.contains(&q)) && e["status"] == 200)
+        .map(|e| e["count"].as_u64().unwrap())
+        .collect();
+    audited.reverse();
+    assert_eq!(audited, parts);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -280,3 +280,134 @@ fn bench_enqueue_only_leaves_a_backlog_and_refuses_a_throwaway_database() {
         "{err}"
     );
 }
+
+/// `homing jobs list` searches like `GET /v1/jobs`: by id prefix, creation time, a value at an
+/// args path and an args substring, paged with --cursor (the next cursor printed); each bad
+/// input is refused with a one-line reason naming its flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_list_searches_by_every_field_and_pages() {
+    let env = Env::sqlite();
+    let client = env.client().await;
+    let q = "cli-search";
+    let mut ids = Vec::new();
+    for args in [
+        serde_json::json!({"customer": {"id": 42, "name": "ann"}, "order": "o-1%"}),
+        serde_json::json!({"customer": {"id": 7, "name": "bob"}, "order": "o-2"}),
+        serde_json::json!({"customer": {"id": 42, "name": "cy"}, "items": [{"sku": "x-9"}]}),
+    ] {
+        let mut req = homing::EnqueueRequest::new("builtin.noop", args);
+        req.options.queue = Some(q.into());
+        ids.push(client.enqueue(req).await.unwrap().id.to_string());
+    }
+    let list = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec!["jobs", "list", "--queue", q, "--json"];
+        args.extend_from_slice(extra);
+        let (code, out, err) = env.run(&args);
+        assert_eq!(code, 0, "{extra:?}: {err}");
+        let page: serde_json::Value = serde_json::from_str(&out).expect("JSON page");
+        page["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // Pages are newest first by id; jobs made in the same millisecond order by their ids'
+    // random bits, so the expected order is the ids' own.
+    let want = |which: &[usize]| -> Vec<String> {
+        let mut v: Vec<String> = which.iter().map(|&i| ids[i].clone()).collect();
+        v.sort();
+        v.reverse();
+        v
+    };
+    assert_eq!(list(&[]), want(&[0, 1, 2]));
+    assert_eq!(
+        list(&["--args-path", "customer.id", "--args-value", "42"]),
+        want(&[0, 2])
+    );
+    assert_eq!(
+        list(&["--args-path", "items[0].sku", "--args-value", "x-9"]),
+        want(&[2])
+    );
+    assert_eq!(list(&["--args-contains", "o-1%"]), want(&[0]));
+    assert_eq!(list(&["--args-contains", "o-%"]), Vec::<String>::new());
+    // The shortest prefix of one id that no other id shares (jobs of one millisecond share
+    // their first 13 characters).
+    let k = (13..=36)
+        .find(|&k| ids.iter().filter(|i| i.starts_with(&ids[1][..k])).count() == 1)
+        .unwrap();
+    assert_eq!(list(&["--id", &ids[1][..k]]), want(&[1]));
+    assert_eq!(list(&["--id", &ids[1]]), want(&[1]));
+    assert_eq!(
+        list(&["--created-to", "2000-01-01T00:00:00Z"]),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        list(&[
+            "--created-from",
+            "2000-01-01T00:00:00Z",
+            "--created-to",
+            "9999-01-01T00:00:00Z"
+        ]),
+        want(&[0, 1, 2])
+    );
+
+    // Paging: the table prints the next cursor; the next page goes on from it to the end.
+    let all = want(&[0, 1, 2]);
+    let (code, out, err) = env.run(&["jobs", "list", "--queue", q, "--limit", "2"]);
+    assert_eq!(code, 0, "{err}");
+    let cursor = out
+        .lines()
+        .find_map(|l| l.strip_prefix("next_cursor: "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no next_cursor line: {out}"))
+        .to_string();
+    assert!(
+        out.contains(&all[0]) && out.contains(&all[1]) && !out.contains(&all[2]),
+        "{out}"
+    );
+    assert_eq!(
+        list(&["--limit", "2", "--cursor", &cursor]),
+        vec![all[2].clone()]
+    );
+    let (_, out, _) = env.run(&[
+        "jobs", "list", "--queue", q, "--limit", "2", "--cursor", &cursor,
+    ]);
+    assert!(out.contains("next_cursor: none"), "{out}");
+
+    for (bad, flag) in [
+        (&["--id", "xyz"][..], "--id"),
+        (&["--created-from", "yesterday"][..], "--created-from"),
+        (
+            &[
+                "--created-from",
+                "2026-12-02T00:00:00Z",
+                "--created-to",
+                "2026-12-01T00:00:00Z",
+            ][..],
+            "--created-from",
+        ),
+        (
+            &["--args-path", "a..b", "--args-value", "1"][..],
+            "--args-path",
+        ),
+        (&["--args-path", "customer.id"][..], "--args-value"),
+        (&["--args-value", "1"][..], "--args-path"),
+        (
+            &["--args-path", "a", "--args-value", "{\"x\":1}"][..],
+            "--args-value",
+        ),
+        (&["--cursor", "nope"][..], "--cursor"),
+        (&["--state", "sleeping"][..], "sleeping"),
+    ] {
+        let mut args = vec!["jobs", "list"];
+        args.extend_from_slice(bad);
+        let (code, out, err) = env.run(&args);
+        assert_ne!(code, 0, "{bad:?} accepted: {out}");
+        let first = err.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+        assert!(
+            first.starts_with("error:") && first.contains(flag),
+            "{bad:?}: want a reason naming {flag}, got: {err}"
+        );
+    }
+}

@@ -1,16 +1,21 @@
-//! Bulk actions on a filter (docs/access.md): retry every failed job of a task, cancel every
+//! Bulk actions on a filter (docs/bulk.md): retry every failed job of a task, cancel every
 //! queued job of a queue, delete every finished job. They exist so that an operator never has to
 //! script a loop over the API, and they are built so that a million matching jobs cost no more
 //! than a loop would: each job goes through the same decided transition as a single action
 //! ([`crate::transition::operator_retry`], [`crate::transition::cancel`],
-//! [`crate::transition::deletable`]), in its own short transaction (retry, cancel) or in a
-//! batch of at most [`BATCH`] (delete), so no transaction spans the whole set and the store is
-//! never locked for long. A bulk action interrupted halfway leaves every job in a state a single
-//! action would have left it in; running it again finishes it.
+//! [`crate::transition::deletable`]), and each step of at most [`BATCH`] jobs is one
+//! transaction, so no transaction spans the whole set, the store is never locked for long, and a
+//! step costs one commit (one flush) rather than one per job. A bulk action interrupted halfway
+//! leaves every job in a state a single action would have left it in; running it again finishes
+//! it.
 //!
-//! The set is walked newest first by id with a cursor, so jobs that change (and so leave the
-//! filter) are not met again and the walk ends even when some cannot be changed; a job that
-//! enters the filter after the walk has passed its place is left for the next run.
+//! The set is walked newest first by id with a cursor (keyset paging over the
+//! `(state, task|queue, id)` indexes), so jobs that change (and so leave the filter) are not met
+//! again and the walk ends even when some cannot be changed; a job that enters the filter after
+//! the walk has passed its place is left for the next run.
+//!
+//! Over HTTP a walk is cut into calls of bounded time ([`run_for`]): each answers what it did
+//! and where to go on, so no answer is ever cut by the request timeout after work committed.
 
 use serde::{Deserialize, Serialize};
 
@@ -122,26 +127,23 @@ pub async fn step(
             out.done.skipped = met - out.done.count;
         }
         Action::Retry | Action::Cancel => {
-            for id in ids {
-                let r = match action {
-                    Action::Retry => store.retry(id, now()).await,
-                    _ => store.cancel(id, now()).await,
-                };
-                match r {
-                    Ok(job) => {
-                        out.done.count += 1;
-                        if action == Action::Retry {
-                            out.publish.push(ToPublish {
-                                id: job.id,
-                                queue: job.queue,
-                                priority: job.priority,
-                            });
-                        }
-                    }
-                    // Changed (or removed) by someone else since the page was read.
-                    Err(Error::Conflict { .. }) | Err(Error::NotFound(_)) => out.done.skipped += 1,
-                    Err(e) => return Err(e),
-                }
+            let changed = match action {
+                Action::Retry => store.retry_many(&ids, now()).await?,
+                _ => store.cancel_many(&ids, now()).await?,
+            };
+            let met = ids.len() as u64;
+            out.done.count = (changed.len() as u64).min(met);
+            // The others were changed (or removed) by someone else since the page was read.
+            out.done.skipped = met - out.done.count;
+            if action == Action::Retry {
+                out.publish = changed
+                    .into_iter()
+                    .map(|job| ToPublish {
+                        id: job.id,
+                        queue: job.queue,
+                        priority: job.priority,
+                    })
+                    .collect();
             }
         }
     }
@@ -157,9 +159,35 @@ pub async fn run(
     action: Action,
     filter: &JobFilter,
 ) -> Result<Outcome> {
+    Ok(run_for(store, broker, action, filter, None, None)
+        .await?
+        .done)
+}
+
+/// What a call of [`run_for`] did, and where the walk goes on.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Part {
+    pub done: Outcome,
+    /// Where the next call starts; `None`: the walk is over.
+    pub next: Option<String>,
+}
+
+/// Runs `action` from `cursor` on, step by step, until the walk is over or, after a step,
+/// `budget` is spent (no budget: to the end). Every step is committed before the next one
+/// starts, so what the answer counts is exactly what happened; the caller goes on with
+/// `next`. A step is never cut by the budget, so a call lasts at most the budget plus one step.
+pub async fn run_for(
+    store: &dyn Store,
+    broker: &dyn Broker,
+    action: Action,
+    filter: &JobFilter,
+    cursor: Option<&str>,
+    budget: Option<std::time::Duration>,
+) -> Result<Part> {
     check(action, filter).map_err(Error::Invalid)?;
+    let started = std::time::Instant::now();
     let mut total = Outcome::default();
-    let mut cursor: Option<String> = None;
+    let mut cursor: Option<String> = cursor.map(str::to_string);
     loop {
         let s = step(store, action, filter, cursor.as_deref()).await?;
         total.count += s.done.count;
@@ -170,8 +198,19 @@ pub async fn run(
             }
         }
         match s.next {
+            Some(c) if budget.is_some_and(|b| started.elapsed() >= b) => {
+                return Ok(Part {
+                    done: total,
+                    next: Some(c),
+                })
+            }
             Some(c) => cursor = Some(c),
-            None => return Ok(total),
+            None => {
+                return Ok(Part {
+                    done: total,
+                    next: None,
+                })
+            }
         }
     }
 }

@@ -360,6 +360,26 @@ impl Client {
         crate::bulk::run(&*self.store, &*self.broker, action, filter).await
     }
 
+    /// Runs a bulk action from `cursor` on until it is over or, after a step, `budget` is spent
+    /// (docs/bulk.md): what it did (every step of it committed) and where to go on.
+    pub async fn bulk_part(
+        &self,
+        action: crate::bulk::Action,
+        filter: &crate::store::JobFilter,
+        cursor: Option<&str>,
+        budget: std::time::Duration,
+    ) -> Result<crate::bulk::Part> {
+        crate::bulk::run_for(
+            &*self.store,
+            &*self.broker,
+            action,
+            filter,
+            cursor,
+            Some(budget),
+        )
+        .await
+    }
+
     /// How many jobs match `filter`: what a bulk action on it would meet.
     pub async fn count(&self, filter: &crate::store::JobFilter) -> Result<u64> {
         self.store.count(filter).await

@@ -94,6 +94,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0014_traceparent",
         sql: include_str!("sqlite/migrations/0014_traceparent.sql"),
     },
+    Migration {
+        version: 18,
+        name: "0018_bulk",
+        sql: include_str!("sqlite/migrations/0018_bulk.sql"),
+    },
 ];
 
 /// An open database file.
@@ -481,5 +486,34 @@ mod tests {
             .unwrap();
         assert_eq!(uv, latest);
         assert_eq!(migrate_file(&path).unwrap(), (Vec::new(), latest));
+    }
+
+    /// A bulk step's page (docs/bulk.md) is a backward range scan of the index leading with
+    /// both of its equalities, not a walk of one of them filtering the other row by row.
+    #[test]
+    fn a_bulk_step_walks_the_index_of_its_filter() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        migrate_file(&path).unwrap();
+        let conn = open_conn(&path).unwrap();
+        for (col, index) in [
+            ("task", "jobs_state_task_id"),
+            ("queue", "jobs_state_queue_id"),
+        ] {
+            let sql = format!(
+                "EXPLAIN QUERY PLAN SELECT id FROM jobs WHERE state = 'failed' AND {col} = 'x' \
+                 AND id < 'z' ORDER BY id DESC LIMIT 501"
+            );
+            let plan: Vec<String> = conn
+                .prepare(&sql)
+                .unwrap()
+                .query_map([], |r| r.get::<_, String>(3))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            let plan = plan.join(" | ");
+            assert!(plan.contains(index), "{col}: {plan}");
+            assert!(!plan.contains("TEMP B-TREE"), "{col} sorts: {plan}");
+        }
     }
 }

@@ -351,29 +351,61 @@ pub async fn count(
     Ok(Json(serde_json::json!({ "count": n })).into_response())
 }
 
+/// The query of a bulk action: its filter and, to go on with a walk, the `cursor` a previous
+/// call answered.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BulkQuery {
+    pub state: Option<String>,
+    pub queue: Option<String>,
+    pub task: Option<String>,
+    pub cursor: Option<String>,
+}
+
+/// One call of a bulk action (docs/bulk.md): it works for at most the server's bulk budget plus
+/// one step, each step committed, then answers exactly what it did. `done: false` means more
+/// may match: the caller calls again with `cursor` set to `next_cursor`. The answer is never a
+/// timeout after work was done, and the audit entry of the call carries its own count.
 async fn bulk(
     state: AppState,
     action: homing::bulk::Action,
-    q: Result<Query<FilterQuery>, QueryRejection>,
+    q: Result<Query<BulkQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = q?;
-    let filter = q.filter()?;
+    let cursor = q.cursor.filter(|s| !s.is_empty());
+    if let Some(c) = &cursor {
+        parse_id(c).map_err(|_| {
+            ApiError::bad_request("cursor must be the next_cursor of a previous call")
+        })?;
+    }
+    let filter = FilterQuery {
+        state: q.state,
+        queue: q.queue,
+        task: q.task,
+    }
+    .filter()?;
     homing::bulk::check(action, &filter).map_err(ApiError::bad_request)?;
-    let out = state.client.bulk(action, &filter).await?;
+    let part = state
+        .client
+        .bulk_part(action, &filter, cursor.as_deref(), state.bulk_budget)
+        .await?;
     let mut resp = Json(serde_json::json!({
         "action": action.as_str(),
-        "count": out.count,
-        "skipped": out.skipped,
+        "count": part.done.count,
+        "skipped": part.done.skipped,
+        "done": part.next.is_none(),
+        "next_cursor": part.next,
     }))
     .into_response();
-    resp.extensions_mut().insert(super::audit::Count(out.count));
+    resp.extensions_mut()
+        .insert(super::audit::Count(part.done.count));
     Ok(resp)
 }
 
 /// `POST /v1/jobs/retry?state=failed&task=…`: retries every matching job (docs/access.md).
 pub async fn bulk_retry(
     State(state): State<AppState>,
-    q: Result<Query<FilterQuery>, QueryRejection>,
+    q: Result<Query<BulkQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     bulk(state, homing::bulk::Action::Retry, q).await
 }
@@ -381,7 +413,7 @@ pub async fn bulk_retry(
 /// `POST /v1/jobs/cancel?state=queued&queue=…`: cancels every matching job.
 pub async fn bulk_cancel(
     State(state): State<AppState>,
-    q: Result<Query<FilterQuery>, QueryRejection>,
+    q: Result<Query<BulkQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     bulk(state, homing::bulk::Action::Cancel, q).await
 }
@@ -389,7 +421,7 @@ pub async fn bulk_cancel(
 /// `POST /v1/jobs/delete?state=succeeded&…`: deletes every matching finished job.
 pub async fn bulk_delete(
     State(state): State<AppState>,
-    q: Result<Query<FilterQuery>, QueryRejection>,
+    q: Result<Query<BulkQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     bulk(state, homing::bulk::Action::Delete, q).await
 }

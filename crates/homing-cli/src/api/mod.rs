@@ -46,6 +46,16 @@ pub const BATCH_BODY_LIMIT: usize = 32 * 1024 * 1024;
 /// does not page anyone, short enough that a dead dependency shows within a minute.
 pub const DEFAULT_UNHEALTHY_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// The budget of one bulk call: `part`, but at most a quarter of `request_timeout`, so that the
+/// step that runs past the budget still ends well before the request would be cut (a step is
+/// at most [`homing::bulk::BATCH`] jobs in one transaction).
+pub fn bulk_budget(
+    request_timeout: std::time::Duration,
+    part: std::time::Duration,
+) -> std::time::Duration {
+    (request_timeout / 4).min(part)
+}
+
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
@@ -60,6 +70,9 @@ pub struct AppState {
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// `/healthz` reports a background loop that has failed for longer than this.
     pub unhealthy_after: std::time::Duration,
+    /// How long one call of a bulk action works before it answers what it did and where to go
+    /// on (docs/bulk.md); well inside the request timeout.
+    pub bulk_budget: std::time::Duration,
 }
 
 impl AppState {
@@ -73,6 +86,7 @@ impl AppState {
             tokens: Arc::new(tokens),
             metrics: None,
             unhealthy_after: DEFAULT_UNHEALTHY_AFTER,
+            bulk_budget: std::time::Duration::from_secs(10),
         }
     }
 }

@@ -11,6 +11,24 @@ use homing::store::{JobFilter, WorkerStatus};
 use homing::time::rfc3339;
 use homing::{Client, JobId, JobState};
 
+/// A search's reason with its field names written as this command's flags.
+fn as_flags(reason: &str) -> String {
+    let mut r = reason.to_string();
+    for f in [
+        "created_from",
+        "created_to",
+        "args_path",
+        "args_value",
+        "args_contains",
+    ] {
+        r = r.replace(f, &format!("--{}", f.replace('_', "-")));
+    }
+    if r.starts_with("id ") || r.starts_with("id:") {
+        r = format!("--{r}");
+    }
+    r
+}
+
 fn parse_id(s: &str) -> anyhow::Result<JobId> {
     s.parse()
         .map_err(|_| anyhow::anyhow!("'{s}' is not a job id (a UUID)"))
@@ -131,6 +149,12 @@ pub async fn jobs(g: &Global, cmd: JobsCommand) -> anyhow::Result<ExitCode> {
             state,
             queue,
             task,
+            id,
+            created_from,
+            created_to,
+            args_path,
+            args_value,
+            args_contains,
             limit,
             cursor,
             out,
@@ -138,13 +162,29 @@ pub async fn jobs(g: &Global, cmd: JobsCommand) -> anyhow::Result<ExitCode> {
             if limit == 0 || limit > 1000 {
                 anyhow::bail!("--limit must be between 1 and 1000");
             }
-            let state = state
-                .map(|s| s.parse::<JobState>())
-                .transpose()
-                .map_err(anyhow::Error::msg)?;
-            let page = client
-                .list(&JobFilter { state, queue, task }, cursor.as_deref(), limit)
-                .await?;
+            // The same checks as `GET /v1/jobs`, with the reasons naming the flags.
+            let search = homing::search::JobSearch::parse(&homing::search::RawSearch {
+                id: id.as_deref(),
+                state: state.as_deref(),
+                queue: queue.as_deref(),
+                task: task.as_deref(),
+                created_from: created_from.as_deref(),
+                created_to: created_to.as_deref(),
+                args_path: args_path.as_deref(),
+                args_value: args_value.as_deref(),
+                args_contains: args_contains.as_deref(),
+            })
+            .map_err(|e| anyhow::anyhow!("{}", as_flags(&e)))?;
+            let cursor = cursor.filter(|c| !c.is_empty());
+            if let Some(c) = &cursor {
+                if c.parse::<JobId>().is_err() {
+                    anyhow::bail!(
+                        "--cursor must be the next_cursor printed by a previous page, not '{}'",
+                        c.chars().take(40).collect::<String>()
+                    );
+                }
+            }
+            let page = client.search(&search, cursor.as_deref(), limit).await?;
             if out.json {
                 output::json(&page);
             } else {
@@ -169,8 +209,11 @@ pub async fn jobs(g: &Global, cmd: JobsCommand) -> anyhow::Result<ExitCode> {
                     ],
                     rows,
                 );
-                if let Some(c) = page.next_cursor {
-                    println!("more: --cursor {c}");
+                match page.next_cursor {
+                    Some(c) => {
+                        println!("next_cursor: {c} (next page: the same command with --cursor {c})")
+                    }
+                    None => println!("next_cursor: none (last page)"),
                 }
             }
             return Ok(ExitCode::SUCCESS);
@@ -347,6 +390,9 @@ pub async fn workers(g: &Global, a: WorkersArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// How long the CLI's bulk action works between two progress lines.
+const BULK_PART: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A bulk action from the CLI: counts the matching jobs, asks for confirmation on a terminal
 /// (refuses without --yes when nobody can answer), then runs it and prints what it did.
 async fn run_bulk(
@@ -385,7 +431,33 @@ async fn run_bulk(
             return Ok(ExitCode::FAILURE);
         }
     }
-    let done = client.bulk(action, &filter).await?;
+    // In parts of a few seconds, each committed before the next, so a long action shows its
+    // progress and, if it is stopped, says truthfully how far it got (docs/bulk.md).
+    let mut done = homing::bulk::Outcome::default();
+    let mut cursor: Option<String> = None;
+    loop {
+        let part = match client
+            .bulk_part(action, &filter, cursor.as_deref(), BULK_PART)
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => anyhow::bail!(
+                "{verb} stopped after {} jobs: {e}; running the same command again is safe and finishes it",
+                done.count
+            ),
+        };
+        done.count += part.done.count;
+        done.skipped += part.done.skipped;
+        match part.next {
+            Some(c) => {
+                if !out.json {
+                    eprintln!("{verb}: {} jobs so far…", done.count);
+                }
+                cursor = Some(c);
+            }
+            None => break,
+        }
+    }
     if out.json {
         output::json(&serde_json::json!({
             "action": verb,

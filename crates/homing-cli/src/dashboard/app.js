@@ -354,15 +354,22 @@ function renderBulk() {
 // Shows how many jobs the filter matches and runs the action only once that is confirmed.
 async function bulkAct(verb) {
   const q = filterQuery();
+  const r = { count: 0, skipped: 0 };
   try {
     const { count } = await api('/v1/jobs/count?' + q);
     const what = Object.entries(filters).filter(([, v]) => v).map(([k, v]) => k + '=' + v).join(', ');
     if (!window.confirm(verb + ' ' + count + ' job' + (count === 1 ? '' : 's') + ' (' + what + ')?')) return;
-    const r = await api('/v1/jobs/' + verb + '?' + q, { method: 'POST' });
+    // A large action answers in parts (docs/bulk.md): each call counts what it did and says
+    // where to go on, so the total shown is what happened even if a later call fails.
+    for (let next = null, done = false; !done;) {
+      const part = await api('/v1/jobs/' + verb + '?' + q + (next ? '&cursor=' + encodeURIComponent(next) : ''), { method: 'POST' });
+      r.count += part.count; r.skipped += part.skipped; done = part.done !== false; next = part.next_cursor;
+      if (!done) flash(verb + ': ' + r.count + ' jobs so far…', true);
+    }
     flash(verb + ': ' + r.count + ' job' + (r.count === 1 ? '' : 's') + (r.skipped ? ', ' + r.skipped + ' skipped' : ''), true);
   } catch (e) {
     if (e instanceof Unauthorized) return showLogin();
-    flash(verb + ' failed: ' + e.message);
+    flash(verb + ' failed: ' + e.message + (r.count ? ' (' + r.count + ' done before it; run it again to finish)' : ''));
   }
   refresh();
 }

@@ -18,7 +18,8 @@ macro_rules! access_conformance {
         $crate::__conformance_cases!(access, $make;
             audit_is_recorded_paged_and_pruned, count_and_delete_take_only_finished_jobs,
             bulk_walks_in_bounded_steps_and_a_rerun_finishes, bulk_cancel_requests_running_jobs,
-            retention_prunes_an_audit_log_longer_than_a_batch
+            retention_prunes_an_audit_log_longer_than_a_batch,
+            many_applies_each_single_decision_in_one_step
         );
     };
 }
@@ -293,6 +294,70 @@ pub async fn bulk_cancel_requests_running_jobs(s: Arc<dyn Store>) {
     .unwrap();
     assert_eq!(st.done.count, 1);
     assert_eq!(s.cancel_requested(&[a]).await.unwrap(), vec![a]);
+}
+
+/// `retry_many` and `cancel_many` decide each job as the single action does, in one step: the
+/// jobs the decision takes change, the others (gone, or in a state the action refuses) are
+/// left exactly as they were and are not returned; a second run changes nothing more.
+pub async fn many_applies_each_single_decision_in_one_step(s: Arc<dyn Store>) {
+    let q = unique_queue("many");
+    let ids: Vec<JobId> = s
+        .insert((0..5).map(|_| new_job(&q, "t")).collect())
+        .await
+        .unwrap()
+        .iter()
+        .map(|i| i.id)
+        .collect();
+    // 0 failed, 1 succeeded, 2 running, 3 and 4 queued; one id that does not exist.
+    finish(&*s, ids[0], Outcome::Failed { error: "no".into() }).await;
+    finish(&*s, ids[1], Outcome::Succeeded(serde_json::json!(1))).await;
+    s.start(&[ids[2]], "w1", now()).await.unwrap();
+    let missing: JobId = "00000000-0000-4000-8000-000000000000".parse().unwrap();
+    let mut all = ids.clone();
+    all.push(missing);
+    let state = |id: JobId| {
+        let s = s.clone();
+        async move { s.get(id).await.unwrap().unwrap().state }
+    };
+
+    let retried = s.retry_many(&all, now()).await.unwrap();
+    assert_eq!(
+        retried.iter().map(|j| j.id).collect::<Vec<_>>(),
+        vec![ids[0]]
+    );
+    let j = &retried[0];
+    assert_eq!((j.state, j.attempts), (JobState::Queued, 0));
+    assert_eq!(state(ids[1]).await, JobState::Succeeded);
+    assert_eq!(state(ids[2]).await, JobState::Running);
+    assert!(s.retry_many(&all[1..], now()).await.unwrap().is_empty());
+
+    let mut cancelled: Vec<JobId> = s
+        .cancel_many(&all, now())
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    cancelled.sort();
+    let mut want = vec![ids[0], ids[2], ids[3], ids[4]];
+    want.sort();
+    assert_eq!(cancelled, want);
+    for id in [ids[0], ids[3], ids[4]] {
+        assert_eq!(state(id).await, JobState::Cancelled);
+    }
+    // The running job is asked to stop, as a single cancel does; the finished one is untouched.
+    assert_eq!(state(ids[2]).await, JobState::Running);
+    assert_eq!(s.cancel_requested(&[ids[2]]).await.unwrap(), vec![ids[2]]);
+    assert_eq!(state(ids[1]).await, JobState::Succeeded);
+    assert_eq!(
+        s.cancel_many(&[ids[0], ids[1], missing], now())
+            .await
+            .unwrap()
+            .len(),
+        0
+    );
+    assert!(s.cancel_many(&[], now()).await.unwrap().is_empty());
+    assert!(s.retry_many(&[], now()).await.unwrap().is_empty());
 }
 
 /// The retention loop keeps purging while audit entries fill its batches, so a long audit log

@@ -693,6 +693,20 @@ pub trait Store: Send + Sync + 'static {
     async fn cancel(&self, id: JobId, now: Micros) -> Result<Job>;
 
     /// Of these jobs, the ones with a cancel request.
+    /// A bulk retry's step (docs/bulk.md): [`Store::retry`] of each of `ids`, all in one
+    /// transaction. Returns the jobs it put back in their queue; a job that is gone or that the
+    /// decision refuses now (another party changed it since it was read) is left as it is.
+    ///
+    /// Crash contract: one transaction (the caller keeps the slice small): all of the step's
+    /// retries or none; running it again retries what is still retryable.
+    async fn retry_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<Job>>;
+
+    /// A bulk cancel's step: [`Store::cancel`] of each of `ids`, all in one transaction.
+    /// Returns the jobs it cancelled or asked to stop; the others are left as they are.
+    ///
+    /// Crash contract: as [`Store::retry_many`].
+    async fn cancel_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<Job>>;
+
     async fn cancel_requested(&self, ids: &[JobId]) -> Result<Vec<JobId>>;
 
     /// Waits until another party may have enqueued jobs left undispatched for homing to publish

@@ -912,6 +912,79 @@ fn parse_id(s: String) -> rusqlite::Result<JobId> {
     s.parse().map_err(|e| corrupt("job id", e))
 }
 
+/// An operator's retry of one job inside `tx`, decided by [`transition::operator_retry`]. The
+/// outer `Result` is the database's; the inner one the decision's (not found, or refused).
+fn retry_in(
+    tx: &rusqlite::Transaction<'_>,
+    id: JobId,
+    now: Micros,
+) -> rusqlite::Result<Result<Job>> {
+    let sid = id.to_string();
+    let Some(job) = get_job(tx, &sid)? else {
+        return Ok(Err(Error::NotFound(id)));
+    };
+    if let Err(message) = transition::operator_retry(&job) {
+        return Ok(Err(Error::Conflict {
+            id,
+            state: job.state,
+            message: message.into(),
+        }));
+    }
+    tx.prepare_cached(&format!(
+        "UPDATE jobs SET state = 'queued', dispatched = 0, attempts = 0, \
+         crashes = 0, cancel_requested = 0, worker = NULL, finished_at = NULL, \
+         scheduled_at = NULL, updated_at = ?2 WHERE id = ?1 RETURNING {COLUMNS}"
+    ))?
+    .query_row(params![sid, now], row_to_job)
+    .map(Ok)
+}
+
+/// An operator's cancel of one job inside `tx`, decided by [`transition::cancel`].
+fn cancel_in(
+    tx: &rusqlite::Transaction<'_>,
+    id: JobId,
+    now: Micros,
+) -> rusqlite::Result<Result<Job>> {
+    let sid = id.to_string();
+    let Some(job) = get_job(tx, &sid)? else {
+        return Ok(Err(Error::NotFound(id)));
+    };
+    match transition::cancel(&job) {
+        transition::Cancel::Now => {
+            let (after, _) = transit(tx, &sid, Guard::Any, &Change::cancelled(), now)?
+                .ok_or_else(|| corrupt("cancel", "row vanished"))?;
+            Ok(Ok(after))
+        }
+        transition::Cancel::Request => Ok(Ok(tx
+            .prepare_cached(&format!(
+                "UPDATE jobs SET cancel_requested = 1, updated_at = ?2 WHERE id = ?1 \
+                 RETURNING {COLUMNS}"
+            ))?
+            .query_row(params![sid, now], row_to_job)?)),
+        transition::Cancel::Refuse(message) => Ok(Err(Error::Conflict {
+            id,
+            state: job.state,
+            message: message.into(),
+        })),
+    }
+}
+
+/// One bulk step's single actions in one transaction: the jobs changed; a job the decision
+/// refuses (or that is gone) is left as it is, as the single action would leave it.
+fn many(
+    tx: &rusqlite::Transaction<'_>,
+    ids: &[JobId],
+    one: impl Fn(&rusqlite::Transaction<'_>, JobId) -> rusqlite::Result<Result<Job>>,
+) -> rusqlite::Result<Vec<Job>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for &id in ids {
+        if let Ok(job) = one(tx, id)? {
+            out.push(job);
+        }
+    }
+    Ok(out)
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     fn embedded_db(&self) -> Option<&Arc<Db>> {
@@ -1372,57 +1445,31 @@ impl Store for SqliteStore {
     }
 
     async fn retry(&self, id: JobId, now: Micros) -> Result<Job> {
-        self.db
-            .write(move |tx| {
-                let sid = id.to_string();
-                let Some(job) = get_job(tx, &sid)? else {
-                    return Ok(Err(Error::NotFound(id)));
-                };
-                if let Err(message) = transition::operator_retry(&job) {
-                    return Ok(Err(Error::Conflict {
-                        id,
-                        state: job.state,
-                        message: message.into(),
-                    }));
-                }
-                tx.prepare_cached(&format!(
-                    "UPDATE jobs SET state = 'queued', dispatched = 0, attempts = 0, \
-                     crashes = 0, cancel_requested = 0, worker = NULL, finished_at = NULL, \
-                     scheduled_at = NULL, updated_at = ?2 WHERE id = ?1 RETURNING {COLUMNS}"
-                ))?
-                .query_row(params![sid, now], row_to_job)
-                .map(Ok)
-            })
-            .await?
+        self.db.write(move |tx| retry_in(tx, id, now)).await?
     }
 
     async fn cancel(&self, id: JobId, now: Micros) -> Result<Job> {
+        self.db.write(move |tx| cancel_in(tx, id, now)).await?
+    }
+
+    async fn retry_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<Job>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = ids.to_vec();
         self.db
-            .write(move |tx| {
-                let sid = id.to_string();
-                let Some(job) = get_job(tx, &sid)? else {
-                    return Ok(Err(Error::NotFound(id)));
-                };
-                match transition::cancel(&job) {
-                    transition::Cancel::Now => {
-                        let (after, _) = transit(tx, &sid, Guard::Any, &Change::cancelled(), now)?
-                            .ok_or_else(|| corrupt("cancel", "row vanished"))?;
-                        Ok(Ok(after))
-                    }
-                    transition::Cancel::Request => Ok(Ok(tx
-                        .prepare_cached(&format!(
-                            "UPDATE jobs SET cancel_requested = 1, updated_at = ?2 WHERE id = ?1 \
-                             RETURNING {COLUMNS}"
-                        ))?
-                        .query_row(params![sid, now], row_to_job)?)),
-                    transition::Cancel::Refuse(message) => Ok(Err(Error::Conflict {
-                        id,
-                        state: job.state,
-                        message: message.into(),
-                    })),
-                }
-            })
-            .await?
+            .write(move |tx| many(tx, &ids, |tx, id| retry_in(tx, id, now)))
+            .await
+    }
+
+    async fn cancel_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<Job>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = ids.to_vec();
+        self.db
+            .write(move |tx| many(tx, &ids, |tx, id| cancel_in(tx, id, now)))
+            .await
     }
 
     async fn cancel_requested(&self, ids: &[JobId]) -> Result<Vec<JobId>> {

@@ -84,6 +84,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0014_traceparent",
         sql: include_str!("migrations/0014_traceparent.sql"),
     },
+    Migration {
+        version: 18,
+        name: "0018_bulk",
+        sql: include_str!("migrations/0018_bulk.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are

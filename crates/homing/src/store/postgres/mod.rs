@@ -1481,6 +1481,66 @@ fn dispatch_rows(rows: Vec<PgRow>) -> sqlx::Result<Vec<ToPublish>> {
         .collect()
 }
 
+/// An operator's retry of one job inside the caller's transaction, decided by
+/// [`transition::operator_retry`]. The outer `Result` is the database's; the inner one the
+/// decision's (not found, or refused: nothing written).
+async fn retry_in(conn: &mut PgConnection, id: JobId, now: Micros) -> sqlx::Result<Result<Job>> {
+    let Some(job) = get_job(conn, id, true).await? else {
+        return Ok(Err(Error::NotFound(id)));
+    };
+    if let Err(message) = transition::operator_retry(&job) {
+        return Ok(Err(Error::Conflict {
+            id,
+            state: job.state,
+            message: message.into(),
+        }));
+    }
+    sqlx::query(
+        "UPDATE homing_jobs SET state = 'queued', dispatched = false, attempts = 0, \
+         crashes = 0, cancel_requested = false, worker = NULL, finished_at = NULL, \
+         scheduled_at = NULL, updated_at = $2 WHERE id = $1",
+    )
+    .bind(id)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    let job = get_job(conn, id, false).await?;
+    job.ok_or_else(|| corrupt("retry", "row vanished")).map(Ok)
+}
+
+/// An operator's cancel of one job inside the caller's transaction (its workflow, if any,
+/// already locked), decided by [`transition::cancel`].
+async fn cancel_in(conn: &mut PgConnection, id: JobId, now: Micros) -> sqlx::Result<Result<Job>> {
+    let Some(job) = get_job(conn, id, true).await? else {
+        return Ok(Err(Error::NotFound(id)));
+    };
+    match transition::cancel(&job) {
+        transition::Cancel::Now => {
+            transit(conn, &job, &Change::cancelled(), now).await?;
+        }
+        transition::Cancel::Request => {
+            sqlx::query(
+                "UPDATE homing_jobs SET cancel_requested = true, updated_at = $2 WHERE id = $1",
+            )
+            .bind(id)
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+        }
+        transition::Cancel::Refuse(message) => {
+            return Ok(Err(Error::Conflict {
+                id,
+                state: job.state,
+                message: message.into(),
+            }))
+        }
+    }
+    let after = get_job(conn, id, false)
+        .await?
+        .ok_or_else(|| corrupt("cancel", "row vanished"))?;
+    Ok(Ok(after))
+}
+
 #[async_trait]
 impl Store for PgStore {
     /// A commit waits for its WAL flush: several on separate connections flush together.
@@ -2034,28 +2094,11 @@ impl Store for PgStore {
     async fn retry(&self, id: JobId, now: Micros) -> Result<Job> {
         self.call(async {
             let mut tx = self.pool.begin().await?;
-            let Some(job) = get_job(&mut tx, id, true).await? else {
-                return Ok(Err(Error::NotFound(id)));
-            };
-            if let Err(message) = transition::operator_retry(&job) {
-                return Ok(Err(Error::Conflict {
-                    id,
-                    state: job.state,
-                    message: message.into(),
-                }));
+            let out = retry_in(&mut tx, id, now).await?;
+            if out.is_ok() {
+                tx.commit().await?;
             }
-            sqlx::query(
-                "UPDATE homing_jobs SET state = 'queued', dispatched = false, attempts = 0, \
-                 crashes = 0, cancel_requested = false, worker = NULL, finished_at = NULL, \
-                 scheduled_at = NULL, updated_at = $2 WHERE id = $1",
-            )
-            .bind(id)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-            let job = get_job(&mut tx, id, false).await?;
-            tx.commit().await?;
-            job.ok_or_else(|| corrupt("retry", "row vanished")).map(Ok)
+            Ok(out)
         })
         .await?
     }
@@ -2064,38 +2107,74 @@ impl Store for PgStore {
         self.call(async {
             let mut tx = self.pool.begin().await?;
             lock_workflows_of(&mut tx, &[id]).await?;
-            let Some(job) = get_job(&mut tx, id, true).await? else {
-                return Ok(Err(Error::NotFound(id)));
-            };
-            match transition::cancel(&job) {
-                transition::Cancel::Now => {
-                    transit(&mut tx, &job, &Change::cancelled(), now).await?;
-                }
-                transition::Cancel::Request => {
-                    sqlx::query(
-                        "UPDATE homing_jobs SET cancel_requested = true, updated_at = $2 \
-                         WHERE id = $1",
-                    )
-                    .bind(id)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                transition::Cancel::Refuse(message) => {
-                    return Ok(Err(Error::Conflict {
-                        id,
-                        state: job.state,
-                        message: message.into(),
-                    }))
-                }
+            let out = cancel_in(&mut tx, id, now).await?;
+            if out.is_ok() {
+                tx.commit().await?;
             }
-            let after = get_job(&mut tx, id, false)
-                .await?
-                .ok_or_else(|| corrupt("cancel", "row vanished"))?;
-            tx.commit().await?;
-            Ok(Ok(after))
+            Ok(out)
         })
         .await?
+    }
+
+    async fn retry_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<Job>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Set-wise, as `retry_in` per row: the step's rows locked in id order in one
+        // statement, each decided by `operator_retry`, the admitted ones reset in one
+        // statement. Two round trips per step instead of three per job.
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            let locked = lock_jobs(&mut tx, ids).await?;
+            let take: Vec<JobId> = lock_order(ids)
+                .into_iter()
+                .filter(|id| {
+                    locked
+                        .get(id)
+                        .is_some_and(|j| transition::operator_retry(j).is_ok())
+                })
+                .collect();
+            if take.is_empty() {
+                return Ok(Vec::new());
+            }
+            let sql = format!(
+                "UPDATE homing_jobs SET state = 'queued', dispatched = false, attempts = 0, \
+                 crashes = 0, cancel_requested = false, worker = NULL, finished_at = NULL, \
+                 scheduled_at = NULL, updated_at = $2 WHERE id = ANY($1) RETURNING {}",
+                columns("")
+            );
+            let mut out = sqlx::query(AssertSqlSafe(sql))
+                .bind(&take)
+                .bind(now)
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(row_to_job)
+                .collect::<sqlx::Result<Vec<Job>>>()?;
+            tx.commit().await?;
+            out.sort_by_key(|j| j.id);
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn cancel_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<Job>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            lock_workflows_of(&mut tx, ids).await?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in lock_order(ids) {
+                if let Ok(job) = cancel_in(&mut tx, id, now).await? {
+                    out.push(job);
+                }
+            }
+            tx.commit().await?;
+            Ok(out)
+        })
+        .await
     }
 
     async fn cancel_requested(&self, ids: &[JobId]) -> Result<Vec<JobId>> {
