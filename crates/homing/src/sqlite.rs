@@ -94,6 +94,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0014_traceparent",
         sql: include_str!("sqlite/migrations/0014_traceparent.sql"),
     },
+    Migration {
+        version: 16,
+        name: "0016_worker_reclaims",
+        sql: include_str!("sqlite/migrations/0016_worker_reclaims.sql"),
+    },
 ];
 
 /// An open database file.

@@ -112,6 +112,7 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/v1/queues/{name}/pause", post(queues::pause))
         .route("/v1/queues/{name}/resume", post(queues::resume))
         .route("/v1/workers", get(status::workers))
+        .route("/v1/workers/{id}", get(status::worker))
         .route("/v1/whoami", get(audit::whoami))
         .route("/v1/audit", get(audit::list))
         .route("/v1/schedules", get(schedules::list))

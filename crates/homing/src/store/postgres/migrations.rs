@@ -84,6 +84,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0014_traceparent",
         sql: include_str!("migrations/0014_traceparent.sql"),
     },
+    Migration {
+        version: 16,
+        name: "0016_worker_reclaims",
+        sql: include_str!("migrations/0016_worker_reclaims.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are
