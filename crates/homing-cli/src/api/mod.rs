@@ -89,6 +89,7 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/dashboard/vendor/uplot.min.css", get(stats::uplot_style))
         .route("/v1/stats/series", get(stats::series))
         .route("/dashboard/views.js", get(status::views_script))
+        .route("/dashboard/workers.js", get(status::workers_script))
         .route("/healthz", get(status::healthz))
         .route("/metrics", get(metrics::render))
         .route("/v1/openapi.json", get(status::openapi))
@@ -159,6 +160,7 @@ fn is_open(path: &str) -> bool {
             | "/dashboard/vendor/uplot.min.js"
             | "/dashboard/vendor/uplot.min.css"
             | "/dashboard/views.js"
+            | "/dashboard/workers.js"
     )
 }
 

@@ -122,6 +122,15 @@ pub async fn views_script() -> Response {
         .into_response()
 }
 
+/// The worker view (docs/workers.md), loaded after views.js.
+pub async fn workers_script() -> Response {
+    (
+        [(CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("../dashboard/workers.js"),
+    )
+        .into_response()
+}
+
 pub async fn style() -> Response {
     (
         [(CONTENT_TYPE, "text/css; charset=utf-8")],
