@@ -33,7 +33,7 @@ function livenessOf(w) {
   return el('span', { class: 'liveness' },
     el('span', { class: 'hb-bar', title: 'heartbeat age / TTL' },
       el('span', { class: 'hb-fill' + (pct > 66 ? ' late' : ''), style: 'width:' + pct + '%' })),
-    ' heartbeat ' + secs(age) + ' old of a ' + secs(ttl) + ' TTL (expires in ' + secs(w.heartbeat_expires_in_s) + ' unless refreshed)');
+    ' heartbeat expires in ' + secs(w.heartbeat_expires_in_s) + ' unless refreshed: ' + secs(age) + ' old of a ' + secs(ttl) + ' TTL');
 }
 
 function reclaimedTable(w) {
