@@ -116,6 +116,15 @@ pub struct WorkerView {
     /// it has none. Liveness is decided by this heartbeat, so this is what shows whether a
     /// worker is about to be presumed dead (a healthy one stays between TTL − interval and TTL).
     pub heartbeat_expires_in_s: Option<f64>,
+    /// The heartbeat TTL it registered with (seconds): the heartbeat expires this long after its
+    /// last refresh. `None` for a worker that registered before it was recorded.
+    pub heartbeat_ttl_s: Option<f64>,
+    /// How long ago its heartbeat was last refreshed (TTL − time left): what liveness compares
+    /// with the TTL. `None` without a live heartbeat or a known TTL.
+    pub heartbeat_age_s: Option<f64>,
+    /// When a rescuer declared it lost (its `ended_at`); `None` unless its status is `lost`.
+    #[serde(with = "homing::time::opt_rfc3339")]
+    pub lost_at: Option<Micros>,
     /// Whether its heartbeat is current in the broker.
     pub alive: bool,
     /// What it is running now, and since when.
@@ -137,37 +146,63 @@ const RUNNING_SHOWN: usize = 50;
 
 pub async fn workers(b: &Backends, since: Micros) -> Result<Vec<WorkerView>> {
     let records = b.store.workers(since).await?;
-    let t = now();
     let mut out = Vec::with_capacity(records.len());
     for r in records {
-        let expires_in = if r.status == WorkerStatus::Live {
-            b.broker.heartbeat_expires_in(&r.info.id).await?
-        } else {
-            None
-        };
-        let alive = expires_in.is_some();
-        let mut running_jobs = Vec::new();
-        for id in r.running.iter().take(RUNNING_SHOWN) {
-            if let Some(j) = b.store.get(*id).await? {
-                running_jobs.push(RunningView {
-                    id: j.id,
-                    task: j.task,
-                    queue: j.queue,
-                    started_at: j.started_at,
-                    running_for_s: j
-                        .started_at
-                        .map(|s| ((t - s).max(0) as f64) / 1e6)
-                        .unwrap_or(0.0),
-                });
-            }
-        }
-        out.push(WorkerView {
-            last_seen_age_s: ((t - r.last_seen).max(0) as f64) / 1e6,
-            heartbeat_expires_in_s: expires_in.map(|d| d.as_secs_f64()),
-            alive,
-            running_jobs,
-            record: r,
-        });
+        out.push(view_of(b, r).await?);
     }
     Ok(out)
+}
+
+/// One worker, however long ago it was heard of (until retention deletes its record).
+pub async fn worker(b: &Backends, id: &str) -> Result<Option<WorkerView>> {
+    match b.store.worker(id).await? {
+        Some(r) => Ok(Some(view_of(b, r).await?)),
+        None => Ok(None),
+    }
+}
+
+async fn view_of(b: &Backends, r: WorkerRecord) -> Result<WorkerView> {
+    let t = now();
+    let expires_in = if r.status == WorkerStatus::Live {
+        b.broker.heartbeat_expires_in(&r.info.id).await?
+    } else {
+        None
+    };
+    let alive = expires_in.is_some();
+    let mut running_jobs = Vec::new();
+    for id in r.running.iter().take(RUNNING_SHOWN) {
+        if let Some(j) = b.store.get(*id).await? {
+            running_jobs.push(RunningView {
+                id: j.id,
+                task: j.task,
+                queue: j.queue,
+                started_at: j.started_at,
+                running_for_s: j
+                    .started_at
+                    .map(|s| ((t - s).max(0) as f64) / 1e6)
+                    .unwrap_or(0.0),
+            });
+        }
+    }
+    let ttl = r
+        .info
+        .heartbeat_ttl_ms
+        .map(std::time::Duration::from_millis);
+    Ok(WorkerView {
+        last_seen_age_s: ((t - r.last_seen).max(0) as f64) / 1e6,
+        heartbeat_expires_in_s: expires_in.map(|d| d.as_secs_f64()),
+        heartbeat_ttl_s: ttl.map(|d| d.as_secs_f64()),
+        heartbeat_age_s: match (ttl, expires_in) {
+            (Some(ttl), Some(left)) => Some(ttl.saturating_sub(left).as_secs_f64()),
+            _ => None,
+        },
+        lost_at: if r.status == WorkerStatus::Lost {
+            r.ended_at
+        } else {
+            None
+        },
+        alive,
+        running_jobs,
+        record: r,
+    })
 }

@@ -199,3 +199,125 @@ async fn zombie_worker_cannot_overwrite_the_newer_run() {
         "both the other worker and the rejoined zombie ran jobs: {workers:?}"
     );
 }
+
+/// The worker view over the API (docs/workers.md): a worker killed with SIGKILL while it runs a
+/// job is listed `lost`, with when it was declared lost and the job reclaimed from it (its id,
+/// the lost run's epoch, `requeued`); a worker stopped with SIGTERM is `stopped`, never `lost`,
+/// with nothing reclaimed. Both show the version and heartbeat TTL they registered with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_worker_is_listed_lost_with_its_reclaimed_job() {
+    let env = Env::sqlite();
+    // The `up` process serves the API and runs the rescuer; it does not serve queue `wv`.
+    let (_up, base) = start_up_with(&env, &["--queue", "elsewhere"], &[]).await;
+    let http = http_client();
+    let client = env.client().await;
+    let mut victim = env.worker("victim", "wv", &["--no-maintenance"]);
+    let mut quitter = env.worker("quitter", "wv-quit", &["--no-maintenance"]);
+    wait_workers(&client, "wv", 1, Duration::from_secs(30)).await;
+    wait_workers(&client, "wv-quit", 1, Duration::from_secs(30)).await;
+    let id = http
+        .post(format!("{base}/v1/jobs"))
+        .json(&serde_json::json!({"task": "builtin.sleep", "queue": "wv", "args": {"ms": 600000}}))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let job_id: homing::JobId = id.parse().unwrap();
+    let running = wait_state(&client, job_id, JobState::Running, Duration::from_secs(30)).await;
+    let worker = running
+        .worker
+        .clone()
+        .expect("a running job names its worker");
+    let get = |path: String| {
+        let http = http.clone();
+        async move {
+            let r = http.get(path).send().await.unwrap();
+            (
+                r.status().as_u16(),
+                r.json::<serde_json::Value>().await.unwrap(),
+            )
+        }
+    };
+    let (status, live) = get(format!("{base}/v1/workers/{worker}")).await;
+    assert_eq!(status, 200, "{live}");
+    assert_eq!(live["status"], "live");
+    assert_eq!(live["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(live["heartbeat_ttl_ms"], 600);
+    assert!(
+        live["lost_at"].is_null() && live["ended_at"].is_null(),
+        "{live}"
+    );
+    assert_eq!(live["pid"], victim.pid());
+
+    victim.kill9();
+    let lost = eventually(
+        Duration::from_secs(60),
+        "the killed worker listed lost with its reclaimed job",
+        || {
+            let (get, url) = (&get, format!("{base}/v1/workers/{worker}"));
+            async move {
+                let (_, w) = get(url).await;
+                (w["status"] == "lost" && !w["reclaimed"].as_array()?.is_empty()).then_some(w)
+            }
+        },
+    )
+    .await;
+    assert!(lost["lost_at"].is_string(), "{lost}");
+    assert_eq!(lost["lost_at"], lost["ended_at"]);
+    let reclaimed = lost["reclaimed"].as_array().unwrap();
+    assert_eq!(reclaimed.len(), 1, "{lost}");
+    assert_eq!(reclaimed[0]["job"], id.as_str());
+    assert_eq!(reclaimed[0]["epoch"], running.epoch);
+    assert_eq!(reclaimed[0]["outcome"], "requeued");
+    // The list carries the same.
+    let (_, list) = get(format!("{base}/v1/workers")).await;
+    let listed = list["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["id"] == worker.as_str())
+        .expect("the lost worker stays listed");
+    assert_eq!(listed["reclaimed"], lost["reclaimed"]);
+    let job = client.get(job_id).await.unwrap();
+    assert_eq!(job.crashes, 1);
+
+    // A clean stop is `stopped`.
+    let quitter_id = {
+        let (_, list) = get(format!("{base}/v1/workers")).await;
+        list["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["queues"][0] == "wv-quit" && w["status"] == "live")
+            .expect("the quitter is live")["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(quitter.terminate(Duration::from_secs(30)), Some(0));
+    let (_, stopped) = get(format!("{base}/v1/workers/{quitter_id}")).await;
+    assert_eq!(stopped["status"], "stopped", "{stopped}");
+    assert!(stopped["ended_at"].is_string() && stopped["lost_at"].is_null());
+    assert_eq!(stopped["reclaimed"], serde_json::json!([]));
+    // An unknown worker is a 404 with the error body.
+    let (status, body) = get(format!("{base}/v1/workers/no-such-worker")).await;
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["code"], "not_found");
+    // The CLI shows the version, the heartbeat against its TTL and when it ended.
+    let (code, out, err) = env.run(&["workers"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("VERSION") && out.contains("HEARTBEAT AGE / TTL"),
+        "{out}"
+    );
+    let line = out.lines().find(|l| l.starts_with(&worker)).unwrap();
+    assert!(
+        line.contains("lost") && line.contains("1 jobs reclaimed"),
+        "{line}"
+    );
+}

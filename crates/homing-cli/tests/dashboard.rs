@@ -1151,3 +1151,100 @@ async fn dashboard_searches_jobs_and_shows_a_worker() {
         .await;
     browser.quit().await;
 }
+
+/// The worker view of docs/workers.md in Chromium: a live worker shows its heartbeat's age
+/// against its TTL and its version; after it is killed with SIGKILL mid-job, its view shows
+/// when it was declared lost and the reclaimed job as a link that opens the job view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dashboard_shows_a_live_and_a_lost_worker() {
+    let env = Env::sqlite();
+    let token = "dashboard-token-workers";
+    let (_up, base) = start_up(&env, &[("HOMING_API_TOKEN", token)]).await;
+    let mut victim = env.worker("victim", "wview", &["--no-maintenance"]);
+    let job = enqueue(
+        &base,
+        token,
+        serde_json::json!({"task": "builtin.sleep", "queue": "wview", "args": {"ms": 600000}}),
+    )
+    .await;
+    let http = http_client();
+    let job_json = |id: String| {
+        let http = http.clone();
+        let base = base.clone();
+        async move {
+            http.get(format!("{base}/v1/jobs/{id}"))
+                .header("authorization", format!("Bearer {token}"))
+                .send()
+                .await
+                .ok()?
+                .json::<serde_json::Value>()
+                .await
+                .ok()
+        }
+    };
+    let running = eventually(Duration::from_secs(30), "the job running", || async {
+        job_json(job.clone())
+            .await
+            .filter(|j| j["state"] == "running")
+    })
+    .await;
+    let worker = running["worker"].as_str().unwrap().to_string();
+
+    let browser = Browser::start(&env).await;
+    browser.goto(&format!("{base}/")).await;
+    browser
+        .wait_for(
+            "the token form",
+            "return !document.querySelector('#login').hidden;",
+        )
+        .await;
+    browser.type_into("#token-input", token).await;
+    browser.click("#token-submit").await;
+    browser
+        .wait_for("the app", "return !document.querySelector('#app').hidden;")
+        .await;
+    browser.goto(&format!("{base}/#/workers/{worker}")).await;
+    let live = browser
+        .wait_for(
+            "the live worker's view",
+            "const d = document.querySelector('#worker-detail'); return d && !d.hidden && d.querySelector('.hb-bar') && d.textContent.includes('TTL') ? d.textContent : null;",
+        )
+        .await;
+    let live = live.as_str().unwrap();
+    for part in [
+        "heartbeat TTL",
+        "600 ms",
+        "version",
+        env!("CARGO_PKG_VERSION"),
+        "Running jobs",
+        "Reclaimed jobs",
+    ] {
+        assert!(live.contains(part), "{part} in {live}");
+    }
+    let shot = browser.screenshot("dashboard-worker-live.png").await;
+    eprintln!("screenshot: {}", shot.display());
+
+    victim.kill9();
+    let link = format!("#worker-detail .worker-reclaims a[href=\"#/jobs/{job}\"]");
+    let lost = browser
+        .wait_for(
+            "the lost worker's view with its reclaimed job",
+            &format!(
+                "const d = document.querySelector('#worker-detail'); return d && d.querySelector('{}') && d.textContent.includes('lost at') ? d.textContent : null;",
+                link.replace('\'', "\\'")
+            ),
+        )
+        .await;
+    let lost = lost.as_str().unwrap();
+    assert!(lost.contains("requeued"), "{lost}");
+    let shot = browser.screenshot("dashboard-worker-lost.png").await;
+    eprintln!("screenshot: {}", shot.display());
+    browser.click(&link).await;
+    browser
+        .wait_for(
+            "the reclaimed job's view",
+            &format!("const d = document.querySelector('#job-detail'); return d && !d.hidden && d.textContent.includes('{job}');"),
+        )
+        .await;
+    browser.quit().await;
+}

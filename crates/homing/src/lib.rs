@@ -68,6 +68,7 @@ pub mod limit;
 pub mod maintenance;
 pub mod metrics;
 pub mod otel;
+pub mod reclaim;
 pub mod redact;
 pub mod remote;
 pub mod retry;

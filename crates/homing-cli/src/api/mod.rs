@@ -103,6 +103,7 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/dashboard/vendor/uplot.min.css", get(stats::uplot_style))
         .route("/v1/stats/series", get(stats::series))
         .route("/dashboard/views.js", get(status::views_script))
+        .route("/dashboard/workers.js", get(status::workers_script))
         .route("/healthz", get(status::healthz))
         .route("/metrics", get(metrics::render))
         .route("/v1/openapi.json", get(status::openapi))
@@ -126,6 +127,7 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/v1/queues/{name}/pause", post(queues::pause))
         .route("/v1/queues/{name}/resume", post(queues::resume))
         .route("/v1/workers", get(status::workers))
+        .route("/v1/workers/{id}", get(status::worker))
         .route("/v1/whoami", get(audit::whoami))
         .route("/v1/audit", get(audit::list))
         .route("/v1/schedules", get(schedules::list))
@@ -172,6 +174,7 @@ fn is_open(path: &str) -> bool {
             | "/dashboard/vendor/uplot.min.js"
             | "/dashboard/vendor/uplot.min.css"
             | "/dashboard/views.js"
+            | "/dashboard/workers.js"
     )
 }
 

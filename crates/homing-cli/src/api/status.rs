@@ -86,6 +86,20 @@ pub async fn workers(State(state): State<AppState>) -> Result<Response, ApiError
     Ok(Json(serde_json::json!({ "workers": ws })).into_response())
 }
 
+/// One worker, live or departed, until retention deletes its record: a lost worker's page
+/// (with the jobs reclaimed from it) outlives the hour the list covers.
+pub async fn worker(
+    State(state): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    match views::worker(&state.backends, &id).await? {
+        Some(w) => Ok(Json(w).into_response()),
+        None => Err(ApiError::not_found(
+            "no such worker (or retention deleted it)",
+        )),
+    }
+}
+
 /// The dashboard: a static shell whose script reads and steers everything through the API.
 pub async fn page() -> Html<&'static str> {
     Html(include_str!("../dashboard/index.html"))
@@ -104,6 +118,15 @@ pub async fn views_script() -> Response {
     (
         [(CONTENT_TYPE, "text/javascript; charset=utf-8")],
         include_str!("../dashboard/views.js"),
+    )
+        .into_response()
+}
+
+/// The worker view (docs/workers.md), loaded after views.js.
+pub async fn workers_script() -> Response {
+    (
+        [(CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("../dashboard/workers.js"),
     )
         .into_response()
 }

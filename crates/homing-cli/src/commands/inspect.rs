@@ -353,6 +353,7 @@ pub async fn workers(g: &Global, a: WorkersArgs) -> anyhow::Result<ExitCode> {
         output::json(&serde_json::json!({ "workers": ws }));
         return Ok(ExitCode::SUCCESS);
     }
+    let t = homing::time::now();
     let rows = ws
         .iter()
         .map(|w| {
@@ -366,11 +367,22 @@ pub async fn workers(g: &Global, a: WorkersArgs) -> anyhow::Result<ExitCode> {
                 } else {
                     r.status.to_string()
                 },
+                r.info.version.clone().unwrap_or_else(|| "-".into()),
                 r.info.queues.join(","),
                 r.info.concurrency.to_string(),
                 r.running.len().to_string(),
-                match w.heartbeat_expires_in_s {
-                    Some(s) => format!("in {s:.1}s"),
+                heartbeat_cell(w),
+                match r.ended_at {
+                    Some(at) => format!(
+                        "{} {:.0}s ago{}",
+                        r.status,
+                        ((t - at).max(0) as f64) / 1e6,
+                        if r.reclaimed.is_empty() {
+                            String::new()
+                        } else {
+                            format!(", {} jobs reclaimed", r.reclaimed.len())
+                        }
+                    ),
                     None => "-".into(),
                 },
             ]
@@ -380,10 +392,12 @@ pub async fn workers(g: &Global, a: WorkersArgs) -> anyhow::Result<ExitCode> {
         &[
             "worker",
             "status",
+            "version",
             "queues",
             "concurrency",
             "running",
-            "heartbeat expires",
+            "heartbeat age / ttl",
+            "ended",
         ],
         rows,
     );
@@ -392,6 +406,18 @@ pub async fn workers(g: &Global, a: WorkersArgs) -> anyhow::Result<ExitCode> {
 
 /// How long the CLI's bulk action works between two progress lines.
 const BULK_PART: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What liveness compares: the heartbeat's age against the TTL the worker registered with.
+fn heartbeat_cell(w: &views::WorkerView) -> String {
+    let ttl = w.heartbeat_ttl_s.map(|s| format!("{s:.1}s"));
+    match (w.heartbeat_age_s, w.heartbeat_expires_in_s, ttl) {
+        (Some(age), _, Some(ttl)) => format!("{age:.1}s / {ttl}"),
+        // A worker registered before the TTL was recorded: only the time left is known.
+        (None, Some(left), _) => format!("expires in {left:.1}s"),
+        (None, None, Some(ttl)) => format!("- / {ttl}"),
+        _ => "-".into(),
+    }
+}
 
 /// A bulk action from the CLI: counts the matching jobs, asks for confirmation on a terminal
 /// (refuses without --yes when nobody can answer), then runs it and prints what it did.

@@ -585,6 +585,8 @@ pub async fn unknown_worker_status_does_not_fail_the_workers_view((s, t): Poison
             tasks: vec!["t".into()],
             started_at: now(),
             remote: None,
+            version: None,
+            heartbeat_ttl_ms: None,
         };
         s.register_worker(&info, now()).await.unwrap();
     }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use super::batch::*;
+pub use super::workers::*;
 pub use super::workflows::*;
 use super::{new_job, unique_queue};
 use crate::job::{FollowUp, JobState};
@@ -34,7 +35,8 @@ macro_rules! store_conformance {
             workflow_last_parents_racing_ready_the_step_once,
             workflow_cancel_reaches_every_unfinished_step,
             workflow_rows_are_purged_with_their_steps,
-            batch_insert_decides_each_job_as_one_by_one, refused_batch_stores_nothing
+            batch_insert_decides_each_job_as_one_by_one, refused_batch_stores_nothing,
+            lost_worker_keeps_its_reclaims
         );
     };
 }
@@ -754,6 +756,8 @@ pub async fn workers_registry(s: Arc<dyn Store>) {
         tasks: vec![format!("{id}.task")],
         started_at: t,
         remote: None,
+        version: None,
+        heartbeat_ttl_ms: None,
     };
     s.register_worker(&info, t).await.unwrap();
     let q = unique_queue("wq");
@@ -934,6 +938,8 @@ pub async fn purge_deletes_only_old_history(s: Arc<dyn Store>) {
         tasks: vec![],
         started_at: now(),
         remote: None,
+        version: None,
+        heartbeat_ttl_ms: None,
     };
     s.register_worker(&info("gone"), now()).await.unwrap();
     s.register_worker(&info("alive"), now()).await.unwrap();
@@ -1252,6 +1258,8 @@ pub async fn worker_gone_reports_one_change(s: Arc<dyn Store>) {
         tasks: vec![],
         started_at: now(),
         remote: None,
+        version: None,
+        heartbeat_ttl_ms: None,
     };
     s.register_worker(&info, now()).await.unwrap();
     let mut tasks = Vec::new();
@@ -1494,6 +1502,8 @@ pub async fn remote_worker_info_round_trips(s: Arc<dyn Store>) {
                 time_limit_ms: None,
             }],
         }),
+        version: Some("homing-python 0.1.0".into()),
+        heartbeat_ttl_ms: Some(6000),
     };
     assert!(s.worker_info(&id).await.unwrap().is_none());
     s.register_worker(&info, t).await.unwrap();

@@ -258,6 +258,8 @@ impl Gateway {
             concurrency: reg.concurrency,
             tasks: reg.tasks.iter().map(|t| t.name.clone()).collect(),
             started_at: now(),
+            version: Some(remote.version.clone()).filter(|v| !v.is_empty()),
+            heartbeat_ttl_ms: Some(remote.ttl().as_millis().min(u64::MAX as u128) as u64),
             remote: Some(remote),
         };
         self.store.register_worker(&info, now()).await?;

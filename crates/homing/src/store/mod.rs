@@ -452,6 +452,15 @@ pub struct WorkerInfo {
     /// answer its calls from any server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<crate::remote::RemoteWorker>,
+    /// The worker's software version: homing's for a worker of this crate, what a remote
+    /// worker sent (the Python package's) otherwise; `None` for rows written before it was
+    /// recorded, or a remote worker that sent none.
+    #[serde(default)]
+    pub version: Option<String>,
+    /// The heartbeat TTL it registered with: liveness compares the heartbeat's age with it.
+    /// `None` for rows written before it was recorded.
+    #[serde(default)]
+    pub heartbeat_ttl_ms: Option<u64>,
 }
 
 /// What decides whether a completion for an epoch was already committed
@@ -482,6 +491,13 @@ pub struct WorkerRecord {
     pub last_seen: Micros,
     pub status: WorkerStatus,
     pub running: Vec<JobId>,
+    /// When it was declared `lost` or `stopped`; `None` while live (and for rows ended before
+    /// this was recorded).
+    #[serde(with = "crate::time::opt_rfc3339")]
+    pub ended_at: Option<Micros>,
+    /// The jobs the rescuer reclaimed from it, newest first (at most
+    /// [`crate::reclaim::RECLAIMS_LISTED`]).
+    pub reclaimed: Vec<crate::reclaim::Reclaim>,
 }
 
 #[async_trait]
@@ -563,8 +579,12 @@ pub trait Store: Send + Sync + 'static {
     /// A row with undecodable data is still decided (see [`crate::transition::lost`]); a job
     /// whose new state cannot be written is made `dead` as a last resort.
     ///
+    /// A job it reclaims (requeued, dead or cancelled) is recorded in the same transaction as a
+    /// [`crate::reclaim::Reclaim`] of `worker` with the lost run's epoch, so the worker view
+    /// lists every job taken from a lost worker ([`WorkerRecord::reclaimed`]).
+    ///
     /// Crash contract: one transaction; conditional on the owner, so concurrent rescuers count
-    /// each crash once.
+    /// each crash once (and record its reclaim once).
     async fn mark_lost(&self, id: JobId, worker: &str, now: Micros) -> Result<Lost>;
 
     /// Moves scheduled jobs whose time has come to `queued` (undispatched) and returns them.
@@ -752,8 +772,8 @@ pub trait Store: Send + Sync + 'static {
     /// Crash contract: one statement; a crash loses at most this sighting.
     async fn worker_seen(&self, id: &str, now: Micros) -> Result<()>;
 
-    /// Records a worker's end: `Stopped` or `Lost` (`Live` is refused as invalid input), only if
-    /// it is still `live`, and with it, in
+    /// Records a worker's end: `Stopped` or `Lost` (`Live` is refused as invalid input) with
+    /// `ended_at = now`, only if it is still `live`, and with it, in
     /// the same transaction, `event` (its `worker.lost` or `worker.shutdown` alert). Returns
     /// whether this call changed the row (of several rescuers declaring the same worker lost,
     /// exactly one gets `true`).
@@ -771,6 +791,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Workers heard of since `since`, newest first.
     async fn workers(&self, since: Micros) -> Result<Vec<WorkerRecord>>;
+
+    /// One worker's record, however long ago it was heard of, until retention deletes it.
+    async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>>;
 
     /// Every task name that any worker has registered, sorted.
     async fn known_tasks(&self) -> Result<Vec<String>>;
@@ -813,7 +836,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Retention: deletes at most `limit` finished jobs (succeeded, failed, dead, cancelled)
     /// whose `finished_at` is before `before`, at most `limit` events already fanned out and
-    /// created before it, at most `limit` audit entries recorded before it, and the rows of stopped or lost workers last seen before it. A
+    /// created before it, at most `limit` audit entries recorded before it, and the rows of stopped or lost workers last seen before it (with their
+    /// reclaims, counted in `workers`). A
     /// workflow is history as a whole: at most `limit` workflows whose every step finished
     /// before `before` are deleted, and a finished step's job only goes once its workflow row
     /// has; a workflow with a live step (or one finished after `before`) keeps its row and

@@ -11,6 +11,7 @@ use super::*;
 use crate::error::Error;
 use crate::events::CALLBACK_TARGET;
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
+use crate::reclaim::{Reclaim, ReclaimOutcome};
 use crate::sqlite::Db;
 use crate::stats::Dialect;
 use crate::transition::{self, Change};
@@ -794,6 +795,86 @@ fn lost_as(state: JobState) -> Lost {
     }
 }
 
+/// The row of a job reclaimed from lost worker `worker`, in the reclaim's transaction.
+fn record_reclaim(
+    tx: &Transaction<'_>,
+    worker: &str,
+    job: &str,
+    epoch: u64,
+    outcome: ReclaimOutcome,
+    now: Micros,
+) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT OR IGNORE INTO worker_reclaims (worker, job, epoch, outcome, at) \
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![worker, job, epoch as i64, outcome.as_str(), now])?;
+    Ok(())
+}
+
+fn get_epoch(tx: &rusqlite::Connection, id: &str) -> rusqlite::Result<Option<u64>> {
+    tx.prepare_cached("SELECT epoch FROM jobs WHERE id = ?1")?
+        .query_row([id], |r| r.get::<_, i64>(0))
+        .optional()
+        .map(|e| e.map(|e| e.max(0) as u64))
+}
+
+type WorkerRow = (String, i64, String, Option<i64>);
+
+fn worker_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<WorkerRow> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+}
+
+/// A worker's row with its running jobs and its reclaims.
+fn worker_record(c: &rusqlite::Connection, row: WorkerRow) -> rusqlite::Result<WorkerRecord> {
+    let (info, last_seen, status, ended_at) = row;
+    let info: WorkerInfo = serde_json::from_str(&info).map_err(|e| corrupt("worker", e))?;
+    let status = WorkerStatus::read(&status, &info.id);
+    let running = c
+        .prepare_cached("SELECT id FROM jobs WHERE state = 'running' AND worker = ?1")?
+        .query_map([&info.id], |r| r.get::<_, String>(0))?
+        .map(|r| r.and_then(parse_id))
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut reclaimed = Vec::new();
+    let mut st = c.prepare_cached(
+        "SELECT job, epoch, outcome, at FROM worker_reclaims WHERE worker = ?1 \
+         ORDER BY at DESC, job LIMIT ?2",
+    )?;
+    let rows = st.query_map(
+        params![info.id, crate::reclaim::RECLAIMS_LISTED as i64],
+        |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
+            ))
+        },
+    )?;
+    for r in rows {
+        let (job, epoch, outcome, at) = r?;
+        // A damaged row is left out of the view rather than failing every worker's listing.
+        let (Ok(job), Some(outcome)) = (job.parse(), ReclaimOutcome::read(&outcome)) else {
+            tracing::warn!(worker = %info.id, %job, "a reclaim row cannot be read; left out");
+            continue;
+        };
+        reclaimed.push(Reclaim {
+            job,
+            epoch: epoch.max(0) as u64,
+            outcome,
+            at,
+        });
+    }
+    Ok(WorkerRecord {
+        info,
+        last_seen,
+        status,
+        running,
+        ended_at,
+        reclaimed,
+    })
+}
+
 fn insert_event(tx: &Transaction<'_>, ev: &NewEvent, now: Micros) -> rusqlite::Result<i64> {
     tx.prepare_cached(
         "INSERT INTO events (kind, job_id, worker, data, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -1133,6 +1214,8 @@ impl Store for SqliteStore {
                         // Its slot is free. `Lost` carries nothing to publish, so the unparked
                         // job is stamped as old: the reconciler's next pass publishes it.
                         super::limits::sqlite::unpark_after_release(tx, &sid, 0)?;
+                        let outcome = ReclaimOutcome::after(change.state);
+                        record_reclaim(tx, &w, &sid, job.epoch, outcome, now)?;
                         Ok(lost_as(change.state))
                     }
                 }
@@ -1148,7 +1231,18 @@ impl Store for SqliteStore {
                 self.db
                     .write(move |tx| {
                         let sid = id.to_string();
-                        if bury(tx, &sid, Guard::Owner(worker), &reason, now)?.is_some() {
+                        let epoch = get_epoch(tx, &sid)?;
+                        if bury(tx, &sid, Guard::Owner(worker.clone()), &reason, now)?.is_some() {
+                            if let Some(epoch) = epoch {
+                                record_reclaim(
+                                    tx,
+                                    &worker,
+                                    &sid,
+                                    epoch,
+                                    ReclaimOutcome::Dead,
+                                    now,
+                                )?;
+                            }
                             return Ok(Lost::Dead);
                         }
                         Ok(match get_state(tx, &sid)? {
@@ -1677,8 +1771,8 @@ impl Store for SqliteStore {
         self.db
             .write(move |tx| {
                 let changed = tx.execute(
-                    "UPDATE workers SET status = ?2, last_seen = max(last_seen, ?3) WHERE id = ?1 \
-                     AND status = 'live'",
+                    "UPDATE workers SET status = ?2, last_seen = max(last_seen, ?3), \
+                     ended_at = ?3 WHERE id = ?1 AND status = 'live'",
                     params![id, status.as_str(), now],
                 )? == 1;
                 if let (true, Some(ev)) = (changed, &event) {
@@ -1693,37 +1787,28 @@ impl Store for SqliteStore {
         self.db
             .read(move |c| {
                 let mut st = c.prepare_cached(
-                    "SELECT info, last_seen, status FROM workers WHERE last_seen >= ?1 \
+                    "SELECT info, last_seen, status, ended_at FROM workers WHERE last_seen >= ?1 \
                      ORDER BY started_at DESC",
                 )?;
-                let rows = st.query_map([since], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, String>(2)?,
-                    ))
-                })?;
-                let mut running = c.prepare_cached(
-                    "SELECT id FROM jobs WHERE state = 'running' AND worker = ?1",
-                )?;
-                let mut out = Vec::new();
-                for r in rows {
-                    let (info, last_seen, status) = r?;
-                    let info: WorkerInfo =
-                        serde_json::from_str(&info).map_err(|e| corrupt("worker", e))?;
-                    let status = WorkerStatus::read(&status, &info.id);
-                    let ids = running
-                        .query_map([&info.id], |r| r.get::<_, String>(0))?
-                        .map(|r| r.and_then(parse_id))
-                        .collect::<rusqlite::Result<Vec<_>>>()?;
-                    out.push(WorkerRecord {
-                        info,
-                        last_seen,
-                        status,
-                        running: ids,
-                    });
-                }
-                Ok(out)
+                let rows = st
+                    .query_map([since], worker_row)?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                rows.into_iter().map(|r| worker_record(c, r)).collect()
+            })
+            .await
+    }
+
+    async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>> {
+        let id = id.to_string();
+        self.db
+            .read(move |c| {
+                let row = c
+                    .prepare_cached(
+                        "SELECT info, last_seen, status, ended_at FROM workers WHERE id = ?1",
+                    )?
+                    .query_row([&id], worker_row)
+                    .optional()?;
+                row.map(|r| worker_record(c, r)).transpose()
             })
             .await
     }
@@ -1882,9 +1967,17 @@ impl Store for SqliteStore {
                      WHERE dispatched_at IS NOT NULL AND created_at < ?1 ORDER BY id LIMIT ?2)",
                     params![before, limit],
                 )? as u64;
-                let workers = tx.execute(
+                let mut workers = tx.execute(
                     "DELETE FROM workers WHERE status <> 'live' AND last_seen < ?1",
                     params![before],
+                )? as u64;
+                // A departed worker's reclaims go with its row (or, for a consumer that never
+                // had one, once they are old).
+                workers += tx.execute(
+                    "DELETE FROM worker_reclaims WHERE rowid IN (SELECT r.rowid FROM \
+                     worker_reclaims r WHERE r.at < ?1 AND NOT EXISTS (SELECT 1 FROM workers w \
+                     WHERE w.id = r.worker) LIMIT ?2)",
+                    params![before, limit],
                 )? as u64;
                 let audit = tx.execute(
                     "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE at < ?1 \

@@ -262,6 +262,8 @@ impl Worker {
             tasks: self.registry.names(),
             started_at: now(),
             remote: None,
+            version: Some(env!("CARGO_PKG_VERSION").to_string()),
+            heartbeat_ttl_ms: Some(ttl.as_millis().min(u64::MAX as u128) as u64),
         };
         self.store.register_worker(&info, now()).await?;
         // The seeds' worker_ready alert. Losing it to a store hiccup must not stop the worker.

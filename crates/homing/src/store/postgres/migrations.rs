@@ -85,6 +85,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0014_traceparent.sql"),
     },
     Migration {
+        version: 16,
+        name: "0016_worker_reclaims",
+        sql: include_str!("migrations/0016_worker_reclaims.sql"),
+    },
+    Migration {
         version: 18,
         name: "0018_bulk",
         sql: include_str!("migrations/0018_bulk.sql"),

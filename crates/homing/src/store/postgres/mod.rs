@@ -33,6 +33,7 @@ use super::*;
 use crate::error::Error;
 use crate::events::CALLBACK_TARGET;
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
+use crate::reclaim::{Reclaim, ReclaimOutcome};
 use crate::redact::redact_url;
 use crate::stats::Dialect;
 use crate::transition::{self, Change};
@@ -1154,6 +1155,19 @@ async fn bury(
     if let Some(ev) = NewEvent::for_terminal(&job) {
         insert_event(&mut tx, &ev, now).await?;
     }
+    if let BuryIf::Owner(worker) = guard {
+        // The rescuer's last resort is a reclaim too: the worker view lists it.
+        sqlx::query(
+            "INSERT INTO homing_worker_reclaims (worker, job, epoch, outcome, at) \
+             SELECT $1, id, epoch, $3, $4 FROM homing_jobs WHERE id = $2 ON CONFLICT DO NOTHING",
+        )
+        .bind(worker)
+        .bind(id)
+        .bind(ReclaimOutcome::Dead.as_str())
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+    }
     let wf: Option<uuid::Uuid> =
         sqlx::query_scalar("SELECT workflow_id FROM homing_jobs WHERE id = $1")
             .bind(id)
@@ -1458,6 +1472,17 @@ async fn mark_lost_tx(pool: &PgPool, id: JobId, worker: &str, now: Micros) -> sq
                 super::limits::postgres::unpark_after_release(&mut tx, id, &job.queue, l, 0)
                     .await?;
             }
+            sqlx::query(
+                "INSERT INTO homing_worker_reclaims (worker, job, epoch, outcome, at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+            )
+            .bind(worker)
+            .bind(id)
+            .bind(job.epoch.min(i64::MAX as u64) as i64)
+            .bind(ReclaimOutcome::after(change.state).as_str())
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
             match change.state {
                 JobState::Dead => Lost::Dead,
                 JobState::Cancelled => Lost::Cancelled,
@@ -1467,6 +1492,68 @@ async fn mark_lost_tx(pool: &PgPool, id: JobId, worker: &str, now: Micros) -> sq
     };
     tx.commit().await?;
     Ok(lost)
+}
+
+type WorkerRow = (String, i64, String, Option<i64>);
+
+/// Workers' rows with their running jobs and reclaims, read in the caller's snapshot.
+async fn worker_records(
+    tx: &mut PgConnection,
+    rows: Vec<WorkerRow>,
+) -> sqlx::Result<Vec<WorkerRecord>> {
+    let mut out = Vec::with_capacity(rows.len());
+    for (info, last_seen, status, ended_at) in rows {
+        let info: WorkerInfo = serde_json::from_str(&info).map_err(|e| corrupt("worker", e))?;
+        out.push(WorkerRecord {
+            status: WorkerStatus::read(&status, &info.id),
+            info,
+            last_seen,
+            running: Vec::new(),
+            ended_at,
+            reclaimed: Vec::new(),
+        });
+    }
+    let ids: Vec<String> = out.iter().map(|w| w.info.id.clone()).collect();
+    let running: Vec<(JobId, String)> = sqlx::query_as(
+        "SELECT id, worker FROM homing_jobs WHERE state = 'running' \
+         AND worker = ANY($1) ORDER BY started_at, id",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    // Each worker's newest reclaims, at most RECLAIMS_LISTED each.
+    let reclaims: Vec<(String, JobId, i64, String, i64)> = sqlx::query_as(
+        "SELECT worker, job, epoch, outcome, at FROM (SELECT r.*, row_number() OVER \
+         (PARTITION BY worker ORDER BY at DESC, job) AS n FROM homing_worker_reclaims r \
+         WHERE worker = ANY($1)) t WHERE n <= $2 ORDER BY worker, at DESC, job",
+    )
+    .bind(&ids)
+    .bind(crate::reclaim::RECLAIMS_LISTED as i64)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut by_worker: HashMap<String, Vec<JobId>> = HashMap::new();
+    for (id, w) in running {
+        by_worker.entry(w).or_default().push(id);
+    }
+    let mut reclaimed: HashMap<String, Vec<Reclaim>> = HashMap::new();
+    for (w, job, epoch, outcome, at) in reclaims {
+        // A damaged row is left out of the view rather than failing every worker's listing.
+        let Some(outcome) = ReclaimOutcome::read(&outcome) else {
+            tracing::warn!(worker = %w, %job, "a reclaim row cannot be read; left out");
+            continue;
+        };
+        reclaimed.entry(w).or_default().push(Reclaim {
+            job,
+            epoch: epoch.max(0) as u64,
+            outcome,
+            at,
+        });
+    }
+    for w in &mut out {
+        w.running = by_worker.remove(&w.info.id).unwrap_or_default();
+        w.reclaimed = reclaimed.remove(&w.info.id).unwrap_or_default();
+    }
+    Ok(out)
 }
 
 fn dispatch_rows(rows: Vec<PgRow>) -> sqlx::Result<Vec<ToPublish>> {
@@ -2438,8 +2525,8 @@ impl Store for PgStore {
         self.call(async {
             let mut tx = self.pool.begin().await?;
             let r = sqlx::query(
-                "UPDATE homing_workers SET status = $2, last_seen = GREATEST(last_seen, $3) \
-                 WHERE id = $1 AND status = 'live'",
+                "UPDATE homing_workers SET status = $2, last_seen = GREATEST(last_seen, $3), \
+                 ended_at = $3 WHERE id = $1 AND status = 'live'",
             )
             .bind(id)
             .bind(status.as_str())
@@ -2459,45 +2546,39 @@ impl Store for PgStore {
     async fn workers(&self, since: Micros) -> Result<Vec<WorkerRecord>> {
         self.call(async {
             let mut tx = self.pool.begin().await?;
-            // One snapshot for both reads, so a worker and its running jobs agree.
+            // One snapshot for every read, so a worker, its running jobs and reclaims agree.
             sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 .execute(&mut *tx)
                 .await?;
-            let rows: Vec<(String, i64, String)> = sqlx::query_as(
-                "SELECT info, last_seen, status FROM homing_workers WHERE last_seen >= $1 \
-                 ORDER BY started_at DESC",
+            let rows: Vec<WorkerRow> = sqlx::query_as(
+                "SELECT info, last_seen, status, ended_at FROM homing_workers \
+                 WHERE last_seen >= $1 ORDER BY started_at DESC",
             )
             .bind(since)
             .fetch_all(&mut *tx)
             .await?;
-            let mut out = Vec::with_capacity(rows.len());
-            for (info, last_seen, status) in rows {
-                let info: WorkerInfo =
-                    serde_json::from_str(&info).map_err(|e| corrupt("worker", e))?;
-                out.push(WorkerRecord {
-                    status: WorkerStatus::read(&status, &info.id),
-                    info,
-                    last_seen,
-                    running: Vec::new(),
-                });
-            }
-            let ids: Vec<String> = out.iter().map(|w| w.info.id.clone()).collect();
-            let running: Vec<(JobId, String)> = sqlx::query_as(
-                "SELECT id, worker FROM homing_jobs WHERE state = 'running' \
-                 AND worker = ANY($1) ORDER BY started_at, id",
+            let out = worker_records(&mut tx, rows).await?;
+            tx.commit().await?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>> {
+        self.call(async {
+            let mut tx = self.pool.begin().await?;
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                .execute(&mut *tx)
+                .await?;
+            let rows: Vec<WorkerRow> = sqlx::query_as(
+                "SELECT info, last_seen, status, ended_at FROM homing_workers WHERE id = $1",
             )
-            .bind(&ids)
+            .bind(id)
             .fetch_all(&mut *tx)
             .await?;
+            let out = worker_records(&mut tx, rows).await?;
             tx.commit().await?;
-            let mut by_worker: HashMap<String, Vec<JobId>> = HashMap::new();
-            for (id, w) in running {
-                by_worker.entry(w).or_default().push(id);
-            }
-            for w in &mut out {
-                w.running = by_worker.remove(&w.info.id).unwrap_or_default();
-            }
-            Ok(out)
+            Ok(out.into_iter().next())
         })
         .await
     }
@@ -2694,12 +2775,24 @@ impl Store for PgStore {
             .execute(&mut *tx)
             .await?
             .rows_affected();
-            let workers =
+            let mut workers =
                 sqlx::query("DELETE FROM homing_workers WHERE status <> 'live' AND last_seen < $1")
                     .bind(before)
                     .execute(&mut *tx)
                     .await?
                     .rows_affected();
+            // A departed worker's reclaims go with its row (or, for a consumer that never had
+            // one, once they are old).
+            workers += sqlx::query(
+                "DELETE FROM homing_worker_reclaims r WHERE r.ctid IN (SELECT ctid FROM \
+                 homing_worker_reclaims x WHERE x.at < $1 AND NOT EXISTS (SELECT 1 FROM \
+                 homing_workers w WHERE w.id = x.worker) LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            )
+            .bind(before)
+            .bind(limit)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
             let audit = sqlx::query(
                 "DELETE FROM homing_audit WHERE id IN (SELECT id FROM homing_audit \
                  WHERE at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)",

@@ -1,0 +1,139 @@
+//! The worker view's store contract (docs/workers.md): what a worker registered with (version,
+//! heartbeat TTL), when it ended, and which jobs were reclaimed from it when it was lost, each
+//! recorded in the transaction that did it and deleted with the worker's row by retention.
+
+use std::sync::Arc;
+
+use super::{new_job, unique_queue};
+use crate::job::JobState;
+use crate::reclaim::ReclaimOutcome;
+use crate::store::*;
+use crate::time::now;
+
+fn info(id: &str, t: crate::time::Micros) -> WorkerInfo {
+    WorkerInfo {
+        id: id.to_string(),
+        hostname: "h".into(),
+        pid: 4242,
+        queues: vec!["default".into()],
+        concurrency: 3,
+        tasks: vec!["t".into()],
+        started_at: t,
+        remote: None,
+        version: Some("9.8.7".into()),
+        heartbeat_ttl_ms: Some(600),
+    }
+}
+
+async fn run(s: &dyn Store, id: crate::job::JobId, worker: &str) -> crate::job::Job {
+    match s.start(&[id], worker, now()).await.unwrap().remove(0) {
+        StartOutcome::Run(j) => *j,
+        other => panic!("expected Run, got {other:?}"),
+    }
+}
+
+pub async fn lost_worker_keeps_its_reclaims(s: Arc<dyn Store>) {
+    // Whole milliseconds: timestamps travel as RFC 3339 with millisecond precision.
+    let t = now() / 1000 * 1000;
+    let lost = unique_queue("lostw");
+    let stopped = unique_queue("stopw");
+    s.register_worker(&info(&lost, t), t).await.unwrap();
+    s.register_worker(&info(&stopped, t), t).await.unwrap();
+    let q = unique_queue("reclaim");
+    let requeued = new_job(&q, "t");
+    let mut dead = new_job(&q, "t");
+    dead.options.max_crashes = Some(1);
+    let cancelled = new_job(&q, "t");
+    let other = new_job(&q, "t");
+    s.insert(vec![
+        requeued.clone(),
+        dead.clone(),
+        cancelled.clone(),
+        other.clone(),
+    ])
+    .await
+    .unwrap();
+    let r = run(&*s, requeued.id, &lost).await;
+    let d = run(&*s, dead.id, &lost).await;
+    let c = run(&*s, cancelled.id, &lost).await;
+    run(&*s, other.id, &stopped).await;
+    s.cancel(cancelled.id, now()).await.unwrap();
+
+    let at = t + 5_000;
+    assert_eq!(
+        s.mark_lost(requeued.id, &lost, at).await.unwrap(),
+        Lost::Requeued
+    );
+    assert_eq!(s.mark_lost(dead.id, &lost, at).await.unwrap(), Lost::Dead);
+    assert_eq!(
+        s.mark_lost(cancelled.id, &lost, at).await.unwrap(),
+        Lost::Cancelled
+    );
+    // A second rescuer finds nothing of its own: no second reclaim.
+    assert_eq!(
+        s.mark_lost(requeued.id, &lost, at + 1).await.unwrap(),
+        Lost::NotOwned(JobState::Queued)
+    );
+    // Not this worker's job: nothing is recorded against it.
+    assert_eq!(
+        s.mark_lost(other.id, &lost, at).await.unwrap(),
+        Lost::NotOwned(JobState::Running)
+    );
+    let live = s.worker(&lost).await.unwrap().expect("the worker is kept");
+    assert_eq!(live.status, WorkerStatus::Live);
+    assert_eq!(live.ended_at, None);
+    assert_eq!(live.reclaimed.len(), 3, "{:?}", live.reclaimed);
+
+    assert!(s
+        .worker_gone(&lost, WorkerStatus::Lost, None, at + 10)
+        .await
+        .unwrap());
+    assert!(s
+        .worker_gone(&stopped, WorkerStatus::Stopped, None, at + 20)
+        .await
+        .unwrap());
+    // A later declaration changes nothing, its time included.
+    assert!(!s
+        .worker_gone(&lost, WorkerStatus::Lost, None, at + 99)
+        .await
+        .unwrap());
+
+    let w = s.worker(&lost).await.unwrap().unwrap();
+    assert_eq!(w.status, WorkerStatus::Lost);
+    assert_eq!(w.ended_at, Some(at + 10));
+    assert_eq!(w.info, info(&lost, t), "version and TTL round-trip");
+    let mut got: Vec<_> = w
+        .reclaimed
+        .iter()
+        .map(|r| (r.job, r.epoch, r.outcome, r.at))
+        .collect();
+    got.sort_by_key(|g| g.0);
+    let mut want = vec![
+        (requeued.id, r.epoch, ReclaimOutcome::Requeued, at),
+        (dead.id, d.epoch, ReclaimOutcome::Dead, at),
+        (cancelled.id, c.epoch, ReclaimOutcome::Cancelled, at),
+    ];
+    want.sort_by_key(|g| g.0);
+    assert_eq!(got, want);
+    // The listing carries the same record.
+    let listed = s.workers(t - 1).await.unwrap();
+    let lw = listed.iter().find(|x| x.info.id == lost).unwrap();
+    assert_eq!(lw, &w);
+
+    let st = s.worker(&stopped).await.unwrap().unwrap();
+    assert_eq!(st.status, WorkerStatus::Stopped);
+    assert_eq!(st.ended_at, Some(at + 20));
+    assert!(st.reclaimed.is_empty());
+    assert_eq!(st.running, vec![other.id]);
+    assert!(s.worker("no-such-worker").await.unwrap().is_none());
+
+    // Retention: the departed workers go, and the reclaims with them.
+    let p = s.purge(now() + 1, 100).await.unwrap();
+    assert!(p.workers >= 5, "two workers and three reclaims: {p:?}");
+    assert!(s.worker(&lost).await.unwrap().is_none());
+    assert!(s.worker(&stopped).await.unwrap().is_none());
+    // Registering the same id again starts a clean record.
+    s.register_worker(&info(&lost, t), t).await.unwrap();
+    let again = s.worker(&lost).await.unwrap().unwrap();
+    assert!(again.reclaimed.is_empty() && again.ended_at.is_none());
+}
