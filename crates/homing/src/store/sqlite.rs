@@ -2340,10 +2340,18 @@ mod round_tests {
         let (committed, taken) = complete_and_take(&db, &done, &first, take, crate::time::now())
             .await
             .unwrap();
-        assert!(committed
-            .iter()
-            .all(|c| matches!(c, Committed::Applied { state: JobState::Succeeded, .. })));
-        assert_eq!(taken.len(), 2, "took as many as it was asked for: {taken:?}");
+        assert!(committed.iter().all(|c| matches!(
+            c,
+            Committed::Applied {
+                state: JobState::Succeeded,
+                ..
+            }
+        )));
+        assert_eq!(
+            taken.len(),
+            2,
+            "took as many as it was asked for: {taken:?}"
+        );
         assert!(
             matches!(&taken[0].1, Some(StartOutcome::Run(j)) if j.id == jobs[2].id && j.worker.as_deref() == Some("w")),
             "{taken:?}"

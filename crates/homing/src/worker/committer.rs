@@ -9,7 +9,9 @@
 //! together. A store that overlaps transactions well (PostgreSQL, whose commit waits for its WAL
 //! flush) gets several batches in flight at once, each on its own connection; the next batch
 //! gathers meanwhile. When the broker lives in the store's own SQLite file, the acknowledgement
-//! is written in the commit's transaction. A batch's reservations are given back together, after
+//! is written in the commit's transaction, and so are the next batch's reservation and start,
+//! which reuse the acknowledged messages' reservations ([`carry_over`]): one write per round.
+//! Elsewhere a batch's reservations are given back together, after
 //! its acknowledgement, so the fetcher reserves one batch, not one message at a time.
 
 use std::sync::Arc;

@@ -153,7 +153,10 @@ pub(crate) async fn take_started(
             }
             (Ok(_), None) => {
                 // Not started: hand it back like a start that could not be made.
-                let _ = s.broker.requeue(&s.id, std::slice::from_ref(&delivery)).await;
+                let _ = s
+                    .broker
+                    .requeue(&s.id, std::slice::from_ref(&delivery))
+                    .await;
                 drop((reservation, slot));
             }
         }
