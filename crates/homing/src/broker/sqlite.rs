@@ -68,43 +68,52 @@ impl SqliteBroker {
         }
         let consumer = consumer.to_string();
         self.db
-            .write(move |tx| {
-                let t = now();
-                // Highest priority first, then oldest: the order the ready index keeps.
-                let mut st = tx.prepare_cached(
-                    "UPDATE messages SET consumer = ?1, reserved_at = ?2 WHERE id IN \
-                     (SELECT id FROM messages WHERE queue = ?3 AND consumer IS NULL \
-                      ORDER BY priority DESC, id LIMIT ?4) \
-                     RETURNING id, generation, queue, payload, priority",
-                )?;
-                let mut out = Vec::new();
-                for q in &queues {
-                    if out.len() >= max {
-                        break;
-                    }
-                    let rows =
-                        st.query_map(params![consumer, t, q, (max - out.len()) as i64], |r| {
-                            Ok((
-                                r.get::<_, i64>(4)?,
-                                r.get::<_, i64>(0)?,
-                                r.get::<_, i64>(1)?,
-                                r.get::<_, String>(2)?,
-                                r.get::<_, String>(3)?,
-                            ))
-                        })?;
-                    for r in rows {
-                        out.push(r?);
-                    }
-                }
-                // RETURNING does not keep the subquery's order: put it back.
-                out.sort_by_key(|(priority, id, ..)| (std::cmp::Reverse(*priority), *id));
-                Ok(out
-                    .into_iter()
-                    .map(|(_, id, gen, queue, payload)| delivery(id, gen, queue, &payload))
-                    .collect())
-            })
+            .write(move |tx| reserve_in(tx, &consumer, &queues, max))
             .await
     }
+}
+
+/// Reserves up to `max` ready messages of `queues` for `consumer` in the caller's write
+/// transaction: the highest priority first, then the oldest. The worker's combined round on the
+/// embedded file (`store::sqlite::complete_and_take`) calls it in the transaction that
+/// acknowledges the messages whose reservations it reuses.
+pub(crate) fn reserve_in(
+    tx: &rusqlite::Transaction<'_>,
+    consumer: &str,
+    queues: &[String],
+    max: usize,
+) -> rusqlite::Result<Vec<Delivery>> {
+    let t = now();
+    let mut st = tx.prepare_cached(
+        "UPDATE messages SET consumer = ?1, reserved_at = ?2 WHERE id IN \
+         (SELECT id FROM messages WHERE queue = ?3 AND consumer IS NULL \
+          ORDER BY priority DESC, id LIMIT ?4) \
+         RETURNING id, generation, queue, payload, priority",
+    )?;
+    let mut out = Vec::new();
+    for q in queues {
+        if out.len() >= max {
+            break;
+        }
+        let rows = st.query_map(params![consumer, t, q, (max - out.len()) as i64], |r| {
+            Ok((
+                r.get::<_, i64>(4)?,
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+            ))
+        })?;
+        for r in rows {
+            out.push(r?);
+        }
+    }
+    // RETURNING does not keep the subquery's order: put it back.
+    out.sort_by_key(|(priority, id, ..)| (std::cmp::Reverse(*priority), *id));
+    Ok(out
+        .into_iter()
+        .map(|(_, id, gen, queue, payload)| delivery(id, gen, queue, &payload))
+        .collect())
 }
 
 fn delivery(id: i64, generation: i64, queue: String, payload: &str) -> Delivery {

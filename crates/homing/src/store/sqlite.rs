@@ -529,16 +529,20 @@ fn transit(
     Ok(Some((after, publish)))
 }
 
-/// Commits outcomes and acknowledges `acks` (messages of the SQLite broker in this same file) in
-/// one transaction: the worker's commit and its late ack become one write. All or nothing; an
-/// error leaves the caller to take the ordinary path ([`Store::complete`], then the broker's
-/// ack), which isolates a completion the store cannot write.
-pub(crate) async fn complete_and_ack(
+/// One round of a worker on the embedded file, in one write transaction: commit the batch's
+/// outcomes, delete its messages (the late ack), then reserve up to `take` ready messages for
+/// `worker` and start their jobs (the idempotency guard), as `reserve` and `start` would one
+/// after the other. The reservations are the acknowledged messages' own: the messages this
+/// worker holds never exceed what it held before the round (docs/fastpath.md, "The at-risk
+/// bound"). Undecodable messages are reserved but not started (`None`): the caller dead-letters
+/// them. All or nothing; an error leaves the caller to take the ordinary path.
+pub(crate) async fn complete_and_take(
     db: &Arc<Db>,
     done: &[Completion],
     acks: &[crate::broker::Delivery],
+    take: Take,
     now: Micros,
-) -> Result<Vec<Committed>> {
+) -> Result<(Vec<Committed>, Vec<Taken>)> {
     let done = done.to_vec();
     let acks = crate::broker::sqlite::tags(acks);
     db.write(move |tx| {
@@ -550,10 +554,36 @@ pub(crate) async fn complete_and_ack(
         for (id, gen) in &acks {
             st.execute([id, gen])?;
         }
-        Ok(out)
+        let mut taken: Vec<Taken> = Vec::new();
+        if take.max > 0 {
+            let reserved =
+                crate::broker::sqlite::reserve_in(tx, &take.worker, &take.queues, take.max)?;
+            let ids: Vec<String> = reserved
+                .iter()
+                .filter_map(|d| d.job.as_ref().ok().map(|id| id.to_string()))
+                .collect();
+            let mut started = start_in(tx, &ids, &take.worker, now)?.into_iter();
+            for d in reserved {
+                let outcome = if d.job.is_ok() { started.next() } else { None };
+                taken.push((d, outcome));
+            }
+        }
+        Ok((out, taken))
     })
     .await
 }
+
+/// What a worker's round takes after its commit ([`complete_and_take`]): up to `max` messages of
+/// `queues`, reserved and started under `worker`.
+#[derive(Debug, Clone)]
+pub(crate) struct Take {
+    pub worker: String,
+    pub queues: Vec<String>,
+    pub max: usize,
+}
+
+/// A message reserved by [`complete_and_take`] and how its start went (`None`: undecodable).
+pub(crate) type Taken = (crate::broker::Delivery, Option<StartOutcome>);
 
 fn complete_one(tx: &Transaction<'_>, c: &Completion, now: Micros) -> rusqlite::Result<Committed> {
     let change = transition::complete(&c.outcome);
@@ -2375,5 +2405,130 @@ mod poison_tests {
     #[tokio::test]
     async fn an_unknown_state_reads_and_dies_at_start() {
         dies_at_start("UPDATE jobs SET state = 'paused' WHERE id = ?1", "state").await;
+    }
+}
+
+#[cfg(test)]
+mod round_tests {
+    use super::*;
+    use crate::broker::{sqlite::SqliteBroker, Broker};
+    use crate::job::{new_job_id, JobOptions};
+
+    fn job(queue: &str) -> NewJob {
+        NewJob {
+            id: new_job_id(),
+            task: "t".into(),
+            queue: queue.into(),
+            args: serde_json::json!(null),
+            options: JobOptions::default(),
+            created_at: crate::time::now(),
+            run_at: None,
+        }
+    }
+
+    /// One transaction finishes a batch, deletes its messages and takes (reserves and starts)
+    /// the next ones, never more than it was asked for; an undecodable message is reserved but
+    /// not started, for the worker to dead-letter.
+    #[tokio::test]
+    async fn a_round_commits_acks_and_takes_the_next_batch_in_one_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path().join("h.db")).unwrap();
+        let (store, broker) = (SqliteStore::new(db.clone()), SqliteBroker::new(db.clone()));
+        let jobs: Vec<NewJob> = (0..4).map(|_| job("q")).collect();
+        store.insert(jobs.clone()).await.unwrap();
+        let publish: Vec<ToPublish> = jobs
+            .iter()
+            .map(|j| ToPublish {
+                id: j.id,
+                queue: "q".into(),
+                priority: 0,
+            })
+            .collect();
+        broker.publish(&publish).await.unwrap();
+        db.write(|tx| {
+            tx.execute(
+                "INSERT INTO messages (queue, payload, priority) VALUES ('q', 'not a job id', 0)",
+                [],
+            )
+        })
+        .await
+        .unwrap();
+        let queues = vec!["q".to_string()];
+        let first = broker
+            .reserve("w", &queues, 2, std::time::Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(first.len(), 2);
+        let ids: Vec<JobId> = first.iter().map(|d| *d.job.as_ref().unwrap()).collect();
+        let started = store.start(&ids, "w", crate::time::now()).await.unwrap();
+        let done: Vec<Completion> = started
+            .iter()
+            .map(|o| match o {
+                StartOutcome::Run(j) => Completion {
+                    id: j.id,
+                    epoch: j.epoch,
+                    outcome: Outcome::Succeeded(serde_json::json!(1)),
+                },
+                other => panic!("not started: {other:?}"),
+            })
+            .collect();
+        let take = Take {
+            worker: "w".into(),
+            queues: queues.clone(),
+            max: 2,
+        };
+        let (committed, taken) = complete_and_take(&db, &done, &first, take, crate::time::now())
+            .await
+            .unwrap();
+        assert!(committed.iter().all(|c| matches!(
+            c,
+            Committed::Applied {
+                state: JobState::Succeeded,
+                ..
+            }
+        )));
+        assert_eq!(
+            taken.len(),
+            2,
+            "took as many as it was asked for: {taken:?}"
+        );
+        assert!(
+            matches!(&taken[0].1, Some(StartOutcome::Run(j)) if j.id == jobs[2].id && j.worker.as_deref() == Some("w")),
+            "{taken:?}"
+        );
+        assert!(matches!(&taken[1].1, Some(StartOutcome::Run(j)) if j.id == jobs[3].id));
+        let depth = broker.depths().await.unwrap();
+        assert_eq!(
+            (depth[0].ready, depth[0].reserved),
+            (1, 2),
+            "the acknowledged messages are gone, the taken ones reserved, the rest ready"
+        );
+        // The next round reaches the undecodable message: reserved, not started.
+        let done: Vec<Completion> = taken
+            .iter()
+            .map(|(_, o)| match o {
+                Some(StartOutcome::Run(j)) => Completion {
+                    id: j.id,
+                    epoch: j.epoch,
+                    outcome: Outcome::Succeeded(serde_json::json!(1)),
+                },
+                other => panic!("not started: {other:?}"),
+            })
+            .collect();
+        let acks: Vec<_> = taken.iter().map(|(d, _)| d.clone()).collect();
+        let take = Take {
+            worker: "w".into(),
+            queues,
+            max: 2,
+        };
+        let (_, taken) = complete_and_take(&db, &done, &acks, take, crate::time::now())
+            .await
+            .unwrap();
+        assert_eq!(taken.len(), 1);
+        assert!(taken[0].0.job.is_err() && taken[0].1.is_none(), "{taken:?}");
+        for j in &jobs {
+            let j = store.get(j.id).await.unwrap().unwrap();
+            assert_eq!(j.state, JobState::Succeeded);
+        }
     }
 }

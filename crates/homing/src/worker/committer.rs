@@ -9,7 +9,9 @@
 //! together. A store that overlaps transactions well (PostgreSQL, whose commit waits for its WAL
 //! flush) gets several batches in flight at once, each on its own connection; the next batch
 //! gathers meanwhile. When the broker lives in the store's own SQLite file, the acknowledgement
-//! is written in the commit's transaction. A batch's reservations are given back together, after
+//! is written in the commit's transaction, and so are the next batch's reservation and start,
+//! which reuse the acknowledged messages' reservations ([`carry_over`]): one write per round.
+//! Elsewhere a batch's reservations are given back together, after
 //! its acknowledgement, so the fetcher reserves one batch, not one message at a time.
 
 use std::sync::Arc;
@@ -138,7 +140,7 @@ where
     }
 }
 
-async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
+async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken) {
     let completions: Vec<Completion> = batch.iter().filter_map(|i| i.completion.clone()).collect();
     // Whatever the store answered (applied, stale, unstored, or no answer at all), these jobs'
     // outcomes are no longer on their way: a later delivery may find one still running here
@@ -148,14 +150,33 @@ async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
     let mut unstored: Vec<Delivery> = Vec::new();
     let all: Vec<Delivery> = batch.iter().map(|i| i.delivery.clone()).collect();
     // Broker and store in one SQLite file: the acknowledgement goes in the commit's own
-    // transaction, one write instead of two. A batch the combined write refuses for its data
-    // takes the ordinary path below, which isolates the culprit.
+    // transaction, and so do the next round's reservation and start, which reuse the
+    // acknowledged messages' reservations: one write per round instead of three. A batch the
+    // combined write refuses for its data takes the ordinary path below, which isolates the
+    // culprit; its reservations then go back to the fetcher.
     let mut acked = false;
     let mut early: Option<Vec<Committed>> = None;
     #[cfg(feature = "sqlite")]
     if let Some(db) = shared_db(s) {
+        // Held until the jobs it takes are spawned, so a shutdown waiting for the executors
+        // cannot miss them.
+        let _spawning = s.executors.token();
+        let (reservations, slots) = carry_over(s, &mut batch, done);
+        let take = crate::store::sqlite::Take {
+            worker: s.id.clone(),
+            queues: s.config.queues.clone(),
+            max: reservations.len(),
+        };
         let combined = retrying(s, done, "committing outcomes", || async {
-            match crate::store::sqlite::complete_and_ack(&db, &completions, &all, now()).await {
+            let r = crate::store::sqlite::complete_and_take(
+                &db,
+                &completions,
+                &all,
+                take.clone(),
+                now(),
+            )
+            .await;
+            match r {
                 Ok(r) => Ok(Some(r)),
                 Err(e) if !e.is_transient() => Ok(None),
                 Err(e) => Err(e),
@@ -164,9 +185,10 @@ async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
         .await;
         match combined {
             None => return,
-            Some(Some(r)) => {
+            Some(Some((r, taken))) => {
                 acked = true;
                 early = Some(r);
+                super::executor::take_started(s, taken, reservations, slots).await;
             }
             Some(None) => {}
         }
@@ -230,6 +252,36 @@ async fn commit(s: &Session, batch: Vec<Item>, done: &CancellationToken) {
         .await;
     }
     release_together(batch);
+}
+
+/// The reservations (and free slots) a round on the embedded file carries over from its
+/// acknowledged messages to the messages it reserves in the same transaction: one per item, as
+/// long as a slot is free, and none once the session is stopping or lost. A reservation moves
+/// from a message to its successor inside one transaction, so the messages this worker holds
+/// never exceed its prefetch; a slot is taken only if free, so jobs waiting for one (prefetch
+/// above concurrency) go first.
+fn carry_over(
+    s: &Session,
+    batch: &mut [Item],
+    done: &CancellationToken,
+) -> (Vec<OwnedSemaphorePermit>, Vec<OwnedSemaphorePermit>) {
+    let (mut reservations, mut slots) = (Vec::new(), Vec::new());
+    if s.stopping.is_cancelled() || s.lost.is_cancelled() || done.is_cancelled() {
+        return (reservations, slots);
+    }
+    for item in batch.iter_mut() {
+        if item.reservation.is_none() {
+            continue;
+        }
+        let Ok(slot) = s.slots.clone().try_acquire_owned() else {
+            break;
+        };
+        if let Some(r) = item.reservation.take() {
+            reservations.push(r);
+            slots.push(slot);
+        }
+    }
+    (reservations, slots)
 }
 
 /// Gives a batch's reservations back in one step: one by one, the fetcher (woken by the first)

@@ -112,6 +112,64 @@ async fn start_ready(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermi
             }
         }
     };
+    take_outcomes(s, items, outcomes).await;
+}
+
+/// Runs the jobs of a round's combined transaction (`store::sqlite::complete_and_take`): each
+/// message came with a reservation the committer carried over from an acknowledged one and a
+/// free slot. Undecodable messages are dead-lettered; what is left of `reservations` and `slots`
+/// (fewer messages than asked for) is given back when they drop.
+pub(crate) async fn take_started(
+    s: &Arc<Session>,
+    taken: Vec<(Delivery, Option<StartOutcome>)>,
+    mut reservations: Vec<OwnedSemaphorePermit>,
+    mut slots: Vec<OwnedSemaphorePermit>,
+) {
+    let mut items = Vec::with_capacity(taken.len());
+    let mut outcomes = Vec::with_capacity(taken.len());
+    for (delivery, outcome) in taken {
+        let (Some(reservation), Some(slot)) = (reservations.pop(), slots.pop()) else {
+            // Never more messages than reservations; should a store return more, they stay
+            // reserved for the rescuer rather than be run beyond the promise.
+            tracing::error!(tag = %delivery.tag, "a round took more messages than it had reservations for");
+            continue;
+        };
+        match (&delivery.job, outcome) {
+            (Ok(id), Some(outcome)) => {
+                let id = *id;
+                items.push((
+                    Reserved {
+                        delivery,
+                        id,
+                        reservation,
+                    },
+                    slot,
+                ));
+                outcomes.push(outcome);
+            }
+            (Err(reason), _) => {
+                dead_letter(s, &delivery, reason).await;
+                drop((reservation, slot));
+            }
+            (Ok(_), None) => {
+                // Not started: hand it back like a start that could not be made.
+                let _ = s
+                    .broker
+                    .requeue(&s.id, std::slice::from_ref(&delivery))
+                    .await;
+                drop((reservation, slot));
+            }
+        }
+    }
+    take_outcomes(s, items, outcomes).await;
+}
+
+/// Runs what started, and settles what the idempotency guard turned away.
+async fn take_outcomes(
+    s: &Arc<Session>,
+    items: Vec<(Reserved, OwnedSemaphorePermit)>,
+    outcomes: Vec<StartOutcome>,
+) {
     for ((r, slot), outcome) in items.into_iter().zip(outcomes) {
         match outcome {
             StartOutcome::Run(job) => {
