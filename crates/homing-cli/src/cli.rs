@@ -457,6 +457,13 @@ pub enum JobsCommand {
         #[command(flatten)]
         out: OutputArgs,
     },
+    /// Show one job's timeline: every run with its epoch and worker, every crash, error (with
+    /// its traceback), retry, cancel and progress report, oldest first (docs/timeline.md).
+    History {
+        id: String,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
     /// List jobs, newest first.
     List {
         /// Only jobs in this state (scheduled, waiting, queued, running, succeeded, failed, dead,

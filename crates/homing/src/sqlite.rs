@@ -94,6 +94,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0014_traceparent",
         sql: include_str!("sqlite/migrations/0014_traceparent.sql"),
     },
+    Migration {
+        version: 15,
+        name: "0015_job_history",
+        sql: include_str!("sqlite/migrations/0015_job_history.sql"),
+    },
 ];
 
 /// An open database file.

@@ -84,6 +84,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0014_traceparent",
         sql: include_str!("migrations/0014_traceparent.sql"),
     },
+    Migration {
+        version: 15,
+        name: "0015_job_history",
+        sql: include_str!("migrations/0015_job_history.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are
