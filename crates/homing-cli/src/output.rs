@@ -106,20 +106,30 @@ pub fn history(j: &Job, h: &homing::history::History) {
                 e.epoch.map_or("-".into(), |n| n.to_string()),
                 e.worker.clone().unwrap_or_else(|| "-".into()),
                 format!("{}/{}", e.attempts, e.crashes),
-                e.data
-                    .as_ref()
-                    .map(|d| d.to_string())
-                    .unwrap_or_default(),
+                e.data.as_ref().map(|d| d.to_string()).unwrap_or_default(),
             ]
         })
         .collect();
     table(
-        &["at", "what", "state", "epoch", "worker", "errors/crashes", "data"],
+        &[
+            "at",
+            "what",
+            "state",
+            "epoch",
+            "worker",
+            "errors/crashes",
+            "data",
+        ],
         rows,
     );
     for (i, e) in h.entries.iter().enumerate() {
         if let Some(m) = &e.message {
-            println!("\n#{} {} (epoch {}):", i + 1, e.kind.as_str(), e.epoch.map_or("-".into(), |n| n.to_string()));
+            println!(
+                "\n#{} {} (epoch {}):",
+                i + 1,
+                e.kind.as_str(),
+                e.epoch.map_or("-".into(), |n| n.to_string())
+            );
             for line in m.lines() {
                 println!("    {line}");
             }

@@ -1268,7 +1268,10 @@ async fn job_view_shows_the_full_timeline_through_a_failure_and_a_crash() {
     // The success on the other worker, with its result.
     let done = of("succeeded");
     assert_eq!((&done[0].1, &done[0].2), (&starts[2].1, &starts[2].2));
-    assert_ne!(starts[2].2, starts[1].2, "the last run is on the second worker");
+    assert_ne!(
+        starts[2].2, starts[1].2,
+        "the last run is on the second worker"
+    );
     let shot = browser.screenshot("dashboard-job-timeline.png").await;
     eprintln!("screenshot: {}", shot.display());
     browser.quit().await;

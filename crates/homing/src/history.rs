@@ -96,7 +96,6 @@ impl Kind {
     pub fn parse(s: &str) -> Kind {
         serde_json::from_value(serde_json::Value::String(s.to_string())).unwrap_or(Kind::Unknown)
     }
-
 }
 
 /// One entry of a job's timeline, as written and as read back.
@@ -474,7 +473,10 @@ mod tests {
         };
         let e = changed(&c.apply(&j, 7), &c, Cause::Lost { worker: "w" }, None, 7);
         assert_eq!(e.kind, Kind::Crashed);
-        assert_eq!((e.state, e.crashes, e.epoch), (JobState::Queued, 1, Some(4)));
+        assert_eq!(
+            (e.state, e.crashes, e.epoch),
+            (JobState::Queued, 1, Some(4))
+        );
         assert_eq!(e.worker.as_deref(), Some("w"));
         let q = transition::sample_job(JobState::Queued);
         let parked = changed(&q, &transition::park(), Cause::Start, Some("w"), 7);

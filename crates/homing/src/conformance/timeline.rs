@@ -58,7 +58,10 @@ pub async fn every_run_crash_and_outcome_leaves_its_entry(s: Arc<dyn Store>) {
     s.insert(vec![nj]).await.unwrap();
     let e = consistent(&*s, id).await;
     assert_eq!(kinds(&e), [Kind::Enqueued]);
-    assert_eq!((e[0].state, e[0].worker.as_deref()), (JobState::Queued, None));
+    assert_eq!(
+        (e[0].state, e[0].worker.as_deref()),
+        (JobState::Queued, None)
+    );
 
     let run1 = start(&*s, id, "w-a").await;
     assert!(s
@@ -77,12 +80,23 @@ pub async fn every_run_crash_and_outcome_leaves_its_entry(s: Arc<dyn Store>) {
     let e = consistent(&*s, id).await;
     assert_eq!(
         kinds(&e),
-        [Kind::Enqueued, Kind::Started, Kind::Progress, Kind::RetryScheduled]
+        [
+            Kind::Enqueued,
+            Kind::Started,
+            Kind::Progress,
+            Kind::RetryScheduled
+        ]
     );
-    assert_eq!((e[1].epoch, e[1].worker.as_deref()), (Some(run1.epoch), Some("w-a")));
+    assert_eq!(
+        (e[1].epoch, e[1].worker.as_deref()),
+        (Some(run1.epoch), Some("w-a"))
+    );
     assert_eq!(e[2].data, Some(serde_json::json!({"fraction": 0.5})));
     let retry = &e[3];
-    assert_eq!((retry.epoch, retry.worker.as_deref()), (Some(run1.epoch), Some("w-a")));
+    assert_eq!(
+        (retry.epoch, retry.worker.as_deref()),
+        (Some(run1.epoch), Some("w-a"))
+    );
     assert_eq!((retry.state, retry.attempts), (JobState::Scheduled, 1));
     assert!(retry.message.as_deref().unwrap().contains("Traceback"));
     assert_eq!(
@@ -95,17 +109,34 @@ pub async fn every_run_crash_and_outcome_leaves_its_entry(s: Arc<dyn Store>) {
     assert_eq!(s.mark_lost(id, "w-b", now()).await.unwrap(), Lost::Requeued);
     let run3 = start(&*s, id, "w-c").await;
     assert!(matches!(
-        complete(&*s, id, run3.epoch, Outcome::Succeeded(serde_json::json!({"ok": 1}))).await,
+        complete(
+            &*s,
+            id,
+            run3.epoch,
+            Outcome::Succeeded(serde_json::json!({"ok": 1}))
+        )
+        .await,
         Committed::Applied { .. }
     ));
     let e = consistent(&*s, id).await;
     assert_eq!(
         kinds(&e[4..]),
-        [Kind::Due, Kind::Started, Kind::Crashed, Kind::Started, Kind::Succeeded]
+        [
+            Kind::Due,
+            Kind::Started,
+            Kind::Crashed,
+            Kind::Started,
+            Kind::Succeeded
+        ]
     );
     let crash = &e[6];
     assert_eq!(
-        (crash.epoch, crash.worker.as_deref(), crash.state, crash.crashes),
+        (
+            crash.epoch,
+            crash.worker.as_deref(),
+            crash.state,
+            crash.crashes
+        ),
         (Some(run2.epoch), Some("w-b"), JobState::Queued, 1)
     );
     let done = &e[8];
@@ -131,7 +162,10 @@ pub async fn refused_writes_leave_no_entry(s: Arc<dyn Store>) {
     let id = nj.id;
     s.insert(vec![nj]).await.unwrap();
     let zombie = start(&*s, id, "zombie").await;
-    assert_eq!(s.mark_lost(id, "zombie", now()).await.unwrap(), Lost::Requeued);
+    assert_eq!(
+        s.mark_lost(id, "zombie", now()).await.unwrap(),
+        Lost::Requeued
+    );
     let before = s.history(id).await.unwrap().entries.len();
     let current = start(&*s, id, "w2").await;
     let after_start = s.history(id).await.unwrap().entries.len();
@@ -177,7 +211,10 @@ pub async fn operator_actions_and_schedules_leave_entries(s: Arc<dyn Store>) {
     let bid = b.id;
     s.insert(vec![new_job_with_id(&q, a), b]).await.unwrap();
     let e = consistent(&*s, bid).await;
-    assert_eq!((e[0].kind, e[0].state), (Kind::Enqueued, JobState::Scheduled));
+    assert_eq!(
+        (e[0].kind, e[0].state),
+        (Kind::Enqueued, JobState::Scheduled)
+    );
     assert!(e[0].data.as_ref().unwrap()["at"].is_string());
     s.cancel(bid, now()).await.unwrap();
     let e = consistent(&*s, bid).await;
@@ -211,7 +248,11 @@ pub async fn operator_actions_and_schedules_leave_entries(s: Arc<dyn Store>) {
             Kind::Cancelled,
         ]
     );
-    assert_eq!(e[5].worker.as_deref(), Some("w"), "a release names its worker");
+    assert_eq!(
+        e[5].worker.as_deref(),
+        Some("w"),
+        "a release names its worker"
+    );
     assert_eq!(
         (e[8].epoch, e[8].state),
         (Some(run.epoch), JobState::Cancelled)

@@ -10,10 +10,10 @@ use super::stats_sql;
 use super::*;
 use crate::error::Error;
 use crate::events::CALLBACK_TARGET;
+use crate::history::{self, Cause};
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
 use crate::sqlite::Db;
 use crate::stats::Dialect;
-use crate::history::{self, Cause};
 use crate::transition::{self, Change};
 
 /// The SQLite store.
@@ -193,7 +193,10 @@ type Timeline = Vec<(String, history::Entry)>;
 
 /// Writes timeline entries (docs/timeline.md) in as few statements as it can: one multi-row
 /// INSERT per 500 entries, so a batch's start or completion adds one statement, not one per job.
-fn write_history(tx: &rusqlite::Connection, entries: &[(String, history::Entry)]) -> rusqlite::Result<()> {
+fn write_history(
+    tx: &rusqlite::Connection,
+    entries: &[(String, history::Entry)],
+) -> rusqlite::Result<()> {
     for chunk in entries.chunks(500) {
         let mut sql = String::from(
             "INSERT INTO job_history (job_id, at, kind, state, epoch, worker, attempts, crashes, \
@@ -281,13 +284,11 @@ fn row_to_entry(r: &Row<'_>) -> rusqlite::Result<history::Entry> {
         state: read_state(text_lossy(r, 2)?.as_deref(), &mut bad),
         epoch: int_col(r, 3, "epoch", &mut bad)?.and_then(|n| u64::try_from(n).ok()),
         worker: text_lossy(r, 4)?,
-        attempts: read_u32(int_col(r, 5, "attempts", &mut bad)?, "attempts", &mut bad)
-            .unwrap_or(0),
+        attempts: read_u32(int_col(r, 5, "attempts", &mut bad)?, "attempts", &mut bad).unwrap_or(0),
         crashes: read_u32(int_col(r, 6, "crashes", &mut bad)?, "crashes", &mut bad).unwrap_or(0),
         message: text_lossy(r, 7)?,
-        data: text_lossy(r, 8)?.map(|t| {
-            serde_json::from_str(&t).unwrap_or(serde_json::Value::String(t))
-        }),
+        data: text_lossy(r, 8)?
+            .map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::String(t))),
     })
 }
 
@@ -559,7 +560,10 @@ fn settle_in(
                 if let Some((queue, priority)) = queue {
                     write_history(
                         tx,
-                        &[(id.to_string(), history::queued(history::Kind::Ready, 0, 0, now))],
+                        &[(
+                            id.to_string(),
+                            history::queued(history::Kind::Ready, 0, 0, now),
+                        )],
                     )?;
                     let priority = i32::try_from(priority).unwrap_or(0);
                     publish.push(ToPublish {
@@ -766,7 +770,10 @@ fn bury(
     let Some((sid, task, queue, worker, callback_url)) = after else {
         return Ok(None);
     };
-    write_history(tx, &[(sid.clone(), history::buried(reason, worker.clone(), now))])?;
+    write_history(
+        tx,
+        &[(sid.clone(), history::buried(reason, worker.clone(), now))],
+    )?;
     let job = buried_job(
         parse_id(sid)?,
         task,
@@ -859,7 +866,14 @@ fn start_each(
                 Some(_) if !careful => return Ok(None),
                 Some(reason) => {
                     tx.execute_batch("ROLLBACK TO fast_start; RELEASE fast_start")?;
-                    transit(tx, id, Guard::Any, &Change::dead(reason), (Cause::Start, None), now)?;
+                    transit(
+                        tx,
+                        id,
+                        Guard::Any,
+                        &Change::dead(reason),
+                        (Cause::Start, None),
+                        now,
+                    )?;
                     out.push(StartOutcome::Dead);
                 }
             }
@@ -896,7 +910,14 @@ fn start_each(
             }
             transition::Start::Defer(at) => StartOutcome::Defer(at),
             transition::Start::Dead(reason) => {
-                transit(tx, id, Guard::Any, &Change::dead(reason), (Cause::Start, None), now)?;
+                transit(
+                    tx,
+                    id,
+                    Guard::Any,
+                    &Change::dead(reason),
+                    (Cause::Start, None),
+                    now,
+                )?;
                 StartOutcome::Dead
             }
             transition::Start::Run => {
@@ -1647,7 +1668,7 @@ impl Store for SqliteStore {
                         let not_run = (Cause::Other, None);
                         let (after, _) =
                             transit(tx, &sid, Guard::Any, &Change::cancelled(), not_run, now)?
-                            .ok_or_else(|| corrupt("cancel", "row vanished"))?;
+                                .ok_or_else(|| corrupt("cancel", "row vanished"))?;
                         Ok(Ok(after))
                     }
                     transition::Cancel::Request => {

@@ -20,8 +20,8 @@ mod limited;
 mod load;
 mod proxy;
 mod report;
-mod timeline;
 pub(crate) mod services;
+mod timeline;
 
 use anyhow::{bail, Context as _};
 use std::collections::BTreeMap;

@@ -32,10 +32,10 @@ use super::stats_sql;
 use super::*;
 use crate::error::Error;
 use crate::events::CALLBACK_TARGET;
+use crate::history::{self, Cause};
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
 use crate::redact::redact_url;
 use crate::stats::Dialect;
-use crate::history::{self, Cause};
 use crate::transition::{self, Change};
 
 pub use migrations::{Migration, MIGRATIONS};
@@ -1280,7 +1280,11 @@ async fn bury(
         tx.commit().await?;
         return Ok(false);
     };
-    write_history(&mut tx, &[(id, history::buried(&reason, worker.clone(), now))]).await?;
+    write_history(
+        &mut tx,
+        &[(id, history::buried(&reason, worker.clone(), now))],
+    )
+    .await?;
     let job = buried_job(id, task, queue, worker, callback_url, &reason, now);
     if let Some(ev) = NewEvent::for_terminal(&job) {
         insert_event(&mut tx, &ev, now).await?;
