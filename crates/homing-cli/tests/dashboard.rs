@@ -1272,6 +1272,9 @@ async fn job_view_shows_the_full_timeline_through_a_failure_and_a_crash() {
         starts[2].2, starts[1].2,
         "the last run is on the second worker"
     );
+    browser
+        .eval("document.querySelector('#job-timeline').scrollIntoView(); return true;")
+        .await;
     let shot = browser.screenshot("dashboard-job-timeline.png").await;
     eprintln!("screenshot: {}", shot.display());
     browser.quit().await;
