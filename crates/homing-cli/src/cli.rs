@@ -462,6 +462,13 @@ pub enum JobsCommand {
         #[command(flatten)]
         out: OutputArgs,
     },
+    /// Show one job's timeline: every run with its epoch and worker, every crash, error (with
+    /// its traceback), retry, cancel and progress report, oldest first (docs/timeline.md).
+    History {
+        id: String,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
     /// List or search jobs, newest first, a page at a time (docs/operate.md, "Job search").
     /// Every filter given must match.
     List {

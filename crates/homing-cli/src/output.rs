@@ -87,3 +87,52 @@ pub fn json(v: &impl serde::Serialize) {
         Err(e) => eprintln!("error: cannot print JSON: {e}"),
     }
 }
+
+/// A job's timeline (`homing jobs history`): one line per entry, oldest first, with the error
+/// or reason (its traceback) indented below its line.
+pub fn history(j: &Job, h: &homing::history::History) {
+    println!("job {} ({}, {}): {}", j.id, j.task, j.queue, j.state);
+    if h.truncated {
+        println!("(older entries between the first and the latest ones were dropped)");
+    }
+    let rows: Vec<Vec<String>> = h
+        .entries
+        .iter()
+        .map(|e| {
+            vec![
+                rfc3339(e.at),
+                e.kind.as_str().to_string(),
+                e.state.to_string(),
+                e.epoch.map_or("-".into(), |n| n.to_string()),
+                e.worker.clone().unwrap_or_else(|| "-".into()),
+                format!("{}/{}", e.attempts, e.crashes),
+                e.data.as_ref().map(|d| d.to_string()).unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "at",
+            "what",
+            "state",
+            "epoch",
+            "worker",
+            "errors/crashes",
+            "data",
+        ],
+        rows,
+    );
+    for (i, e) in h.entries.iter().enumerate() {
+        if let Some(m) = &e.message {
+            println!(
+                "\n#{} {} (epoch {}):",
+                i + 1,
+                e.kind.as_str(),
+                e.epoch.map_or("-".into(), |n| n.to_string())
+            );
+            for line in m.lines() {
+                println!("    {line}");
+            }
+        }
+    }
+}

@@ -138,6 +138,7 @@ async fn every_route_of_the_document_honours_the_roles() {
                     | "/dashboard/vendor/uplot.min.css"
                     | "/dashboard/views.js"
                     | "/dashboard/workers.js"
+                    | "/dashboard/timeline.js"
             );
             assert!(
                 open || none == 401,

@@ -1248,3 +1248,131 @@ async fn dashboard_shows_a_live_and_a_lost_worker() {
         .await;
     browser.quit().await;
 }
+
+/// The job view's full timeline (docs/timeline.md): a job that fails once, then loses its
+/// worker to kill -9 mid-run, then succeeds on another worker, shows every run with its epoch
+/// and worker, the error, the crash with the worker presumed dead, and the result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn job_view_shows_the_full_timeline_through_a_failure_and_a_crash() {
+    let env = Env::sqlite();
+    let token = "dashboard-token-timeline";
+    let (_up, base) = start_up(&env, &[("HOMING_API_TOKEN", token)]).await;
+    let counter = Counter::start().await;
+    // `homing up` serves `default` only: this queue's runs are the two workers'.
+    let mut first = env.worker("timeline-w1", "timeline", &["--concurrency", "1"]);
+    // Call 1 fails (500: retried after 100 ms); call 2 is held 1.5 s, during which its worker
+    // is killed; call 3 succeeds.
+    let id = enqueue(
+        &base,
+        token,
+        serde_json::json!({"task": "builtin.http", "queue": "timeline",
+            "args": {"url": counter.url("fail=1&delay_ms=1500")},
+            "max_retries": 3, "retry_policy": {"kind": "fixed", "delay": 100}}),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(60),
+        "the run after the failure to call",
+        || async { (counter.total() >= 2).then_some(()) },
+    )
+    .await;
+    first.kill9();
+    let _second = env.worker("timeline-w2", "timeline", &["--concurrency", "1"]);
+    let http = http_client();
+    let job = |id: String| {
+        let http = http.clone();
+        let base = base.clone();
+        async move {
+            http.get(format!("{base}/v1/jobs/{id}/history"))
+                .header("authorization", format!("Bearer {token}"))
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let h = eventually(Duration::from_secs(60), "the job to succeed", || async {
+        let h = job(id.clone()).await;
+        (h["job"]["state"] == "succeeded").then_some(h)
+    })
+    .await;
+    let kinds: Vec<&str> = h["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .filter(|k| *k != "progress")
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "enqueued",
+            "started",
+            "retry_scheduled",
+            "due",
+            "started",
+            "crashed",
+            "started",
+            "succeeded"
+        ],
+        "{h:#}"
+    );
+    assert_eq!(counter.total(), 3, "one call per run");
+
+    let browser = Browser::start(&env).await;
+    browser.goto(&format!("{base}/#/jobs/{id}")).await;
+    browser
+        .wait_for(
+            "the token form",
+            "return !document.querySelector('#login').hidden;",
+        )
+        .await;
+    browser.type_into("#token-input", token).await;
+    browser.click("#token-submit").await;
+    let rows = browser
+        .wait_for(
+            "the job's timeline",
+            "const rows = [...document.querySelectorAll('#job-timeline tbody tr[data-kind]')]; \
+             return rows.some((r) => r.dataset.kind === 'succeeded') ? rows.map((r) => [r.dataset.kind, r.dataset.epoch, r.cells[4].textContent, r.cells[6].textContent]) : null;",
+        )
+        .await;
+    let rows: Vec<(String, String, String, String)> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let c = |i: usize| r[i].as_str().unwrap().to_string();
+            (c(0), c(1), c(2), c(3))
+        })
+        .collect();
+    let of = |kind: &str| -> Vec<&(String, String, String, String)> {
+        rows.iter().filter(|r| r.0 == kind).collect()
+    };
+    let starts = of("started");
+    assert_eq!(starts.len(), 3, "{rows:?}");
+    let epochs: Vec<u64> = starts.iter().map(|r| r.1.parse().unwrap()).collect();
+    assert!(epochs[0] < epochs[1] && epochs[1] < epochs[2], "{rows:?}");
+    // The failure, under the first run's epoch and worker, with the service's answer.
+    let failed = of("retry_scheduled");
+    assert_eq!((&failed[0].1, &failed[0].2), (&starts[0].1, &starts[0].2));
+    assert!(failed[0].3.contains("500"), "{rows:?}");
+    // The crash, under the second run's epoch, naming the killed worker as presumed dead.
+    let crashed = of("crashed");
+    assert_eq!((&crashed[0].1, &crashed[0].2), (&starts[1].1, &starts[1].2));
+    assert!(crashed[0].3.contains("presumed dead"), "{rows:?}");
+    // The success on the other worker, with its result.
+    let done = of("succeeded");
+    assert_eq!((&done[0].1, &done[0].2), (&starts[2].1, &starts[2].2));
+    assert_ne!(
+        starts[2].2, starts[1].2,
+        "the last run is on the second worker"
+    );
+    browser
+        .eval("document.querySelector('#job-timeline').scrollIntoView(); return true;")
+        .await;
+    let shot = browser.screenshot("dashboard-job-timeline.png").await;
+    eprintln!("screenshot: {}", shot.display());
+    browser.quit().await;
+}

@@ -80,6 +80,7 @@ async fn every_route_but_healthz_needs_a_token() {
         "/dashboard/vendor/uplot.min.css",
         "/dashboard/views.js",
         "/dashboard/workers.js",
+        "/dashboard/timeline.js",
     ];
     let mut protected = 0;
     for (method, path) in &routes {

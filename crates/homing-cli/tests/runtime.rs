@@ -468,6 +468,17 @@ async fn retention_deletes_finished_history_and_nothing_else() {
     wait_state(&client, done, JobState::Succeeded, Duration::from_secs(20)).await;
     let (code, out, err) = env.run(&["jobs", "get", &done.to_string()]);
     assert_eq!(code, 0, "kept until the retention has passed: {out}{err}");
+    // Its timeline (docs/timeline.md), through the CLI: each transition with its worker.
+    let (code, out, err) = env.run(&["jobs", "history", &done.to_string()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let worker = client.get(done).await.unwrap().worker.unwrap();
+    for want in ["enqueued", "started", "succeeded", worker.as_str()] {
+        assert!(out.contains(want), "{want} in {out}");
+    }
+    let (code, out, _) = env.run(&["jobs", "history", &done.to_string(), "--json"]);
+    assert_eq!(code, 0);
+    let h: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(h["entries"].as_array().unwrap().len(), 3, "{h:#}");
     eventually(
         Duration::from_secs(20),
         "the finished job is deleted",
@@ -476,6 +487,16 @@ async fn retention_deletes_finished_history_and_nothing_else() {
     .await;
     let (_, _, err) = env.run(&["jobs", "get", &done.to_string()]);
     assert!(err.contains("not found"), "{err}");
+    // Its timeline went with it (the pruner's delete takes the entries in the same transaction).
+    assert!(client
+        .store()
+        .history(done)
+        .await
+        .unwrap()
+        .entries
+        .is_empty());
+    let (code, _, err) = env.run(&["jobs", "history", &done.to_string()]);
+    assert!(code != 0 && err.contains("not found"), "{err}");
     let kept = client.get(later).await.unwrap();
     assert_eq!(kept.state, JobState::Scheduled, "unfinished jobs stay");
     assert!(w

@@ -317,6 +317,14 @@ impl Client {
         self.store.get(id).await?.ok_or(Error::NotFound(id))
     }
 
+    /// Job `id` with its timeline (docs/timeline.md). The job is read after its timeline, so
+    /// every entry shown happened no later than the row shown; `NotFound` when it does not exist.
+    pub async fn history(&self, id: JobId) -> Result<(Job, crate::history::History)> {
+        let history = self.store.history(id).await?;
+        let job = self.get(id).await?;
+        Ok((job, history))
+    }
+
     pub async fn list(
         &self,
         filter: &JobFilter,

@@ -63,6 +63,7 @@ pub mod egress;
 pub mod error;
 pub mod events;
 pub mod health;
+pub mod history;
 pub mod job;
 pub mod limit;
 pub mod maintenance;

@@ -53,6 +53,10 @@ mod search_suite {
     homing::search_conformance!(super::store());
 }
 
+mod timeline_suite {
+    homing::timeline_conformance!(super::store());
+}
+
 /// Raw writes to the store's tables, for the poisoned-row cases.
 struct RawPg(PgStore);
 

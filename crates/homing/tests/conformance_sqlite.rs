@@ -48,6 +48,10 @@ mod search_suite {
     homing::search_conformance!(super::store());
 }
 
+mod timeline_suite {
+    homing::timeline_conformance!(super::store());
+}
+
 /// Raw writes to the SQLite file, for the poisoned-row cases.
 struct RawSqlite(Arc<Db>);
 

@@ -248,6 +248,22 @@ pub async fn get(
     Ok(Json(state.client.get(id).await?).into_response())
 }
 
+/// `GET /v1/jobs/{id}/history`: the job's timeline (docs/timeline.md), oldest first, with the
+/// job as read right after it. A read route: both roles may call it.
+pub async fn history(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = parse_id(&id)?;
+    let (job, history) = state.client.history(id).await?;
+    Ok(Json(serde_json::json!({
+        "job": job,
+        "entries": history.entries,
+        "truncated": history.truncated,
+    }))
+    .into_response())
+}
+
 /// `GET /v1/jobs`: a page of jobs, newest first, narrowed by any of the search fields
 /// (docs/operate.md); `cursor` is the previous page's `next_cursor`.
 #[derive(Debug, Deserialize)]

@@ -104,6 +104,7 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/v1/stats/series", get(stats::series))
         .route("/dashboard/views.js", get(status::views_script))
         .route("/dashboard/workers.js", get(status::workers_script))
+        .route("/dashboard/timeline.js", get(status::timeline_script))
         .route("/healthz", get(status::healthz))
         .route("/metrics", get(metrics::render))
         .route("/v1/openapi.json", get(status::openapi))
@@ -113,6 +114,7 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
         .route("/v1/jobs/cancel", post(jobs::bulk_cancel))
         .route("/v1/jobs/delete", post(jobs::bulk_delete))
         .route("/v1/jobs/{id}", get(jobs::get))
+        .route("/v1/jobs/{id}/history", get(jobs::history))
         .route("/v1/jobs/{id}/retry", post(jobs::retry))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/jobs/{id}/events", get(events::stream))
@@ -175,6 +177,7 @@ fn is_open(path: &str) -> bool {
             | "/dashboard/vendor/uplot.min.css"
             | "/dashboard/views.js"
             | "/dashboard/workers.js"
+            | "/dashboard/timeline.js"
     )
 }
 

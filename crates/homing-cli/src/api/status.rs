@@ -131,6 +131,15 @@ pub async fn workers_script() -> Response {
         .into_response()
 }
 
+/// The job view's full timeline (docs/timeline.md), after views.js.
+pub async fn timeline_script() -> Response {
+    (
+        [(CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("../dashboard/timeline.js"),
+    )
+        .into_response()
+}
+
 pub async fn style() -> Response {
     (
         [(CONTENT_TYPE, "text/css; charset=utf-8")],

@@ -117,6 +117,19 @@ pub async fn jobs(g: &Global, cmd: JobsCommand) -> anyhow::Result<ExitCode> {
         .with_registry(tasks::registry(&crate::pipelines::for_routing()));
     let (job, out) = match cmd {
         JobsCommand::Get { id, out } => (client.get(parse_id(&id)?).await?, out),
+        JobsCommand::History { id, out } => {
+            let (job, history) = client.history(parse_id(&id)?).await?;
+            if out.json {
+                output::json(&serde_json::json!({
+                    "job": job,
+                    "entries": history.entries,
+                    "truncated": history.truncated,
+                }));
+            } else {
+                output::history(&job, &history);
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
         JobsCommand::Retry {
             id: Some(id),
             bulk,

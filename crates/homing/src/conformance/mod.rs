@@ -16,6 +16,7 @@ pub mod schedules;
 pub mod search;
 pub mod stats;
 pub mod store;
+pub mod timeline;
 pub mod workers;
 pub mod workflows;
 

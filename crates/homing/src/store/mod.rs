@@ -667,6 +667,11 @@ pub trait Store: Send + Sync + 'static {
 
     async fn get(&self, id: JobId) -> Result<Option<Job>>;
 
+    /// Job `id`'s timeline (docs/timeline.md), oldest first: one entry per transition, each
+    /// written in its transition's transaction, bounded to the first and the latest
+    /// [`crate::history::KEEP_LATEST`]. Empty for a job that does not exist (or was pruned).
+    async fn history(&self, id: JobId) -> Result<crate::history::History>;
+
     async fn get_by_key(&self, idempotency_key: &str) -> Result<Option<Job>>;
 
     /// Jobs matching `filter`, newest first, at most `limit`, after `cursor`: the search below

@@ -10,6 +10,7 @@ use super::stats_sql;
 use super::*;
 use crate::error::Error;
 use crate::events::CALLBACK_TARGET;
+use crate::history::{self, Cause};
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
 use crate::reclaim::{Reclaim, ReclaimOutcome};
 use crate::sqlite::Db;
@@ -188,6 +189,110 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_else(|_| "null".into())
 }
 
+/// Timeline entries of one transaction, by job id, written together by [`write_history`].
+type Timeline = Vec<(String, history::Entry)>;
+
+/// Writes timeline entries (docs/timeline.md) in as few statements as it can: one multi-row
+/// INSERT per 500 entries, so a batch's start or completion adds one statement, not one per job.
+fn write_history(
+    tx: &rusqlite::Connection,
+    entries: &[(String, history::Entry)],
+) -> rusqlite::Result<()> {
+    for chunk in entries.chunks(500) {
+        let mut sql = String::from(
+            "INSERT INTO job_history (job_id, at, kind, state, epoch, worker, attempts, crashes, \
+             message, data) VALUES ",
+        );
+        let mut vals: Vec<Box<dyn rusqlite::ToSql>> = Vec::with_capacity(chunk.len() * 10);
+        for (i, (id, e)) in chunk.iter().enumerate() {
+            if i > 0 {
+                sql.push(',');
+            }
+            sql += "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+            vals.push(Box::new(id.clone()));
+            vals.push(Box::new(e.at));
+            vals.push(Box::new(e.kind.as_str()));
+            vals.push(Box::new(e.state.as_str()));
+            vals.push(Box::new(e.epoch.map(|n| n.min(i64::MAX as u64) as i64)));
+            vals.push(Box::new(e.worker.clone()));
+            vals.push(Box::new(e.attempts));
+            vals.push(Box::new(e.crashes));
+            vals.push(Box::new(e.message.clone()));
+            vals.push(Box::new(e.data.as_ref().map(to_json)));
+        }
+        let refs: Vec<&dyn rusqlite::ToSql> = vals.iter().map(|v| v.as_ref()).collect();
+        tx.prepare_cached(&sql)?.execute(refs.as_slice())?;
+    }
+    Ok(())
+}
+
+/// Keeps each of these jobs' timelines to its first entry and the latest
+/// [`history::KEEP_LATEST`], in one statement.
+fn trim_history(tx: &rusqlite::Connection, ids: &[String]) -> rusqlite::Result<()> {
+    for chunk in ids.chunks(500) {
+        let marks = vec!["?"; chunk.len()].join(", ");
+        tx.prepare_cached(&format!(
+            "DELETE FROM job_history WHERE id IN (SELECT id FROM (SELECT id, \
+             row_number() OVER (PARTITION BY job_id ORDER BY id DESC) AS newer, \
+             row_number() OVER (PARTITION BY job_id ORDER BY id) AS older \
+             FROM job_history WHERE job_id IN ({marks})) WHERE newer > {} AND older > 1)",
+            history::KEEP_LATEST
+        ))?
+        .execute(rusqlite::params_from_iter(chunk.iter()))?;
+    }
+    Ok(())
+}
+
+/// A progress report's timeline entry: a new entry while the run has fewer than
+/// [`history::PROGRESS_PER_RUN`], else the run's last progress entry takes the new value.
+fn progress_entry(
+    tx: &rusqlite::Connection,
+    sid: &str,
+    epoch: u64,
+    value: &str,
+    now: Micros,
+) -> rusqlite::Result<()> {
+    let epoch = epoch.min(i64::MAX as u64) as i64;
+    let (count, last): (i64, Option<i64>) = tx
+        .prepare_cached(
+            "SELECT count(*), max(id) FROM job_history \
+             WHERE job_id = ?1 AND epoch = ?2 AND kind = 'progress'",
+        )?
+        .query_row(params![sid, epoch], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    match last {
+        Some(last) if count >= history::PROGRESS_PER_RUN as i64 => {
+            tx.prepare_cached("UPDATE job_history SET data = ?2, at = ?3 WHERE id = ?1")?
+                .execute(params![last, value, now])?;
+        }
+        _ => {
+            tx.prepare_cached(
+                "INSERT INTO job_history (job_id, at, kind, state, epoch, worker, attempts, \
+                 crashes, data) SELECT id, ?2, 'progress', 'running', epoch, worker, attempts, \
+                 crashes, ?3 FROM jobs WHERE id = ?1",
+            )?
+            .execute(params![sid, now, value])?;
+            trim_history(tx, &[sid.to_string()])?;
+        }
+    }
+    Ok(())
+}
+
+fn row_to_entry(r: &Row<'_>) -> rusqlite::Result<history::Entry> {
+    let mut bad = Vec::new();
+    Ok(history::Entry {
+        at: r.get::<_, Option<i64>>(0)?.unwrap_or(0),
+        kind: history::Kind::parse(&text_lossy(r, 1)?.unwrap_or_default()),
+        state: read_state(text_lossy(r, 2)?.as_deref(), &mut bad),
+        epoch: int_col(r, 3, "epoch", &mut bad)?.and_then(|n| u64::try_from(n).ok()),
+        worker: text_lossy(r, 4)?,
+        attempts: read_u32(int_col(r, 5, "attempts", &mut bad)?, "attempts", &mut bad).unwrap_or(0),
+        crashes: read_u32(int_col(r, 6, "crashes", &mut bad)?, "crashes", &mut bad).unwrap_or(0),
+        message: text_lossy(r, 7)?,
+        data: text_lossy(r, 8)?
+            .map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::String(t))),
+    })
+}
+
 pub(super) fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result<Inserted> {
     if let Some(key) = &job.options.idempotency_key {
         let existing = tx
@@ -282,6 +387,13 @@ pub(super) fn insert_one(tx: &Transaction<'_>, job: &NewJob) -> rusqlite::Result
         unique_key,
         o.traceparent,
     ])?;
+    write_history(
+        tx,
+        &[(
+            job.id.to_string(),
+            history::enqueued(state, scheduled, job.created_at),
+        )],
+    )?;
     Ok(Inserted {
         id: job.id,
         queue: job.queue.clone(),
@@ -447,6 +559,13 @@ fn settle_in(
                     })
                     .optional()?;
                 if let Some((queue, priority)) = queue {
+                    write_history(
+                        tx,
+                        &[(
+                            id.to_string(),
+                            history::queued(history::Kind::Ready, 0, 0, now),
+                        )],
+                    )?;
                     let priority = i32::try_from(priority).unwrap_or(0);
                     publish.push(ToPublish {
                         id: *id,
@@ -461,6 +580,8 @@ fn settle_in(
                     ..Change::cancelled()
                 };
                 if let Some(after) = write_change(tx, &id.to_string(), Guard::Any, &change, now)? {
+                    let e = history::changed(&after, &change, Cause::Other, None, now);
+                    write_history(tx, &[(id.to_string(), e)])?;
                     if transition::effects_after(&after, now).event {
                         if let Some(ev) = NewEvent::for_terminal(&after) {
                             insert_event(tx, &ev, now)?;
@@ -514,17 +635,22 @@ fn read_workflow(
     )))
 }
 
-/// A decided change with its event and follow-up, in the caller's transaction.
+/// A decided change with its event, follow-up and timeline entry, in the caller's transaction.
+/// `ran_under` names the worker whose run the change ends, if it ends one
+/// ([`history::changed`]).
 fn transit(
     tx: &Transaction<'_>,
     id: &str,
     guard: Guard,
     change: &Change,
+    (cause, ran_under): (Cause<'_>, Option<&str>),
     now: Micros,
 ) -> rusqlite::Result<Option<(Job, Vec<ToPublish>)>> {
     let Some(after) = write_change(tx, id, guard, change, now)? else {
         return Ok(None);
     };
+    let e = history::changed(&after, change, cause, ran_under, now);
+    write_history(tx, &[(id.to_string(), e)])?;
     let publish = write_effects(tx, &after, change, now)?;
     Ok(Some((after, publish)))
 }
@@ -546,10 +672,12 @@ pub(crate) async fn complete_and_take(
     let done = done.to_vec();
     let acks = crate::broker::sqlite::tags(acks);
     db.write(move |tx| {
+        let mut log = Timeline::new();
         let out = done
             .iter()
-            .map(|c| complete_one(tx, c, now))
+            .map(|c| complete_one(tx, c, now, &mut log))
             .collect::<rusqlite::Result<Vec<_>>>()?;
+        write_history(tx, &log)?;
         let mut st = tx.prepare_cached("DELETE FROM messages WHERE id = ?1 AND generation = ?2")?;
         for (id, gen) in &acks {
             st.execute([id, gen])?;
@@ -585,11 +713,36 @@ pub(crate) struct Take {
 /// A message reserved by [`complete_and_take`] and how its start went (`None`: undecodable).
 pub(crate) type Taken = (crate::broker::Delivery, Option<StartOutcome>);
 
-fn complete_one(tx: &Transaction<'_>, c: &Completion, now: Micros) -> rusqlite::Result<Committed> {
+/// Commits one completion; its timeline entry goes to `log`, which the caller writes once for
+/// the whole batch.
+fn complete_one(
+    tx: &Transaction<'_>,
+    c: &Completion,
+    now: Micros,
+    log: &mut Timeline,
+) -> rusqlite::Result<Committed> {
     let change = transition::complete(&c.outcome);
     let sid = c.id.to_string();
-    match transit(tx, &sid, Guard::Fence(c.epoch), &change, now)? {
-        Some((_, mut publish)) => {
+    // A change that releases the worker leaves the row without it; the entry still names it.
+    let held_by: Option<String> = if change.release_worker {
+        tx.prepare_cached("SELECT worker FROM jobs WHERE id = ?1")?
+            .query_row([&sid], |r| text_lossy(r, 0))
+            .optional()?
+            .flatten()
+    } else {
+        None
+    };
+    let written = match write_change(tx, &sid, Guard::Fence(c.epoch), &change, now)? {
+        Some(after) => {
+            let worker = held_by.or_else(|| after.worker.clone());
+            let e = history::changed(&after, &change, Cause::Completion, worker.as_deref(), now);
+            log.push((sid.clone(), e));
+            Some(write_effects(tx, &after, &change, now)?)
+        }
+        None => None,
+    };
+    match written {
+        Some(mut publish) => {
             // The run left `running`: its slot is free, in this transaction.
             publish.extend(super::limits::sqlite::unpark_after_release(tx, &sid, now)?);
             Ok(Committed::Applied {
@@ -648,6 +801,10 @@ fn bury(
     let Some((sid, task, queue, worker, callback_url)) = after else {
         return Ok(None);
     };
+    write_history(
+        tx,
+        &[(sid.clone(), history::buried(reason, worker.clone(), now))],
+    )?;
     let job = buried_job(
         parse_id(sid)?,
         task,
@@ -705,6 +862,8 @@ fn start_each(
     careful: bool,
 ) -> rusqlite::Result<Option<Vec<StartOutcome>>> {
     let mut out = Vec::with_capacity(ids.len());
+    // The starts' timeline entries, written together once the batch is decided.
+    let mut log = Timeline::new();
     let mut fast = tx.prepare_cached(&format!(
         "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
          started_at = ?3, dispatched = 1, parked = 0, updated_at = ?3 WHERE id = ?1 \
@@ -732,12 +891,20 @@ fn start_each(
                     if careful {
                         tx.execute_batch("RELEASE fast_start")?;
                     }
+                    log.push((id.clone(), history::started(&job, now)));
                     out.push(StartOutcome::Run(Box::new(job)));
                 }
                 Some(_) if !careful => return Ok(None),
                 Some(reason) => {
                     tx.execute_batch("ROLLBACK TO fast_start; RELEASE fast_start")?;
-                    transit(tx, id, Guard::Any, &Change::dead(reason), now)?;
+                    transit(
+                        tx,
+                        id,
+                        Guard::Any,
+                        &Change::dead(reason),
+                        (Cause::Start, None),
+                        now,
+                    )?;
                     out.push(StartOutcome::Dead);
                 }
             }
@@ -761,13 +928,27 @@ fn start_each(
         out.push(match transition::start_gated(&job, now, gate) {
             transition::Start::Skip(state) => StartOutcome::Skip(state),
             transition::Start::Park => {
-                transit(tx, id, Guard::NotStarted, &transition::park(), now)?;
+                transit(
+                    tx,
+                    id,
+                    Guard::NotStarted,
+                    &transition::park(),
+                    (Cause::Start, None),
+                    now,
+                )?;
                 super::limits::sqlite::parked(tx, id, key.as_deref())?;
                 StartOutcome::Parked
             }
             transition::Start::Defer(at) => StartOutcome::Defer(at),
             transition::Start::Dead(reason) => {
-                transit(tx, id, Guard::Any, &Change::dead(reason), now)?;
+                transit(
+                    tx,
+                    id,
+                    Guard::Any,
+                    &Change::dead(reason),
+                    (Cause::Start, None),
+                    now,
+                )?;
                 StartOutcome::Dead
             }
             transition::Start::Run => {
@@ -788,10 +969,16 @@ fn start_each(
                          WHERE id = ?1 RETURNING {COLUMNS}"
                     ))?
                     .query_row(params![id, worker, now], row_to_job)?;
+                log.push((id.clone(), history::started(&job, now)));
                 StartOutcome::Run(Box::new(job))
             }
         });
     }
+    write_history(tx, &log)?;
+    // Only a start begins a run, so only a start can grow a timeline by more than a run's
+    // entries: trimming here, once per batch, keeps every timeline near its bound.
+    let started: Vec<String> = log.into_iter().map(|(id, _)| id).collect();
+    trim_history(tx, &started)?;
     Ok(Some(out))
 }
 
@@ -1041,13 +1228,16 @@ fn retry_in(
             message: message.into(),
         }));
     }
-    tx.prepare_cached(&format!(
-        "UPDATE jobs SET state = 'queued', dispatched = 0, attempts = 0, \
-         crashes = 0, cancel_requested = 0, worker = NULL, finished_at = NULL, \
-         scheduled_at = NULL, updated_at = ?2 WHERE id = ?1 RETURNING {COLUMNS}"
-    ))?
-    .query_row(params![sid, now], row_to_job)
-    .map(Ok)
+    let job = tx
+        .prepare_cached(&format!(
+            "UPDATE jobs SET state = 'queued', dispatched = 0, attempts = 0, \
+             crashes = 0, cancel_requested = 0, worker = NULL, finished_at = NULL, \
+             scheduled_at = NULL, updated_at = ?2 WHERE id = ?1 RETURNING {COLUMNS}"
+        ))?
+        .query_row(params![sid, now], row_to_job)?;
+    write_history(tx, &[(sid.clone(), history::retried(&job, now))])?;
+    trim_history(tx, std::slice::from_ref(&sid))?;
+    Ok(Ok(job))
 }
 
 /// An operator's cancel of one job inside `tx`, decided by [`transition::cancel`].
@@ -1062,16 +1252,21 @@ fn cancel_in(
     };
     match transition::cancel(&job) {
         transition::Cancel::Now => {
-            let (after, _) = transit(tx, &sid, Guard::Any, &Change::cancelled(), now)?
+            let not_run = (Cause::Other, None);
+            let (after, _) = transit(tx, &sid, Guard::Any, &Change::cancelled(), not_run, now)?
                 .ok_or_else(|| corrupt("cancel", "row vanished"))?;
             Ok(Ok(after))
         }
-        transition::Cancel::Request => Ok(Ok(tx
-            .prepare_cached(&format!(
-                "UPDATE jobs SET cancel_requested = 1, updated_at = ?2 WHERE id = ?1 \
-                 RETURNING {COLUMNS}"
-            ))?
-            .query_row(params![sid, now], row_to_job)?)),
+        transition::Cancel::Request => {
+            let after = tx
+                .prepare_cached(&format!(
+                    "UPDATE jobs SET cancel_requested = 1, updated_at = ?2 WHERE id = ?1 \
+                     RETURNING {COLUMNS}"
+                ))?
+                .query_row(params![sid, now], row_to_job)?;
+            write_history(tx, &[(sid.clone(), history::cancel_requested(&after, now))])?;
+            Ok(Ok(after))
+        }
         transition::Cancel::Refuse(message) => Ok(Err(Error::Conflict {
             id,
             state: job.state,
@@ -1207,8 +1402,25 @@ impl Store for SqliteStore {
         let db = &self.db;
         isolating(
             done.to_vec(),
-            |done| db.write(move |tx| done.iter().map(|c| complete_one(tx, c, now)).collect()),
-            |c| db.write(move |tx| complete_one(tx, &c, now)),
+            |done| {
+                db.write(move |tx| {
+                    let mut log = Timeline::new();
+                    let out = done
+                        .iter()
+                        .map(|c| complete_one(tx, c, now, &mut log))
+                        .collect::<rusqlite::Result<Vec<_>>>()?;
+                    write_history(tx, &log)?;
+                    Ok(out)
+                })
+            },
+            |c| {
+                db.write(move |tx| {
+                    let mut log = Timeline::new();
+                    let out = complete_one(tx, &c, now, &mut log)?;
+                    write_history(tx, &log)?;
+                    Ok(out)
+                })
+            },
             |c, e| async move {
                 let reason = transition::uncommittable_reason(&e);
                 tracing::error!(job = %c.id, error = %e, "an outcome cannot be stored; making the job dead");
@@ -1240,7 +1452,8 @@ impl Store for SqliteStore {
                 match transition::lost(&job, &w) {
                     transition::Lost::NotOwned(state) => Ok(Lost::NotOwned(state)),
                     transition::Lost::Crashed(change) => {
-                        transit(tx, &sid, Guard::Any, &change, now)?;
+                        let cause = Cause::Lost { worker: &w };
+                        transit(tx, &sid, Guard::Any, &change, (cause, Some(&w)), now)?;
                         // Its slot is free. `Lost` carries nothing to publish, so the unparked
                         // job is stamped as old: the reconciler's next pass publishes it.
                         super::limits::sqlite::unpark_after_release(tx, &sid, 0)?;
@@ -1292,10 +1505,32 @@ impl Store for SqliteStore {
                 let mut st = tx.prepare_cached(
                     "UPDATE jobs SET state = 'queued', dispatched = 0, updated_at = ?1 WHERE id IN \
                      (SELECT id FROM jobs WHERE state = 'scheduled' AND scheduled_at <= ?1 \
-                      ORDER BY scheduled_at LIMIT ?2) RETURNING id, queue, priority",
+                      ORDER BY scheduled_at LIMIT ?2) RETURNING id, queue, priority, attempts, crashes",
                 )?;
-                let rows = st.query_map(params![now, limit as i64], publish_row)?;
-                rows.collect()
+                let mut log = Timeline::new();
+                let rows = st
+                    .query_map(params![now, limit as i64], |r| {
+                        let counter = |i| -> rusqlite::Result<u32> {
+                            Ok(r.get::<_, Option<i64>>(i)
+                                .ok()
+                                .flatten()
+                                .and_then(|n| u32::try_from(n).ok())
+                                .unwrap_or(0))
+                        };
+                        Ok((publish_row(r)?, counter(3)?, counter(4)?))
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                let out = rows
+                    .into_iter()
+                    .map(|(p, attempts, crashes)| {
+                        let e = history::queued(history::Kind::Due, attempts, crashes, now);
+                        log.push((p.id.to_string(), e));
+                        p
+                    })
+                    .collect();
+                drop(st);
+                write_history(tx, &log)?;
+                Ok(out)
             })
             .await
     }
@@ -1455,13 +1690,20 @@ impl Store for SqliteStore {
         epoch: u64,
         progress: serde_json::Value,
     ) -> Result<bool> {
+        let now = crate::time::now();
         self.db
             .write(move |tx| {
-                tx.execute(
+                let sid = id.to_string();
+                let value = to_json(&progress);
+                let n = tx.execute(
                     "UPDATE jobs SET progress = ?3 WHERE id = ?1 AND epoch = ?2 AND state = 'running'",
-                    params![id.to_string(), epoch as i64, to_json(&progress)],
-                )
-                .map(|n| n == 1)
+                    params![sid, epoch as i64, value],
+                )?;
+                if n != 1 {
+                    return Ok(false);
+                }
+                progress_entry(tx, &sid, epoch, &value, now)?;
+                Ok(true)
             })
             .await
     }
@@ -1473,7 +1715,15 @@ impl Store for SqliteStore {
                 let sid = id.to_string();
                 match get_state(tx, &sid)? {
                     Some(state) if !state.is_terminal() => {
-                        transit(tx, &sid, Guard::Any, &Change::dead(reason), now)?;
+                        // A running job's run ends here: its entry names the worker.
+                        let held_by: Option<String> = if state == JobState::Running {
+                            tx.prepare_cached("SELECT worker FROM jobs WHERE id = ?1")?
+                                .query_row([&sid], |r| text_lossy(r, 0))?
+                        } else {
+                            None
+                        };
+                        let run = (Cause::Other, held_by.as_deref());
+                        transit(tx, &sid, Guard::Any, &Change::dead(reason), run, now)?;
                         Ok(true)
                     }
                     _ => Ok(false),
@@ -1484,6 +1734,21 @@ impl Store for SqliteStore {
 
     async fn get(&self, id: JobId) -> Result<Option<Job>> {
         self.db.read(move |c| get_job(c, &id.to_string())).await
+    }
+
+    async fn history(&self, id: JobId) -> Result<history::History> {
+        self.db
+            .read(move |c| {
+                let entries = c
+                    .prepare_cached(
+                        "SELECT at, kind, state, epoch, worker, attempts, crashes, message, data \
+                         FROM job_history WHERE job_id = ?1 ORDER BY id",
+                    )?
+                    .query_map([id.to_string()], row_to_entry)?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                Ok(history::History::from_entries(entries))
+            })
+            .await
     }
 
     async fn get_by_key(&self, key: &str) -> Result<Option<Job>> {
@@ -1643,6 +1908,11 @@ impl Store for SqliteStore {
                     ])?;
                     if waiting {
                         ins.state = JobState::Waiting;
+                        // Its enqueue entry was written as `queued` by `insert_one`.
+                        tx.prepare_cached(
+                            "UPDATE job_history SET state = 'waiting' WHERE job_id = ?1",
+                        )?
+                        .execute([job.id.to_string()])?;
                     }
                     out.push(ins);
                 }
@@ -1710,6 +1980,8 @@ impl Store for SqliteStore {
                     if let Some(after) =
                         write_change(tx, &j.id.to_string(), Guard::Any, &change, now)?
                     {
+                        let e = history::changed(&after, &change, Cause::Other, None, now);
+                        write_history(tx, &[(j.id.to_string(), e)])?;
                         if let Some(ev) = NewEvent::for_terminal(&after)
                             .filter(|_| transition::effects_after(&after, now).event)
                         {
@@ -1721,13 +1993,16 @@ impl Store for SqliteStore {
                     let jid = j.id.to_string();
                     match transition::cancel(j) {
                         transition::Cancel::Now => {
-                            transit(tx, &jid, Guard::Any, &Change::cancelled(), now)?;
+                            let not_run = (Cause::Other, None);
+                            transit(tx, &jid, Guard::Any, &Change::cancelled(), not_run, now)?;
                         }
                         transition::Cancel::Request => {
                             tx.execute(
                                 "UPDATE jobs SET cancel_requested = 1, updated_at = ?2 WHERE id = ?1",
                                 params![jid, now],
                             )?;
+                            let e = history::cancel_requested(j, now);
+                            write_history(tx, &[(jid.clone(), e)])?;
                         }
                         transition::Cancel::Refuse(_) => {}
                     }

@@ -90,7 +90,7 @@ pub struct Findings {
     pub violations: Vec<String>,
 }
 
-const MAX_LISTED: usize = 50;
+pub(super) const MAX_LISTED: usize = 50;
 
 impl Findings {
     fn violation(&mut self, v: String) {

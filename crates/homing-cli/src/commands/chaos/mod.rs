@@ -21,6 +21,7 @@ mod load;
 mod proxy;
 mod report;
 pub(crate) mod services;
+mod timeline;
 
 use anyhow::{bail, Context as _};
 use std::collections::BTreeMap;
@@ -312,6 +313,10 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     }
     let f = invariants::check(&ids, &jobs, &calls, &facts, &injected, settle);
     let workflow_violations = invariants::check_workflows(&workflows, &jobs, &calls, &facts);
+    let (timeline_violations, timelines) = timeline::check(&client, &jobs).await?;
+    if !a.json {
+        eprintln!("chaos: {timelines} job timelines checked against their rows");
+    }
     let limited_jobs = all_jobs(&client, Some(limited::QUEUE)).await?;
     let limited = limited::check(
         &counter.limited_calls(),
@@ -364,6 +369,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         .count();
     let mut violations = f.violations.clone();
     violations.extend(workflow_violations);
+    violations.extend(timeline_violations);
     if workflows.is_empty() && !ids.is_empty() {
         violations.push("no workflow was created: the workflow load never ran".into());
     }

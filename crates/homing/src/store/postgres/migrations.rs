@@ -85,6 +85,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0014_traceparent.sql"),
     },
     Migration {
+        version: 15,
+        name: "0015_job_history",
+        sql: include_str!("migrations/0015_job_history.sql"),
+    },
+    Migration {
         version: 16,
         name: "0016_worker_reclaims",
         sql: include_str!("migrations/0016_worker_reclaims.sql"),

@@ -32,6 +32,7 @@ use super::stats_sql;
 use super::*;
 use crate::error::Error;
 use crate::events::CALLBACK_TARGET;
+use crate::history::{self, Cause};
 use crate::job::{JobOptions, DEFAULT_MAX_CRASHES};
 use crate::reclaim::{Reclaim, ReclaimOutcome};
 use crate::redact::redact_url;
@@ -454,6 +455,107 @@ async fn lock_jobs(conn: &mut PgConnection, ids: &[JobId]) -> sqlx::Result<HashM
         .collect()
 }
 
+/// Writes timeline entries (docs/timeline.md) in one statement, whatever their number: a
+/// batch's start or completion adds one round trip, not one per job.
+async fn write_history(
+    conn: &mut PgConnection,
+    entries: &[(JobId, history::Entry)],
+) -> sqlx::Result<()> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let n = entries.len();
+    let (mut ids, mut at, mut kind, mut state) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let (mut epoch, mut worker, mut attempts, mut crashes, mut message, mut data) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for (id, e) in entries {
+        ids.push(*id);
+        at.push(e.at);
+        kind.push(e.kind.as_str());
+        state.push(e.state.as_str());
+        epoch.push(e.epoch.map(|n| n.min(i64::MAX as u64) as i64));
+        worker.push(e.worker.as_deref().map(clean).map(Cow::into_owned));
+        attempts.push(i32::try_from(e.attempts).unwrap_or(i32::MAX));
+        crashes.push(i32::try_from(e.crashes).unwrap_or(i32::MAX));
+        message.push(e.message.as_deref().map(clean).map(Cow::into_owned));
+        data.push(e.data.as_ref().map(to_json));
+    }
+    sqlx::query(
+        "INSERT INTO homing_job_history (job_id, at, kind, state, epoch, worker, attempts, \
+         crashes, message, data) \
+         SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::int8[], \
+                              $6::text[], $7::int4[], $8::int4[], $9::text[], $10::text[])",
+    )
+    .bind(&ids)
+    .bind(&at)
+    .bind(&kind)
+    .bind(&state)
+    .bind(&epoch)
+    .bind(&worker)
+    .bind(&attempts)
+    .bind(&crashes)
+    .bind(&message)
+    .bind(&data)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Keeps each of these jobs' timelines to its first entry and the latest
+/// [`history::KEEP_LATEST`], in one statement.
+async fn trim_history(conn: &mut PgConnection, ids: &[JobId]) -> sqlx::Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "DELETE FROM homing_job_history WHERE id IN (SELECT id FROM (SELECT id, \
+         row_number() OVER (PARTITION BY job_id ORDER BY id DESC) AS newer, \
+         row_number() OVER (PARTITION BY job_id ORDER BY id) AS older \
+         FROM homing_job_history WHERE job_id = ANY($1)) x WHERE newer > $2 AND older > 1)",
+    )
+    .bind(ids)
+    .bind(history::KEEP_LATEST as i64)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+fn row_to_entry(r: &PgRow) -> sqlx::Result<history::Entry> {
+    let kind: String = r.try_get(1)?;
+    let state: String = r.try_get(2)?;
+    let counter = |i: usize| -> sqlx::Result<u32> {
+        Ok(r.try_get::<Option<i32>, _>(i)?
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0))
+    };
+    Ok(history::Entry {
+        at: r.try_get(0)?,
+        kind: history::Kind::parse(&kind),
+        state: read_state(Some(&state), &mut Vec::new()),
+        epoch: r
+            .try_get::<Option<i64>, _>(3)?
+            .and_then(|n| u64::try_from(n).ok()),
+        worker: r.try_get(4)?,
+        attempts: counter(5)?,
+        crashes: counter(6)?,
+        message: r.try_get(7)?,
+        data: r
+            .try_get::<Option<String>, _>(8)?
+            .map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::String(t))),
+    })
+}
+
 /// Inserts a batch in one statement. Jobs whose idempotency key (or id: a batch retried after
 /// its commit's answer was lost) already exists are returned as that existing job; a key used
 /// twice in one batch resolves to its first job, as if they had been inserted one by one.
@@ -596,8 +698,12 @@ pub(super) async fn insert_jobs(
 
     let mut out: Vec<Option<Inserted>> = vec![None; jobs.len()];
     let mut lost = Vec::new();
+    let mut log = Vec::new();
     for &i in &send {
         if inserted.contains(&jobs[i].id) {
+            let at = jobs[i].run_at.filter(|t| *t > jobs[i].created_at);
+            let e = history::enqueued(states[i], at, jobs[i].created_at);
+            log.push((jobs[i].id, e));
             out[i] = Some(Inserted {
                 id: jobs[i].id,
                 queue: jobs[i].queue.clone(),
@@ -608,6 +714,7 @@ pub(super) async fn insert_jobs(
             lost.push(i);
         }
     }
+    write_history(conn, &log).await?;
     if !lost.is_empty() {
         let lost_ids: Vec<JobId> = lost.iter().map(|&i| jobs[i].id).collect();
         let lost_keys: Vec<String> = lost
@@ -939,15 +1046,24 @@ async fn write_change(
     Ok(q.execute(&mut *conn).await?.rows_affected() == 1)
 }
 
-/// A decided change to a locked job with its event and follow-up, in the caller's transaction.
-/// The follow-up is left undispatched: the reconciler publishes it.
+/// A decided change to a locked job with its event, follow-up and timeline entry, in the
+/// caller's transaction. The follow-up is left undispatched: the reconciler publishes it.
 async fn transit(
     conn: &mut PgConnection,
     before: &Job,
     change: &Change,
+    cause: Cause<'_>,
     now: Micros,
 ) -> sqlx::Result<()> {
     write_change(conn, before.id, "", change, now).await?;
+    let e = history::changed(
+        &change.apply(before, now),
+        change,
+        cause,
+        ran_under(before),
+        now,
+    );
+    write_history(conn, &[(before.id, e)]).await?;
     let fx = transition::effects(before, change, now);
     if fx.event {
         terminal_event(conn, before.id, now).await?;
@@ -963,6 +1079,13 @@ async fn transit(
         }
     }
     Ok(())
+}
+
+/// The worker whose run a change to `before` ends, if it is running ([`history::changed`]).
+fn ran_under(before: &Job) -> Option<&str> {
+    (before.state == JobState::Running)
+        .then_some(before.worker.as_deref())
+        .flatten()
 }
 
 /// Locks the workflows the jobs `ids` belong to, in id order. Every transaction that may end a
@@ -1033,6 +1156,8 @@ async fn settle_tx(
                 .fetch_optional(&mut *conn)
                 .await?;
                 if let Some((queue, priority)) = queue {
+                    let e = history::queued(history::Kind::Ready, 0, 0, now);
+                    write_history(conn, &[(*id, e)]).await?;
                     let priority = i32::try_from(priority).unwrap_or(0);
                     publish.push(ToPublish {
                         id: *id,
@@ -1047,6 +1172,11 @@ async fn settle_tx(
                     ..Change::cancelled()
                 };
                 if write_change(conn, *id, " AND state = 'waiting'", &change, now).await? {
+                    if let Some(before) = steps.iter().find(|j| j.id == *id) {
+                        let after = change.apply(before, now);
+                        let e = history::changed(&after, &change, Cause::Other, None, now);
+                        write_history(conn, &[(*id, e)]).await?;
+                    }
                     terminal_event(conn, *id, now).await?;
                 }
             }
@@ -1151,6 +1281,11 @@ async fn bury(
         tx.commit().await?;
         return Ok(false);
     };
+    write_history(
+        &mut tx,
+        &[(id, history::buried(&reason, worker.clone(), now))],
+    )
+    .await?;
     let job = buried_job(id, task, queue, worker, callback_url, &reason, now);
     if let Some(ev) = NewEvent::for_terminal(&job) {
         insert_event(&mut tx, &ev, now).await?;
@@ -1260,7 +1395,7 @@ async fn start_tx(
             }
             transition::Start::Park => {
                 let change = transition::park();
-                transit(&mut tx, job, &change, now).await?;
+                transit(&mut tx, job, &change, Cause::Start, now).await?;
                 super::limits::postgres::parked(&mut tx, job.id, key.as_deref()).await?;
                 *job = change.apply(job, now);
                 decisions.push(Decision::Done(StartOutcome::Parked));
@@ -1268,7 +1403,7 @@ async fn start_tx(
             transition::Start::Defer(at) => decisions.push(Decision::Done(StartOutcome::Defer(at))),
             transition::Start::Dead(reason) => {
                 let change = Change::dead(reason);
-                transit(&mut tx, job, &change, now).await?;
+                transit(&mut tx, job, &change, Cause::Start, now).await?;
                 *job = change.apply(job, now);
                 decisions.push(Decision::Done(StartOutcome::Dead));
             }
@@ -1305,6 +1440,14 @@ async fn start_tx(
             let j = row_to_job(&r)?;
             started.insert(j.id, j);
         }
+        let log: Vec<(JobId, history::Entry)> = started
+            .values()
+            .map(|j| (j.id, history::started(j, now)))
+            .collect();
+        write_history(&mut tx, &log).await?;
+        // Only a start begins a run, so only a start can grow a timeline by more than a run's
+        // entries: trimming here, once per batch, keeps every timeline near its bound.
+        trim_history(&mut tx, &to_run).await?;
         super::limits::postgres::granted(&mut tx, &grants, now).await?;
     }
     tx.commit().await?;
@@ -1346,6 +1489,8 @@ async fn complete_tx(
     let mut with_event: Vec<JobId> = Vec::new();
     // Every applied completion records its epoch (`Store::last_completion`).
     let mut applied: Vec<JobId> = Vec::new();
+    // Their timeline entries, written together in one statement.
+    let mut log: Vec<(JobId, history::Entry)> = Vec::new();
     for c in done {
         let Some(job) = jobs.get_mut(&c.id) else {
             out.push(Committed::Stale);
@@ -1381,6 +1526,14 @@ async fn complete_tx(
             follow_ups.push((out.len(), f));
         }
         applied.push(job.id);
+        let e = history::changed(
+            &change.apply(job, now),
+            &change,
+            Cause::Completion,
+            ran_under(job),
+            now,
+        );
+        log.push((job.id, e));
         if limited.contains_key(&job.queue) {
             released.push((out.len(), job.id, job.queue.clone()));
         }
@@ -1414,6 +1567,7 @@ async fn complete_tx(
             .execute(&mut *tx)
             .await?;
     }
+    write_history(&mut tx, &log).await?;
     for id in with_event {
         terminal_event(&mut tx, id, now).await?;
     }
@@ -1465,7 +1619,7 @@ async fn mark_lost_tx(pool: &PgPool, id: JobId, worker: &str, now: Micros) -> sq
     let lost = match transition::lost(&job, worker) {
         transition::Lost::NotOwned(state) => return Ok(Lost::NotOwned(state)),
         transition::Lost::Crashed(change) => {
-            transit(&mut tx, &job, &change, now).await?;
+            transit(&mut tx, &job, &change, Cause::Lost { worker }, now).await?;
             if let Some(l) = limited.get(&job.queue) {
                 // Its slot is free. `Lost` carries nothing to publish, so the unparked job is
                 // stamped as old: the reconciler's next pass publishes it.
@@ -1591,8 +1745,12 @@ async fn retry_in(conn: &mut PgConnection, id: JobId, now: Micros) -> sqlx::Resu
     .bind(now)
     .execute(&mut *conn)
     .await?;
-    let job = get_job(conn, id, false).await?;
-    job.ok_or_else(|| corrupt("retry", "row vanished")).map(Ok)
+    let job = get_job(conn, id, false)
+        .await?
+        .ok_or_else(|| corrupt("retry", "row vanished"))?;
+    write_history(conn, &[(id, history::retried(&job, now))]).await?;
+    trim_history(conn, &[id]).await?;
+    Ok(Ok(job))
 }
 
 /// An operator's cancel of one job inside the caller's transaction (its workflow, if any,
@@ -1603,7 +1761,7 @@ async fn cancel_in(conn: &mut PgConnection, id: JobId, now: Micros) -> sqlx::Res
     };
     match transition::cancel(&job) {
         transition::Cancel::Now => {
-            transit(conn, &job, &Change::cancelled(), now).await?;
+            transit(conn, &job, &Change::cancelled(), Cause::Other, now).await?;
         }
         transition::Cancel::Request => {
             sqlx::query(
@@ -1613,6 +1771,7 @@ async fn cancel_in(conn: &mut PgConnection, id: JobId, now: Micros) -> sqlx::Res
             .bind(now)
             .execute(&mut *conn)
             .await?;
+            write_history(conn, &[(id, history::cancel_requested(&job, now))]).await?;
         }
         transition::Cancel::Refuse(message) => {
             return Ok(Err(Error::Conflict {
@@ -1836,13 +1995,17 @@ impl Store for PgStore {
             let rows = sqlx::query(
                 "WITH due AS (SELECT id FROM homing_jobs \
                               WHERE state = 'scheduled' AND scheduled_at <= $1 \
-                              ORDER BY scheduled_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                 UPDATE homing_jobs j SET state = 'queued', dispatched = false, updated_at = $1 \
-                 FROM due WHERE j.id = due.id AND j.state = 'scheduled' \
-                 RETURNING j.id, j.queue, j.priority",
+                              ORDER BY scheduled_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+                 claimed AS (UPDATE homing_jobs j SET state = 'queued', dispatched = false, \
+                   updated_at = $1 FROM due WHERE j.id = due.id AND j.state = 'scheduled' \
+                   RETURNING j.id, j.queue, j.priority, j.attempts, j.crashes), \
+                 logged AS (INSERT INTO homing_job_history (job_id, at, kind, state, attempts, \
+                   crashes) SELECT id, $1, $3, 'queued', attempts, crashes FROM claimed) \
+                 SELECT id, queue, priority FROM claimed",
             )
             .bind(now)
             .bind(limit.min(i64::MAX as usize) as i64)
+            .bind(history::Kind::Due.as_str())
             .fetch_all(&self.pool)
             .await?;
             dispatch_rows(rows)
@@ -2035,17 +2198,66 @@ impl Store for PgStore {
         epoch: u64,
         progress: serde_json::Value,
     ) -> Result<bool> {
+        let now = crate::time::now();
         self.call(async {
+            let mut tx = self.pool.begin().await?;
+            let value = to_json(&progress);
             let r = sqlx::query(
                 "UPDATE homing_jobs SET progress = $3 WHERE id = $1 AND epoch = $2 \
                  AND state = 'running'",
             )
             .bind(id)
             .bind(epoch as i64)
-            .bind(to_json(&progress))
-            .execute(&self.pool)
+            .bind(&value)
+            .execute(&mut *tx)
             .await?;
-            Ok(r.rows_affected() == 1)
+            if r.rows_affected() != 1 {
+                return Ok(false);
+            }
+            // A new entry while the run has fewer than PROGRESS_PER_RUN; else the run's last
+            // progress entry takes the new value (docs/timeline.md).
+            let updated = sqlx::query(
+                "UPDATE homing_job_history SET data = $3, at = $4 WHERE id = (SELECT max(id) \
+                 FROM homing_job_history WHERE job_id = $1 AND epoch = $2 AND kind = 'progress' \
+                 HAVING count(*) >= $5)",
+            )
+            .bind(id)
+            .bind(epoch as i64)
+            .bind(&value)
+            .bind(now)
+            .bind(history::PROGRESS_PER_RUN as i64)
+            .execute(&mut *tx)
+            .await?;
+            if updated.rows_affected() == 0 {
+                sqlx::query(
+                    "INSERT INTO homing_job_history (job_id, at, kind, state, epoch, worker, \
+                     attempts, crashes, data) SELECT id, $2, 'progress', 'running', epoch, \
+                     worker, attempts, crashes, $3 FROM homing_jobs WHERE id = $1",
+                )
+                .bind(id)
+                .bind(now)
+                .bind(&value)
+                .execute(&mut *tx)
+                .await?;
+                trim_history(&mut tx, &[id]).await?;
+            }
+            tx.commit().await?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn history(&self, id: JobId) -> Result<history::History> {
+        self.call(async {
+            let rows = sqlx::query(
+                "SELECT at, kind, state, epoch, worker, attempts, crashes, message, data \
+                 FROM homing_job_history WHERE job_id = $1 ORDER BY id",
+            )
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
+            let entries = rows.iter().map(row_to_entry).collect::<sqlx::Result<_>>()?;
+            Ok(history::History::from_entries(entries))
         })
         .await
     }
@@ -2060,7 +2272,14 @@ impl Store for PgStore {
             if job.state.is_terminal() {
                 return Ok(false);
             }
-            transit(&mut tx, &job, &Change::dead(reason.to_string()), now).await?;
+            transit(
+                &mut tx,
+                &job,
+                &Change::dead(reason.to_string()),
+                Cause::Other,
+                now,
+            )
+            .await?;
             tx.commit().await?;
             Ok(true)
         })
@@ -2238,6 +2457,9 @@ impl Store for PgStore {
                 .iter()
                 .map(row_to_job)
                 .collect::<sqlx::Result<Vec<Job>>>()?;
+            let entries: Vec<_> = out.iter().map(|j| (j.id, history::retried(j, now))).collect();
+            write_history(&mut tx, &entries).await?;
+            trim_history(&mut tx, &take).await?;
             tx.commit().await?;
             out.sort_by_key(|j| j.id);
             Ok(out)
@@ -2323,6 +2545,16 @@ impl Store for PgStore {
                     ins.state = JobState::Waiting;
                 }
             }
+            // Their enqueue entries were written as `queued` by `insert_jobs`.
+            sqlx::query(
+                "UPDATE homing_job_history h SET state = 'waiting' \
+                 FROM UNNEST($1::uuid[], $2::bool[]) AS u(id, waiting) \
+                 WHERE h.job_id = u.id AND u.waiting",
+            )
+            .bind(&ids)
+            .bind(&waiting)
+            .execute(&mut *tx)
+            .await?;
             tx.commit().await?;
             Ok(out)
         })
@@ -2395,9 +2627,13 @@ impl Store for PgStore {
             // Waiting steps first, without settling: no finaliser may be made runnable by its
             // parents' cancellation.
             for j in lock_order(&ids).iter().filter_map(|i| jobs.get(i)) {
+                let change = Change::cancelled();
                 if j.state == JobState::Waiting
-                    && write_change(&mut tx, j.id, "", &Change::cancelled(), now).await?
+                    && write_change(&mut tx, j.id, "", &change, now).await?
                 {
+                    let after = change.apply(j, now);
+                    let e = history::changed(&after, &change, Cause::Other, None, now);
+                    write_history(&mut tx, &[(j.id, e)]).await?;
                     terminal_event(&mut tx, j.id, now).await?;
                 }
             }
@@ -2407,7 +2643,7 @@ impl Store for PgStore {
                 }
                 match transition::cancel(j) {
                     transition::Cancel::Now => {
-                        transit(&mut tx, j, &Change::cancelled(), now).await?
+                        transit(&mut tx, j, &Change::cancelled(), Cause::Other, now).await?
                     }
                     transition::Cancel::Request => {
                         sqlx::query(
