@@ -94,6 +94,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0014_traceparent",
         sql: include_str!("sqlite/migrations/0014_traceparent.sql"),
     },
+    Migration {
+        version: 17,
+        name: "0017_queue_counts",
+        sql: include_str!("sqlite/migrations/0017_queue_counts.sql"),
+    },
 ];
 
 /// An open database file.

@@ -49,6 +49,10 @@ mod stats_suite {
     homing::stats_conformance!(super::store());
 }
 
+mod counts_suite {
+    homing::counts_conformance!(super::store());
+}
+
 mod search_suite {
     homing::search_conformance!(super::store());
 }

@@ -84,6 +84,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0014_traceparent",
         sql: include_str!("migrations/0014_traceparent.sql"),
     },
+    Migration {
+        version: 17,
+        name: "0017_queue_counts",
+        sql: include_str!("migrations/0017_queue_counts.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are
