@@ -29,7 +29,10 @@ pub async fn check(store: &dyn Store) -> Vec<String> {
             )),
         }
     }
-    for k in kept.iter().filter(|k| !fresh.iter().any(|f| f.queue == k.queue)) {
+    for k in kept
+        .iter()
+        .filter(|k| !fresh.iter().any(|f| f.queue == k.queue))
+    {
         out.push(format!(
             "queue counts: {} has kept counts ({k:?}) but no jobs",
             k.queue
