@@ -105,6 +105,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("sqlite/migrations/0016_worker_reclaims.sql"),
     },
     Migration {
+        version: 17,
+        name: "0017_queue_counts",
+        sql: include_str!("sqlite/migrations/0017_queue_counts.sql"),
+    },
+    Migration {
         version: 18,
         name: "0018_bulk",
         sql: include_str!("sqlite/migrations/0018_bulk.sql"),

@@ -49,6 +49,10 @@ mod stats_suite {
     homing::stats_conformance!(super::store());
 }
 
+mod counts_suite {
+    homing::counts_conformance!(super::store());
+}
+
 mod search_suite {
     homing::search_conformance!(super::store());
 }
@@ -692,4 +696,31 @@ async fn distinct_queue_bound() {
     let a = Arc::unwrap_or_clone(a).with_max_queues(5);
     let b = Arc::unwrap_or_clone(b).with_max_queues(5);
     homing::conformance::queues::distinct_queue_bound(Arc::new(a), Arc::new(b), 5).await;
+}
+
+/// A database that had jobs before migration 17 gets counts equal to its jobs: the migration is
+/// undone by hand and applied again by a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_counts_are_backfilled_from_existing_jobs() {
+    let url = server().fresh_database().await;
+    let s = PgStore::connect(&url).await.expect("connect and migrate");
+    homing::conformance::counts::jobs_in_several_states(&s).await;
+    sqlx::raw_sql(
+        "DROP TABLE homing_queue_counts; \
+         DROP TRIGGER homing_jobs_count_insert ON homing_jobs; \
+         DROP TRIGGER homing_jobs_count_delete ON homing_jobs; \
+         DROP TRIGGER homing_jobs_count_update ON homing_jobs; \
+         DROP TRIGGER homing_jobs_count_truncate ON homing_jobs; \
+         DROP FUNCTION homing_count_inserted(); DROP FUNCTION homing_count_deleted(); \
+         DROP FUNCTION homing_count_updated(); DROP FUNCTION homing_count_truncated(); \
+         DROP FUNCTION homing_fold_queue_counts(); \
+         DELETE FROM homing_migrations WHERE version = 17;",
+    )
+    .execute(s.pool())
+    .await
+    .unwrap();
+    s.pool().close().await;
+    let s = PgStore::connect(&url).await.expect("migrate again");
+    assert!(!s.queue_stats().await.unwrap().is_empty());
+    homing::conformance::counts::assert_counts_exact(&s, "backfill").await;
 }

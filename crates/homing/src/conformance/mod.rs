@@ -9,6 +9,7 @@ pub mod access;
 pub mod batch;
 pub mod broker;
 pub mod cluster_limits;
+pub mod counts;
 pub mod limits;
 pub mod poison;
 pub mod queues;

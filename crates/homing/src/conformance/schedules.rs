@@ -13,7 +13,7 @@ use crate::time::now;
 
 use super::unique_queue;
 
-fn def(name: &str, queue: &str, secs: u64) -> ScheduleDef {
+pub(crate) fn def(name: &str, queue: &str, secs: u64) -> ScheduleDef {
     ScheduleDef {
         name: name.into(),
         task: "builtin.noop".into(),
@@ -30,7 +30,7 @@ fn def(name: &str, queue: &str, secs: u64) -> ScheduleDef {
     }
 }
 
-fn firing(d: &ScheduleDef, cursor: i64, ticks: &[i64]) -> Firing {
+pub(crate) fn firing(d: &ScheduleDef, cursor: i64, ticks: &[i64]) -> Firing {
     Firing {
         name: d.name.clone(),
         expected_cursor: cursor,

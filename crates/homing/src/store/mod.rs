@@ -765,7 +765,15 @@ pub trait Store: Send + Sync + 'static {
     /// Crash contract: one transaction, deciding on the workflow's locked steps.
     async fn cancel_workflow(&self, id: WorkflowId, now: Micros) -> Result<Option<Workflow>>;
 
+    /// Each queue's job count per state, from the counts the schema's triggers keep with every
+    /// change of a job (docs/counts.md): a few rows whatever the number of jobs. Queues without
+    /// jobs are left out.
     async fn queue_stats(&self) -> Result<Vec<QueueStats>>;
+
+    /// The same counts as [`Store::queue_stats`], counted afresh from the jobs themselves (a
+    /// full scan): what the conformance suites and the chaos run compare the kept counts with.
+    /// Never on a request path.
+    async fn queue_stats_recounted(&self) -> Result<Vec<QueueStats>>;
 
     /// Records a worker's start (`live`) and the task names it runs.
     ///
@@ -882,7 +890,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<crate::stats::Rows>;
 
     /// How many jobs match `filter` (docs/access.md: the count a bulk action shows before it
-    /// runs). Exact, so it reads every matching row's index entry.
+    /// runs). Exact. Without a task in the filter it sums the kept counts (docs/counts.md); with
+    /// one it reads every matching row's index entry.
     async fn count(&self, filter: &JobFilter) -> Result<u64>;
 
     /// An operator's delete: removes those of `ids` that are finished (succeeded, failed, dead,

@@ -97,11 +97,14 @@ pub(crate) fn sample_depth(d: Dialect) -> String {
         Dialect::Postgres => ("$1", "$2", "GREATEST"),
     };
     let depth = t(d, "stats_depth");
+    // From the kept counts (docs/counts.md), not a count of the jobs: a sample costs a few
+    // rows however deep the queues are. PostgreSQL keeps them as deltas, hence the sum.
     format!(
         "INSERT INTO {depth} (span, at, queue, depth) \
-         SELECT {span}, {at}, queue, COUNT(*) FROM {} WHERE state = 'queued' GROUP BY queue \
+         SELECT {span}, {at}, queue, SUM(n) FROM {} WHERE state = 'queued' GROUP BY queue \
+         HAVING SUM(n) > 0 \
          ON CONFLICT (span, at, queue) DO UPDATE SET depth = {max}({depth}.depth, excluded.depth)",
-        t(d, "jobs")
+        t(d, "queue_counts")
     )
 }
 

@@ -12,6 +12,7 @@
 
 mod child;
 mod counter;
+mod counts;
 mod deployment;
 mod faults;
 mod hostile;
@@ -289,6 +290,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         eprintln!("chaos: {e}");
     }
     d.stop_homing();
+    let count_violations = counts::check(&*b.store).await;
     let jobs = all_jobs(&client, Some(&queue)).await?;
     let every_job = all_jobs(&client, None).await?;
     let ticks = invariants::check_ticks(&every_job, ticks_until);
@@ -385,6 +387,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     violations.extend(hostile_stored.iter().take(20).cloned());
     violations.extend(ticks.violations.iter().take(20).cloned());
     violations.extend(limited.violations.iter().cloned());
+    violations.extend(count_violations);
     if a.hostile_rate > 0.0 && hostile.sent == 0 {
         violations.push("no hostile request was sent: the hostile load never ran".into());
     }

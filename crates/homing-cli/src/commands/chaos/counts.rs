@@ -1,0 +1,42 @@
+//! The kept queue counts (docs/counts.md) after a run full of kills, cut connections and
+//! restarts: the counts the schema's triggers kept must equal a fresh count of the jobs. A
+//! drift here would mean some path changed a job's state without its count (or a transaction
+//! was half applied), which no other invariant would notice.
+
+use homing::store::Store;
+
+/// The violations (none when the counts agree), read once the deployment has stopped.
+pub async fn check(store: &dyn Store) -> Vec<String> {
+    let kept = match store.queue_stats().await {
+        Ok(k) => k,
+        Err(e) => return vec![format!("queue counts: cannot read the kept counts: {e}")],
+    };
+    let fresh = match store.queue_stats_recounted().await {
+        Ok(f) => f,
+        Err(e) => return vec![format!("queue counts: cannot count the jobs: {e}")],
+    };
+    let mut out = Vec::new();
+    for f in &fresh {
+        match kept.iter().find(|k| k.queue == f.queue) {
+            Some(k) if k == f => {}
+            Some(k) => out.push(format!(
+                "queue counts drifted for {}: kept {k:?}, counted {f:?}",
+                f.queue
+            )),
+            None => out.push(format!(
+                "queue counts: {} has jobs ({f:?}) but no kept counts",
+                f.queue
+            )),
+        }
+    }
+    for k in kept
+        .iter()
+        .filter(|k| !fresh.iter().any(|f| f.queue == k.queue))
+    {
+        out.push(format!(
+            "queue counts: {} has kept counts ({k:?}) but no jobs",
+            k.queue
+        ));
+    }
+    out
+}
