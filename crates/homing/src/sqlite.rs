@@ -94,6 +94,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0014_traceparent",
         sql: include_str!("sqlite/migrations/0014_traceparent.sql"),
     },
+    Migration {
+        version: 19,
+        name: "0019_prune",
+        sql: include_str!("sqlite/migrations/0019_prune.sql"),
+    },
 ];
 
 /// An open database file.

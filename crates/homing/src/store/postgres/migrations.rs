@@ -84,6 +84,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0014_traceparent",
         sql: include_str!("migrations/0014_traceparent.sql"),
     },
+    Migration {
+        version: 19,
+        name: "0019_prune",
+        sql: include_str!("migrations/0019_prune.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are
