@@ -3,8 +3,9 @@
 //! in it for that arena's later use. homing's store calls run on tokio's blocking threads, which
 //! come and go; each new one may start another arena, and the pages freed there are rarely
 //! reused by the next thread. Draining a million jobs, `homing server` grew from about 35 to
-//! well over 100 MB that way, with nothing live to show for it; capped at two arenas (measured
-//! in BENCHMARKS.md) it stayed within a few MB of where it started at no cost in throughput.
+//! well over 100 MB that way, with nothing live to show for it; capped at two arenas it stayed
+//! within a few MB of where it started (BENCHMARKS.md; the drain's throughput differed by less
+//! than that loaded machine's run-to-run noise).
 
 /// The arenas glibc may keep: one for the async workers' steady allocation, one spare so a
 /// blocking thread rarely waits for the other's lock.
