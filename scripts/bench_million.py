@@ -395,7 +395,7 @@ def main() -> int:
                 left = old_left()
             took = time.monotonic() - t_prune
             print(f"pruner: {old - left:,} older jobs deleted {took:.0f} s after the server "
-                  f"started ({(old - left) / took:,.0f}/s, batches of 500; {left:,} left)")
+                  f"started ({(old - left) / took:,.0f}/s, paced batches; {left:,} left)")
             d.stop_server()
             checkpoint(d)
             print(f"store after pruning: {db_bytes(d) / 1e6:,.1f} MB (SQLite keeps freed pages "

@@ -1,5 +1,6 @@
 //! The `homing` binary: server, worker and command-line tool over the `homing` library.
 
+mod alloc;
 mod api;
 mod cli;
 mod commands;
@@ -28,6 +29,8 @@ fn init_tracing(format: &str, default: &str) {
 }
 
 fn main() -> std::process::ExitCode {
+    // Before any thread exists (docs/pruner.md, "memory").
+    alloc::limit_arenas();
     let cli = cli::Cli::parse();
     // The chaos run's own client sees every fault it injects; its report says what mattered.
     let default = match cli.command {

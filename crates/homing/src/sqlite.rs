@@ -114,6 +114,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0018_bulk",
         sql: include_str!("sqlite/migrations/0018_bulk.sql"),
     },
+    Migration {
+        version: 19,
+        name: "0019_prune",
+        sql: include_str!("sqlite/migrations/0019_prune.sql"),
+    },
 ];
 
 /// An open database file.

@@ -27,6 +27,7 @@ macro_rules! store_conformance {
             dead_transitions_write_events, callback_jobs_get_terminal_events,
             fan_out_inserts_each_delivery_once, worker_gone_reports_one_change, finished_since_counts,
             batches_decide_as_one_by_one, purge_deletes_only_old_history,
+            pruner_passes_delete_old_finished_jobs_and_nothing_unfinished,
             schedules_are_set_read_paused_and_deleted, schedule_ticks_get_one_job_each,
             completions_record_their_epoch, running_under_lists_one_workers_jobs,
             remote_worker_info_round_trips, traceparent_goes_with_the_job_and_its_follow_ups,
@@ -991,6 +992,54 @@ pub async fn purge_deletes_only_old_history(s: Arc<dyn Store>) {
     assert!(p.events >= 1, "a fanned-out event is history: {p:?}");
     assert!(s.events(0, 1000).await.unwrap().is_empty());
     assert_eq!(s.purge(cut, 100).await.unwrap(), Purged::default());
+}
+
+/// The pruner's paced pass, over more batches than one (whatever sizes its pacer picks),
+/// deletes every job finished before the cut and no job that is queued or running.
+pub async fn pruner_passes_delete_old_finished_jobs_and_nothing_unfinished(s: Arc<dyn Store>) {
+    let q = unique_queue("prunepass");
+    let jobs: Vec<_> = (0..1300).map(|_| new_job(&q, "t")).collect();
+    for chunk in jobs.chunks(500) {
+        s.insert(chunk.to_vec()).await.unwrap();
+    }
+    let ids: Vec<_> = jobs.iter().map(|j| j.id).collect();
+    let (finished, rest) = ids.split_at(1200);
+    for chunk in finished.chunks(200) {
+        let done: Vec<Completion> = s
+            .start(chunk, "w", now())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| match o {
+                StartOutcome::Run(j) => Completion {
+                    id: j.id,
+                    epoch: j.epoch,
+                    outcome: Outcome::Succeeded(serde_json::json!(null)),
+                },
+                other => panic!("expected Run, got {other:?}"),
+            })
+            .collect();
+        s.complete(&done, now()).await.unwrap();
+    }
+    s.start(&rest[..50], "w", now()).await.unwrap();
+    let cut = now() + 1;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let p = crate::maintenance::pruner::purge_before(&*s, cut, &stop)
+        .await
+        .unwrap();
+    assert!(p.jobs >= 1200, "{p:?}");
+    let count = |state: Option<JobState>| {
+        let s = s.clone();
+        let filter = JobFilter {
+            state,
+            queue: Some(q.clone()),
+            task: None,
+        };
+        async move { s.count(&filter).await.unwrap() }
+    };
+    assert_eq!(count(None).await, 100, "only the unfinished jobs are left");
+    assert_eq!(count(Some(JobState::Running)).await, 50);
+    assert_eq!(count(Some(JobState::Queued)).await, 50);
 }
 
 pub async fn mark_dead_is_final(s: Arc<dyn Store>) {

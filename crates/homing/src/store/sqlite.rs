@@ -1309,6 +1309,25 @@ fn many(
     Ok(out)
 }
 
+/// The pruner's deletions of workflows and jobs from before `?1`, at most `?2` of each. Each
+/// walks an index from its oldest end and stops after `?2` rows; `INDEXED BY` because, without
+/// statistics, SQLite preferred `jobs_state_id` for the state test, read every finished job and
+/// sorted them: seconds per batch under the write lock at a million jobs (docs/pruner.md).
+///
+/// A workflow whose every step finished before the cut (or whose steps are already gone) is
+/// history; one with a step still live, or finished after the cut, is kept with all its steps
+/// (a waiting step's settling reads them). A job of a workflow still stored is kept with it.
+pub(crate) const PURGE_WORKFLOWS: &str = "DELETE FROM workflows WHERE id IN (SELECT w.id \
+    FROM workflows w INDEXED BY workflows_created WHERE w.created_at < ?1 AND NOT EXISTS \
+    (SELECT 1 FROM jobs j WHERE j.workflow_id = w.id AND (j.state NOT IN \
+    ('succeeded', 'failed', 'dead', 'cancelled') OR j.finished_at >= ?1)) \
+    ORDER BY w.created_at LIMIT ?2)";
+pub(crate) const PURGE_JOBS: &str = "DELETE FROM jobs WHERE rowid IN (SELECT rowid FROM jobs j \
+    INDEXED BY jobs_finished WHERE finished_at < ?1 \
+    AND state IN ('succeeded', 'failed', 'dead', 'cancelled') \
+    AND (workflow_id IS NULL OR NOT EXISTS (SELECT 1 FROM workflows w \
+    WHERE w.id = j.workflow_id)) ORDER BY finished_at LIMIT ?2)";
+
 #[async_trait]
 impl Store for SqliteStore {
     fn embedded_db(&self) -> Option<&Arc<Db>> {
@@ -2262,22 +2281,8 @@ impl Store for SqliteStore {
                 // Workflows first: one whose every step finished before the cut (or whose steps
                 // are already gone) is history; one with a step still live, or finished after
                 // the cut, is kept with all its steps (a waiting step's settling reads them).
-                let workflows = tx.execute(
-                    "DELETE FROM workflows WHERE id IN (SELECT w.id FROM workflows w \
-                     WHERE w.created_at < ?1 AND NOT EXISTS (SELECT 1 FROM jobs j \
-                     WHERE j.workflow_id = w.id AND (j.state NOT IN \
-                     ('succeeded', 'failed', 'dead', 'cancelled') OR j.finished_at >= ?1)) \
-                     ORDER BY w.created_at LIMIT ?2)",
-                    params![before, limit],
-                )? as u64;
-                let jobs = tx.execute(
-                    "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs j WHERE finished_at < ?1 \
-                     AND state IN ('succeeded', 'failed', 'dead', 'cancelled') \
-                     AND (workflow_id IS NULL OR NOT EXISTS (SELECT 1 FROM workflows w \
-                     WHERE w.id = j.workflow_id)) \
-                     ORDER BY finished_at LIMIT ?2)",
-                    params![before, limit],
-                )? as u64;
+                let workflows = tx.execute(PURGE_WORKFLOWS, params![before, limit])? as u64;
+                let jobs = tx.execute(PURGE_JOBS, params![before, limit])? as u64;
                 let events = tx.execute(
                     "DELETE FROM events WHERE id IN (SELECT id FROM events \
                      WHERE dispatched_at IS NOT NULL AND created_at < ?1 ORDER BY id LIMIT ?2)",
@@ -2595,6 +2600,33 @@ mod tests {
             }
         }
         assert_eq!(checked, JobState::ALL.len() * 4 * 4);
+    }
+
+    /// The pruner's batches read an index from its oldest end and stop after the batch: no
+    /// statement reads every finished job or sorts them (docs/pruner.md). Before, the jobs'
+    /// batch searched `jobs_state_id` for the states and sorted all the matches.
+    #[test]
+    fn purge_batches_walk_an_index_without_sorting() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path().join("h.db")).unwrap();
+        drop(db);
+        let c = rusqlite::Connection::open(dir.path().join("h.db")).unwrap();
+        for (sql, index) in [
+            (PURGE_JOBS, "jobs_finished"),
+            (PURGE_WORKFLOWS, "workflows_created"),
+        ] {
+            let plan: Vec<String> = c
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map(params![1_000i64, 500i64], |r| r.get::<_, String>(3))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            let plan = plan.join("\n");
+            assert!(plan.contains(&format!("USING INDEX {index}")), "{plan}");
+            assert!(!plan.contains("TEMP B-TREE"), "{plan}");
+            assert!(!plan.contains("SCAN"), "{plan}");
+        }
     }
 }
 

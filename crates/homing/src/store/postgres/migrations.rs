@@ -104,6 +104,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0018_bulk",
         sql: include_str!("migrations/0018_bulk.sql"),
     },
+    Migration {
+        version: 19,
+        name: "0019_prune",
+        sql: include_str!("migrations/0019_prune.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are
