@@ -491,7 +491,12 @@ async fn the_shared_server_dies_with_the_test_binary_even_after_a_failure() {
         String::from_utf8_lossy(&out.stdout)
     );
     let pid: u32 = std::fs::read_to_string(&file)
-        .unwrap_or_else(|e| panic!("the probe's pid ({e}): {}", String::from_utf8_lossy(&out.stderr)))
+        .unwrap_or_else(|e| {
+            panic!(
+                "the probe's pid ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
         .parse()
         .unwrap();
     assert!(pid > 0);
@@ -500,11 +505,17 @@ async fn the_shared_server_dies_with_the_test_binary_even_after_a_failure() {
     let running = || {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
-            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')).map(|z| !z))
+            .and_then(|s| {
+                s.rsplit_once(") ")
+                    .map(|(_, rest)| rest.starts_with('Z'))
+                    .map(|z| !z)
+            })
             .unwrap_or(false)
     };
-    eventually(Duration::from_secs(20), "the probe's server to be gone", || async {
-        (!running()).then_some(())
-    })
+    eventually(
+        Duration::from_secs(20),
+        "the probe's server to be gone",
+        || async { (!running()).then_some(()) },
+    )
     .await;
 }

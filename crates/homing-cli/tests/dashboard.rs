@@ -1241,9 +1241,8 @@ async fn dashboard_follows_every_link_and_runs_every_action() {
     .await;
     // Thirty jobs on a queue nobody serves, in two batches either side of `cut` (for the time
     // range fields and the pager), and two that fail once (for bulk retry).
-    let page_job = || {
-        serde_json::json!({"task": "t.page", "queue": "pages", "allow_unknown_task": true})
-    };
+    let page_job =
+        || serde_json::json!({"task": "t.page", "queue": "pages", "allow_unknown_task": true});
     let mut pages = Vec::new();
     for _ in 0..15 {
         pages.push(enqueue(&base, ADMIN, page_job()).await);
@@ -1407,7 +1406,14 @@ async fn dashboard_follows_every_link_and_runs_every_action() {
         async move {
             let mut js = String::new();
             for id in [
-                "f-state", "f-queue", "f-task", "f-id", "f-from", "f-to", "f-path", "f-value",
+                "f-state",
+                "f-queue",
+                "f-task",
+                "f-id",
+                "f-from",
+                "f-to",
+                "f-path",
+                "f-value",
                 "f-contains",
             ] {
                 let v = fields
@@ -1420,7 +1426,9 @@ async fn dashboard_follows_every_link_and_runs_every_action() {
                     serde_json::json!(v)
                 ));
             }
-            js.push_str("document.querySelector('#filters button[type=submit]').click(); return true;");
+            js.push_str(
+                "document.querySelector('#filters button[type=submit]').click(); return true;",
+            );
             browser.eval(&js).await;
         }
     };
@@ -1429,7 +1437,11 @@ async fn dashboard_follows_every_link_and_runs_every_action() {
         format!("const s = (() => {{ {shown} }})(); return JSON.stringify(s) === '{want}';")
     };
     let newest: Vec<String> = pages.iter().rev().cloned().collect();
-    set(vec![("f-queue", "pages".into()), ("f-task", "t.page".into())]).await;
+    set(vec![
+        ("f-queue", "pages".into()),
+        ("f-task", "t.page".into()),
+    ])
+    .await;
     browser
         .wait_for("the newest 25 jobs", &rows_are(&newest[..25]))
         .await;
@@ -1675,7 +1687,10 @@ async fn dashboard_follows_every_link_and_runs_every_action() {
             .eval("return getComputedStyle(document.querySelector('#job-detail dd')).color;")
             .await,
     );
-    assert_ne!(panel, "rgb(255, 255, 255)", "the job view in the dark theme (text {text})");
+    assert_ne!(
+        panel, "rgb(255, 255, 255)",
+        "the job view in the dark theme (text {text})"
+    );
     // The charts' remaining range: the last day, 24 hourly points.
     browser.click("#charts [data-range='day']").await;
     browser
