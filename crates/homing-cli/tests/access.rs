@@ -14,7 +14,7 @@ const READ: &str = "read-token-0123456789";
 
 struct Server {
     _env: Env,
-    _up: Proc,
+    up: Proc,
     base: String,
 }
 
@@ -45,7 +45,7 @@ async fn server() -> &'static Server {
             .await;
             Server {
                 _env: env,
-                _up: up,
+                up,
                 base,
             }
         })
@@ -538,4 +538,59 @@ async fn a_bulk_action_killed_halfway_is_finished_by_running_it_again() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains(&format!("cancel: {queued} jobs")), "{out}");
     assert_eq!(count(homing::JobState::Cancelled).await, n);
+}
+
+/// The shared server above lives in a `static`, which Rust never drops: it used to outlive the
+/// test binary (one `homing up` left running per CI run). The harness now kills every process
+/// it started when the binary exits, even after a failed test. This test runs itself as a child
+/// test binary that starts the shared server and then fails, and checks the server is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_server_dies_with_the_test_binary_even_after_a_failure() {
+    const NAME: &str = "the_shared_server_dies_with_the_test_binary_even_after_a_failure";
+    if let Some(out) = std::env::var_os("HOMING_TEST_LEAK_PROBE") {
+        // The inner run: start the shared server, say its pid, then fail.
+        std::fs::write(out, server().await.up.pid().to_string()).unwrap();
+        panic!("the probe fails on purpose: the shared server must die all the same");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pid");
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--test-threads=1"])
+        .env("HOMING_TEST_LEAK_PROBE", &file)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run this test binary");
+    assert!(
+        !out.status.success(),
+        "the probe fails: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let pid: u32 = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| {
+            panic!(
+                "the probe's pid ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+        .parse()
+        .unwrap();
+    assert!(pid > 0);
+    // Gone, or a zombie waiting for a parent that no longer exists (a container's pid 1 may
+    // not reap): anything else is a process still running.
+    let running = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(") ")
+                    .map(|(_, rest)| rest.starts_with('Z'))
+                    .map(|z| !z)
+            })
+            .unwrap_or(false)
+    };
+    eventually(
+        Duration::from_secs(20),
+        "the probe's server to be gone",
+        || async { (!running()).then_some(()) },
+    )
+    .await;
 }

@@ -133,14 +133,30 @@ impl Browser {
             .to_string()
     }
 
+    /// Clicks the element `css` selects. The page redraws its tables every 2 s, so an element
+    /// found may be replaced before the click lands ("stale element reference"): then it is
+    /// found again.
     async fn click(&self, css: &str) {
-        let id = self.element(css).await;
-        self.call(
-            "POST",
-            &format!("/element/{id}/click"),
-            serde_json::json!({}),
-        )
-        .await;
+        for _ in 0..20 {
+            let id = self.element(css).await;
+            let url = format!("{}/session/{}/element/{id}/click", self.base, self.session);
+            let v: serde_json::Value = self
+                .http
+                .post(url)
+                .json(&serde_json::json!({}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            match v["value"]["error"].as_str() {
+                None => return,
+                Some("stale element reference") => continue,
+                Some(_) => panic!("webdriver click {css}: {v}"),
+            }
+        }
+        panic!("webdriver click {css}: the element kept going stale");
     }
 
     async fn type_into(&self, css: &str, text: &str) {
@@ -1374,5 +1390,539 @@ async fn job_view_shows_the_full_timeline_through_a_failure_and_a_crash() {
         .await;
     let shot = browser.screenshot("dashboard-job-timeline.png").await;
     eprintln!("screenshot: {}", shot.display());
+    browser.quit().await;
+}
+
+/// Every link and action of the dashboard not covered above (docs/dashboard-tests.md), in one
+/// server and one browser session: the job view's links (schedule, workflow, parent steps,
+/// follow-up and back) clicked and followed to where they land; a job's own Cancel and Retry
+/// buttons; a workflow's cancel button; every search field and the pager; bulk retry and bulk
+/// delete with their count and confirmation (declined, then confirmed); the audit log of it
+/// all; a read token seeing no write button in a job's or a workflow's view; the dark theme.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dashboard_follows_every_link_and_runs_every_action() {
+    const ADMIN: &str = "proof-admin-7";
+    const READ: &str = "proof-read-7";
+    let env = Env::sqlite();
+    let config = env.path().join("config.json");
+    std::fs::write(
+        &config,
+        format!(
+            r#"{{"api_tokens": [{{"token": "{READ}", "role": "read", "name": "ops-bob"}}, {{"token": "{ADMIN}", "role": "admin", "name": "ops-alice"}}]}}"#
+        ),
+    )
+    .unwrap();
+    let (_up, base) = start_up(&env, &[("HOMING_CONFIG", config.to_str().unwrap())]).await;
+    let http = http_client();
+    let counter = Counter::start().await;
+    let post = |path: String, body: serde_json::Value| {
+        let http = http.clone();
+        let base = base.clone();
+        async move {
+            let r = http
+                .post(format!("{base}{path}"))
+                .header("authorization", format!("Bearer {ADMIN}"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "{path}: {}", r.status());
+            r.json::<serde_json::Value>().await.unwrap()
+        }
+    };
+
+    // What the links lead to: a schedule, a two-step workflow, a job with a follow-up, and a
+    // workflow held on a queue nobody serves (so it can be cancelled).
+    let r = http
+        .put(format!("{base}/v1/schedules/proof-tick"))
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .json(&serde_json::json!({"task": "builtin.noop", "every": "1s"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let linked = post(
+        "/v1/workflows".into(),
+        serde_json::json!({"name": "linked", "steps": {
+            "first": {"task": "builtin.noop"},
+            "second": {"task": "builtin.noop", "after": ["first"]}}}),
+    )
+    .await;
+    let wf = linked["id"].as_str().unwrap().to_string();
+    let first = linked["steps"]["first"].as_str().unwrap().to_string();
+    let second = linked["steps"]["second"].as_str().unwrap().to_string();
+    let held = post(
+        "/v1/workflows".into(),
+        serde_json::json!({"name": "held", "steps": {
+            "stuck": {"task": "builtin.noop", "queue": "parked"}}}),
+    )
+    .await;
+    let held_wf = held["id"].as_str().unwrap().to_string();
+    let parent = enqueue(
+        &base,
+        ADMIN,
+        serde_json::json!({"task": "builtin.noop", "on_success": {"task": "builtin.noop", "args": {"n": 1}}}),
+    )
+    .await;
+    // Thirty jobs on a queue nobody serves, in two batches either side of `cut` (for the time
+    // range fields and the pager), and two that fail once (for bulk retry).
+    let page_job =
+        || serde_json::json!({"task": "t.page", "queue": "pages", "allow_unknown_task": true});
+    let mut pages = Vec::new();
+    for _ in 0..15 {
+        pages.push(enqueue(&base, ADMIN, page_job()).await);
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let cut = homing::time::rfc3339(homing::time::now());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for _ in 0..15 {
+        pages.push(enqueue(&base, ADMIN, page_job()).await);
+    }
+    let mut failing = Vec::new();
+    for _ in 0..2 {
+        failing.push(
+            enqueue(
+                &base,
+                ADMIN,
+                serde_json::json!({"task": "builtin.http", "args": {"url": counter.url("fail=1")}, "max_retries": 0}),
+            )
+            .await,
+        );
+    }
+
+    let browser = Browser::start(&env).await;
+    let login = |token: &'static str| {
+        let browser = &browser;
+        async move {
+            browser
+                .wait_for(
+                    "the token form",
+                    "return !document.querySelector('#login').hidden;",
+                )
+                .await;
+            browser.type_into("#token-input", token).await;
+            browser.click("#token-submit").await;
+        }
+    };
+    let hash = || async { browser.eval("return location.hash;").await };
+    let detail_shows = |id: &str| {
+        format!("const d = document.querySelector('#job-detail'); return !d.hidden && d.querySelector('h2').textContent.includes('{id}');")
+    };
+    browser.goto(&format!("{base}/")).await;
+    login(ADMIN).await;
+
+    // The schedules table's last job → the job view → its schedule link → the schedule's row.
+    let tick_job = browser
+        .wait_for(
+            "the schedule's last job",
+            "const a = document.querySelector('#schedules tr[data-schedule=\"proof-tick\"] a[href^=\"#/jobs/\"]'); return a ? a.getAttribute('href').slice(7) : null;",
+        )
+        .await;
+    let tick_job = tick_job.as_str().unwrap().to_string();
+    browser
+        .click("#schedules tr[data-schedule=\"proof-tick\"] a[href^=\"#/jobs/\"]")
+        .await;
+    browser
+        .wait_for("the scheduled job's view", &detail_shows(&tick_job))
+        .await;
+    browser
+        .wait_for(
+            "the schedule link",
+            "return document.querySelector('.job-links a[href=\"#/schedules/proof-tick\"]') !== null;",
+        )
+        .await;
+    browser.screenshot("proof-scheduled-job.png").await;
+    browser
+        .click(".job-links a[href=\"#/schedules/proof-tick\"]")
+        .await;
+    browser
+        .wait_for(
+            "the schedule's row, marked",
+            "return document.querySelector('#job-detail').hidden && document.querySelector('#schedules tr.selected[data-schedule=\"proof-tick\"]') !== null;",
+        )
+        .await;
+    assert_eq!(hash().await, "#/schedules/proof-tick");
+    browser.screenshot("proof-schedule-link.png").await;
+
+    // The workflows table → the workflow → its second step → the parent step → the workflow.
+    browser
+        .click(&format!("#workflows a[href=\"#/workflows/{wf}\"]"))
+        .await;
+    browser
+        .wait_for(
+            "the workflow's steps succeeded",
+            "const rows = document.querySelectorAll('#workflow-steps tbody tr'); return rows.length === 2 && [...rows].every((r) => r.dataset.state === 'succeeded');",
+        )
+        .await;
+    browser
+        .click("#workflow-steps tr[data-step=\"second\"] a")
+        .await;
+    browser
+        .wait_for("the second step's view", &detail_shows(&second))
+        .await;
+    assert_eq!(hash().await, format!("#/jobs/{second}"));
+    let after = browser
+        .wait_for(
+            "the link to the parent step",
+            &format!("const a = document.querySelector('.job-links a[href=\"#/jobs/{first}\"]'); return a ? a.parentElement.textContent : null;"),
+        )
+        .await;
+    assert!(after.as_str().unwrap().starts_with("first: "), "{after}");
+    browser.screenshot("proof-workflow-step.png").await;
+    browser
+        .click(&format!(".job-links a[href=\"#/jobs/{first}\"]"))
+        .await;
+    browser
+        .wait_for("the first step's view", &detail_shows(&first))
+        .await;
+    browser
+        .click(&format!("#job-detail a[href=\"#/workflows/{wf}\"]"))
+        .await;
+    browser
+        .wait_for(
+            "back on the workflow",
+            "return !document.querySelector('#workflow-detail').hidden && document.querySelector('#job-detail').hidden;",
+        )
+        .await;
+    assert_eq!(hash().await, format!("#/workflows/{wf}"));
+
+    // A job → its follow-up → the job it follows.
+    browser.goto(&format!("{base}/#/jobs/{parent}")).await;
+    let child = browser
+        .wait_for(
+            "the follow-up link",
+            "const a = document.querySelector('#follow-ups a[href^=\"#/jobs/\"]'); return a ? a.getAttribute('href').slice(7) : null;",
+        )
+        .await;
+    let child = child.as_str().unwrap().to_string();
+    browser.click("#follow-ups a[href^=\"#/jobs/\"]").await;
+    browser
+        .wait_for("the follow-up's view", &detail_shows(&child))
+        .await;
+    browser
+        .click(&format!(".job-links a[href=\"#/jobs/{parent}\"]"))
+        .await;
+    browser
+        .wait_for("the parent's view again", &detail_shows(&parent))
+        .await;
+
+    // The held workflow's cancel button.
+    browser.goto(&format!("{base}/#/workflows/{held_wf}")).await;
+    browser
+        .wait_for(
+            "the cancel workflow button",
+            "return [...document.querySelectorAll('#workflow-detail button')].some((b) => b.textContent === 'cancel workflow');",
+        )
+        .await;
+    browser.click("#workflow-detail .actions button").await;
+    browser
+        .wait_for(
+            "the workflow cancelled",
+            "const r = document.querySelector('#workflow-steps tr[data-step=\"stuck\"]'); return r && r.dataset.state === 'cancelled' && document.querySelector('#workflow-detail .detail-head .badge').textContent === 'cancelled';",
+        )
+        .await;
+    browser.screenshot("proof-workflow-cancelled.png").await;
+    browser.goto(&format!("{base}/#/")).await;
+
+    // Filters and search fields: queue, task, id prefix, created from / before, the pager.
+    let shown = "return [...document.querySelectorAll('#jobs tbody tr[data-id]')].map((r) => r.dataset.id);";
+    let set = |fields: Vec<(&'static str, String)>| {
+        let browser = &browser;
+        async move {
+            let mut js = String::new();
+            for id in [
+                "f-state",
+                "f-queue",
+                "f-task",
+                "f-id",
+                "f-from",
+                "f-to",
+                "f-path",
+                "f-value",
+                "f-contains",
+            ] {
+                let v = fields
+                    .iter()
+                    .find(|(k, _)| *k == id)
+                    .map(|(_, v)| v.as_str())
+                    .unwrap_or("");
+                js.push_str(&format!(
+                    "document.querySelector('#{id}').value = {};",
+                    serde_json::json!(v)
+                ));
+            }
+            js.push_str(
+                "document.querySelector('#filters button[type=submit]').click(); return true;",
+            );
+            browser.eval(&js).await;
+        }
+    };
+    let rows_are = |want: &[String]| {
+        let want = serde_json::json!(want).to_string();
+        format!("const s = (() => {{ {shown} }})(); return JSON.stringify(s) === '{want}';")
+    };
+    let newest: Vec<String> = pages.iter().rev().cloned().collect();
+    set(vec![
+        ("f-queue", "pages".into()),
+        ("f-task", "t.page".into()),
+    ])
+    .await;
+    browser
+        .wait_for("the newest 25 jobs", &rows_are(&newest[..25]))
+        .await;
+    assert_eq!(
+        browser
+            .eval("return [document.querySelector('#next-page').hidden, document.querySelector('#first-page').hidden];")
+            .await,
+        serde_json::json!([false, true])
+    );
+    browser.click("#next-page").await;
+    browser
+        .wait_for("the older 5", &rows_are(&newest[25..]))
+        .await;
+    assert_eq!(
+        browser
+            .eval("return [document.querySelector('#next-page').hidden, document.querySelector('#first-page').hidden];")
+            .await,
+        serde_json::json!([true, false])
+    );
+    browser.screenshot("proof-older-page.png").await;
+    browser.click("#first-page").await;
+    browser
+        .wait_for("the newest page again", &rows_are(&newest[..25]))
+        .await;
+    set(vec![("f-task", "t.nothing".into())]).await;
+    browser
+        .wait_for(
+            "no job of another task",
+            "return document.querySelector('#jobs tbody tr.empty') !== null;",
+        )
+        .await;
+    // Ids are UUIDv7: the first digits are the creation time, shared by jobs of the same
+    // moment; a prefix reaching into the random part picks one job.
+    set(vec![("f-id", pages[3][..28].to_string())]).await;
+    browser
+        .wait_for("the job by id prefix", &rows_are(&pages[3..4]))
+        .await;
+    set(vec![("f-queue", "pages".into()), ("f-from", cut.clone())]).await;
+    browser
+        .wait_for("the jobs created from the cut", &rows_are(&newest[..15]))
+        .await;
+    set(vec![("f-queue", "pages".into()), ("f-to", cut.clone())]).await;
+    browser
+        .wait_for("the jobs created before the cut", &rows_are(&newest[15..]))
+        .await;
+    browser.screenshot("proof-search-time.png").await;
+
+    // A queued job's Cancel button, then its Retry button.
+    set(vec![("f-queue", "pages".into())]).await;
+    let row = format!("#jobs tr[data-id=\"{}\"]", pages[29]);
+    browser
+        .wait_for(
+            "the Cancel button",
+            &format!("return document.querySelector('{row} button.cancel') !== null;"),
+        )
+        .await;
+    browser.click(&format!("{row} button.cancel")).await;
+    browser
+        .wait_for("the job cancelled", &row_is(&pages[29], "cancelled"))
+        .await;
+    browser.click(&format!("{row} button.retry")).await;
+    browser
+        .wait_for("the job queued again", &row_is(&pages[29], "queued"))
+        .await;
+
+    // Bulk retry of the failed jobs: the count asked, declined, then confirmed.
+    for id in &failing {
+        support::wait_state(
+            &env.client().await,
+            id.parse().unwrap(),
+            homing::JobState::Failed,
+            Duration::from_secs(30),
+        )
+        .await;
+    }
+    browser
+        .eval("window.__asked = []; window.__answers = [false, true, false, true]; window.confirm = (m) => { window.__asked.push(m); return window.__answers[window.__asked.length - 1]; }; return true;")
+        .await;
+    set(vec![
+        ("f-state", "failed".into()),
+        ("f-task", "builtin.http".into()),
+    ])
+    .await;
+    browser
+        .wait_for("the Retry all button", "return !document.querySelector('#bulk').hidden && !document.querySelector('#bulk-retry').hidden;")
+        .await;
+    browser.click("#bulk-retry").await;
+    browser
+        .wait_for("the first question", "return window.__asked.length === 1;")
+        .await;
+    browser
+        .wait_for("the failed jobs untouched", &row_is(&failing[0], "failed"))
+        .await;
+    browser.click("#bulk-retry").await;
+    browser
+        .wait_for(
+            "the retry's result",
+            "return document.querySelector('#message').textContent.includes('retry: 2 jobs');",
+        )
+        .await;
+    for id in &failing {
+        support::wait_state(
+            &env.client().await,
+            id.parse().unwrap(),
+            homing::JobState::Succeeded,
+            Duration::from_secs(30),
+        )
+        .await;
+        assert_eq!(counter.count(id), 2, "retried once");
+    }
+
+    // Bulk delete of the cancelled jobs of `pages`, the same way.
+    post(
+        "/v1/jobs/cancel?state=queued&queue=pages".into(),
+        serde_json::json!({}),
+    )
+    .await;
+    set(vec![
+        ("f-state", "cancelled".into()),
+        ("f-queue", "pages".into()),
+    ])
+    .await;
+    browser
+        .wait_for("the Delete all button", "return !document.querySelector('#bulk').hidden && !document.querySelector('#bulk-delete').hidden;")
+        .await;
+    browser.click("#bulk-delete").await;
+    browser
+        .wait_for("the third question", "return window.__asked.length === 3;")
+        .await;
+    browser
+        .wait_for("the cancelled jobs kept", &row_is(&pages[29], "cancelled"))
+        .await;
+    browser.click("#bulk-delete").await;
+    browser
+        .wait_for(
+            "the delete's result",
+            "return document.querySelector('#message').textContent.includes('delete: 30 jobs') && document.querySelector('#jobs tbody tr.empty') !== null;",
+        )
+        .await;
+    let asked = browser.eval("return window.__asked;").await;
+    assert!(
+        asked[0]
+            .as_str()
+            .unwrap()
+            .contains("retry 2 jobs (state=failed, task=builtin.http)")
+            && asked[2]
+                .as_str()
+                .unwrap()
+                .contains("delete 30 jobs (state=cancelled, queue=pages)"),
+        "{asked}"
+    );
+    browser.screenshot("proof-bulk-delete.png").await;
+    let gone = http
+        .get(format!("{base}/v1/jobs/{}", pages[0]))
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 404);
+
+    // The audit log names every write the page made, with who made it.
+    let actions = browser
+        .wait_for(
+            "the audit entries",
+            "const rows = [...document.querySelectorAll('#audit tbody tr[data-actor=\"ops-alice\"]')].map((r) => r.children[3].textContent); \
+             return ['POST /v1/jobs/retry', 'POST /v1/jobs/delete', '/cancel'].every((a) => rows.some((r) => r.includes(a))) ? rows : null;",
+        )
+        .await;
+    assert!(
+        actions
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a.as_str().unwrap().contains("/v1/workflows/")),
+        "the workflow's cancel is recorded: {actions}"
+    );
+    browser
+        .eval("document.querySelector('#audit').scrollIntoView(); return true;")
+        .await;
+    browser.screenshot("proof-audit.png").await;
+
+    // A read token: the job view and the workflow view offer no write button.
+    let spare = enqueue(
+        &base,
+        ADMIN,
+        serde_json::json!({"task": "builtin.noop", "queue": "parked"}),
+    )
+    .await;
+    browser.click("#logout").await;
+    login(READ).await;
+    browser.goto(&format!("{base}/#/jobs/{spare}")).await;
+    browser
+        .wait_for("the queued job's view", &detail_shows(&spare))
+        .await;
+    browser
+        .wait_for(
+            "the read token's name",
+            "return document.querySelector('#whoami').textContent === 'ops-bob (read)';",
+        )
+        .await;
+    assert_eq!(
+        browser
+            .eval("return document.querySelectorAll('#job-detail button, #jobs button, #queues button').length;")
+            .await,
+        0
+    );
+    browser.screenshot("proof-read-token-job.png").await;
+    browser.goto(&format!("{base}/#/workflows/{wf}")).await;
+    browser
+        .wait_for(
+            "the workflow view",
+            "return !document.querySelector('#workflow-detail').hidden;",
+        )
+        .await;
+    assert_eq!(
+        browser
+            .eval("return document.querySelectorAll('#workflow-detail button').length;")
+            .await,
+        0
+    );
+
+    // The job view in the dark theme (the toggle goes auto → light → dark).
+    browser.goto(&format!("{base}/#/jobs/{second}")).await;
+    browser
+        .wait_for("the step's view", &detail_shows(&second))
+        .await;
+    for _ in 0..2 {
+        browser.click("#theme-toggle").await;
+    }
+    browser
+        .wait_for(
+            "the dark theme",
+            "return document.documentElement.dataset.theme === 'dark';",
+        )
+        .await;
+    browser.screenshot("proof-job-dark.png").await;
+    // The view's panel is dark too: its light text must not sit on white.
+    let (panel, text) = (
+        browser
+            .eval("return getComputedStyle(document.querySelector('#job-detail')).backgroundColor;")
+            .await,
+        browser
+            .eval("return getComputedStyle(document.querySelector('#job-detail dd')).color;")
+            .await,
+    );
+    assert_ne!(
+        panel, "rgb(255, 255, 255)",
+        "the job view in the dark theme (text {text})"
+    );
+    // The charts' remaining range: the last day, 24 hourly points.
+    browser.click("#charts [data-range='day']").await;
+    browser
+        .wait_for(
+            "the day's charts",
+            "return document.querySelector('#chart-outcomes').dataset.points === '24';",
+        )
+        .await;
     browser.quit().await;
 }

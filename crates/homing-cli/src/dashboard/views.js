@@ -136,7 +136,8 @@ renderDetail = function (job) {
   if (!job) return;
   const links = [];
   if (job.schedule) {
-    links.push(...kv('schedule', job.schedule + (job.scheduled_tick ? ' (tick ' + job.scheduled_tick + ')' : '')));
+    links.push(...kv('schedule', el('span', {}, el('a', { href: '#/schedules/' + encodeURIComponent(job.schedule) }, job.schedule),
+      job.scheduled_tick ? ' (tick ' + job.scheduled_tick + ')' : '')));
   }
   if (job.parents) {
     links.push(...kv('after steps', el('span', {}, ...Object.entries(job.parents).map(([name, p]) =>
@@ -161,4 +162,20 @@ renderDetail = function (job) {
           el('a', { href: '#/jobs/' + f.id }, f.task + ' ' + shortId(f.id)), ' ', stateBadge(f.state)))));
     }).catch(() => {});
   }
+};
+
+// A schedule's link (#/schedules/<name>) lands on its row of the schedules table, marked and
+// scrolled into view once per visit (the table refreshes every 2 s; scrolling each time would
+// fight the reader).
+let scheduleShown = null;
+window.addEventListener('hashchange', () => { scheduleShown = null; });
+const baseRenderSchedules = renderSchedules;
+renderSchedules = function (schedules) {
+  baseRenderSchedules(schedules);
+  const m = location.hash.match(/^#\/schedules\/(.+)$/);
+  const name = m ? decodeURIComponent(m[1]) : null;
+  const row = name && [...document.querySelectorAll('#schedules tbody tr[data-schedule]')].find((r) => r.dataset.schedule === name);
+  if (!row) return;
+  row.classList.add('selected');
+  if (scheduleShown !== name) { scheduleShown = name; row.scrollIntoView({ block: 'center' }); }
 };

@@ -121,11 +121,7 @@ impl Env {
             .stderr(log)
             .spawn()
             .expect("spawn homing");
-        Proc {
-            child: Some(child),
-            log: log_path,
-            name: name.to_string(),
-        }
+        Proc::adopt(child, log_path, name)
     }
 
     /// Starts a worker process on `queue` with a fast heartbeat.
@@ -143,9 +139,49 @@ pub struct Proc {
     pub name: String,
 }
 
+/// The pids of every [`Proc`] not yet reaped. A `Proc` kept in a `static` (a server shared by a
+/// test file) is never dropped, so `Drop` alone would leave it running after the test binary
+/// exits; [`kill_leftovers`] runs at exit (after passing or failing tests alike) and kills them.
+static LIVE: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+static REAPER: std::sync::Once = std::sync::Once::new();
+
+#[allow(unsafe_code)]
+fn track(pid: u32) {
+    REAPER.call_once(|| {
+        // SAFETY: registers a plain function with no captured state; libc runs it at exit().
+        let rc = unsafe { libc::atexit(kill_leftovers) };
+        assert_eq!(rc, 0, "atexit");
+    });
+    LIVE.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
+}
+
+fn untrack(pid: u32) {
+    LIVE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|p| *p != pid);
+}
+
+#[allow(unsafe_code)]
+extern "C" fn kill_leftovers() {
+    // try_lock: a thread still running at exit may hold the lock; never block exit on it.
+    let pids = match LIVE.try_lock() {
+        Ok(p) => p.clone(),
+        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().clone(),
+        Err(std::sync::TryLockError::WouldBlock) => return,
+    };
+    for pid in pids {
+        if let Ok(pid) = i32::try_from(pid) {
+            // SAFETY: kill(2) on a pid this process spawned and has not reaped (so not reused).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
 impl Proc {
-    /// Takes charge of a child started elsewhere (killed when dropped, like the others).
+    /// Takes charge of a child started elsewhere (killed when dropped, like the others, and
+    /// when the test binary exits if it is never dropped).
     pub fn adopt(child: Child, log: PathBuf, name: &str) -> Proc {
+        track(child.id());
         Proc {
             child: Some(child),
             log,
@@ -162,6 +198,7 @@ impl Proc {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+            untrack(c.id());
         }
     }
 
@@ -174,6 +211,7 @@ impl Proc {
         let deadline = Instant::now() + limit;
         loop {
             if let Ok(Some(st)) = c.try_wait() {
+                untrack(c.id());
                 self.child = None;
                 return st.code();
             }
@@ -188,7 +226,13 @@ impl Proc {
     pub fn exited(&mut self) -> bool {
         match self.child.as_mut() {
             None => true,
-            Some(c) => matches!(c.try_wait(), Ok(Some(_))),
+            Some(c) => {
+                let done = matches!(c.try_wait(), Ok(Some(_)));
+                if done {
+                    untrack(c.id());
+                }
+                done
+            }
         }
     }
 

@@ -8,7 +8,7 @@
 //! One file per part: [`deployment`] (the processes), [`services`] (Redis, PostgreSQL),
 //! [`child`] (processes that die with the tool), [`proxy`] (the cuttable network), [`counter`]
 //! (the witness), [`load`], [`hostile`] (refused input beside the load), [`faults`],
-//! [`invariants`], [`report`].
+//! [`invariants`], [`rollups`] (the charts' rollups against the jobs), [`report`].
 
 mod child;
 mod counter;
@@ -21,6 +21,7 @@ mod limited;
 mod load;
 mod proxy;
 mod report;
+mod rollups;
 pub(crate) mod services;
 mod timeline;
 
@@ -293,6 +294,13 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     let count_violations = counts::check(&*b.store).await;
     let jobs = all_jobs(&client, Some(&queue)).await?;
     let every_job = all_jobs(&client, None).await?;
+    let stats_rollups = match rollups::check(&*b.store, &every_job).await {
+        Ok(o) => o,
+        Err(e) => rollups::Outcome {
+            violations: vec![format!("the stats rollup check could not run: {e:#}")],
+            ..Default::default()
+        },
+    };
     let ticks = invariants::check_ticks(&every_job, ticks_until);
     let not_ticks: Vec<homing::Job> = every_job
         .into_iter()
@@ -388,6 +396,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     violations.extend(ticks.violations.iter().take(20).cloned());
     violations.extend(limited.violations.iter().cloned());
     violations.extend(count_violations);
+    violations.extend(stats_rollups.violations.iter().cloned());
     if a.hostile_rate > 0.0 && hostile.sent == 0 {
         violations.push("no hostile request was sent: the hostile load never ran".into());
     }
@@ -436,6 +445,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         drain_s: (drain_s * 10.0).round() / 10.0,
         schedule: ticks,
         limited,
+        stats_rollups,
         violations,
         kept_dir: None,
     };

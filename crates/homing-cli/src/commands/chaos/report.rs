@@ -74,6 +74,8 @@ pub struct Report {
     pub schedule: super::invariants::Ticks,
     /// The limited queue: the most calls in flight at once (must not exceed its limit).
     pub limited: super::limited::Outcome,
+    /// The charts' minute rollups against the jobs table (mismatched minutes must be 0).
+    pub stats_rollups: super::rollups::Outcome,
     pub violations: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kept_dir: Option<String>,
@@ -149,6 +151,16 @@ impl Report {
                         self.limited.max_in_flight,
                         self.limited.limit,
                         self.limited.explained_excess
+                    ),
+                ],
+                vec![
+                    "stats rollups: minutes, jobs, mismatched (must be 0), 2nd pass changed".into(),
+                    format!(
+                        "{}, {}, {}, {}",
+                        self.stats_rollups.minutes,
+                        self.stats_rollups.jobs,
+                        self.stats_rollups.mismatched,
+                        self.stats_rollups.second_pass_changed
                     ),
                 ],
                 vec![
