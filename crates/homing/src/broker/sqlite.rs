@@ -174,6 +174,8 @@ impl Broker for SqliteBroker {
             return Ok(Vec::new());
         }
         let deadline = tokio::time::Instant::now() + wait;
+        // Rings from other processes wake `published` too, once this process listens.
+        self.db.doorbell.listen();
         loop {
             let notified = self.db.published.notified();
             let got = self.try_reserve(consumer, queues, max).await?;
@@ -185,7 +187,6 @@ impl Broker for SqliteBroker {
                 .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
             tokio::select! {
                 _ = notified => {}
-                _ = self.db.doorbell.rung() => {}
                 _ = tokio::time::sleep(nap) => {}
             }
         }
