@@ -76,7 +76,10 @@ async fn a_publish_in_another_process_rings_the_waiting_reservation() {
 async fn bound_sockets(bell_dir: &std::path::Path, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::fs::read_dir(bell_dir).map_or(0, |d| d.count()) < n {
-        assert!(Instant::now() < deadline, "the waiters never bound their doorbell");
+        assert!(
+            Instant::now() < deadline,
+            "the waiters never bound their doorbell"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -134,7 +137,10 @@ async fn a_full_send_buffer_does_not_silence_later_rings() {
     std::fs::create_dir_all(&bell_dir).unwrap();
     // Bound and kept open, never read: each holds up to net.unix.max_dgram_qlen rings.
     let frozen: Vec<_> = (0..64)
-        .map(|i| std::os::unix::net::UnixDatagram::bind(bell_dir.join(format!("1-frozen{i:02}"))).unwrap())
+        .map(|i| {
+            std::os::unix::net::UnixDatagram::bind(bell_dir.join(format!("1-frozen{i:02}")))
+                .unwrap()
+        })
         .collect();
     let publishing = SqliteBroker::new(Db::open(&path).unwrap());
     let q = unique_queue("full");

@@ -184,11 +184,9 @@ impl Broker for SqliteBroker {
         let deadline = tokio::time::Instant::now() + wait;
         // Rings from other processes wake `published` too, once this process listens.
         let listening = self.db.doorbell.listen();
-        let poll = self.poll.unwrap_or(if listening {
-            POLL_WITH_DOORBELL
-        } else {
-            POLL
-        });
+        let poll = self
+            .poll
+            .unwrap_or(if listening { POLL_WITH_DOORBELL } else { POLL });
         loop {
             let notified = self.db.published.notified();
             let got = self.try_reserve(consumer, queues, max).await?;
