@@ -128,8 +128,9 @@ pub struct Db {
     path: PathBuf,
     writer: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
-    /// Wakes reservations in this process as soon as a message is published here.
-    pub(crate) published: tokio::sync::Notify,
+    /// Wakes reservations in this process as soon as a message is published here, or another
+    /// process rings the doorbell.
+    pub(crate) published: Arc<tokio::sync::Notify>,
     /// Wakes reservations in other processes on the same file (a hint: they poll anyway).
     pub(crate) doorbell: doorbell::Doorbell,
 }
@@ -237,12 +238,13 @@ impl Db {
         })?;
         check_integrity(&writer, &path)?;
         let migrated = migrate(&writer).map_err(map_err)?;
+        let published = Arc::new(tokio::sync::Notify::new());
         Ok(Arc::new(Db {
             migrated,
             writer: Mutex::new(writer),
             readers: Mutex::new(Vec::new()),
-            published: tokio::sync::Notify::new(),
-            doorbell: doorbell::Doorbell::new(&path),
+            doorbell: doorbell::Doorbell::new(&path, published.clone()),
+            published,
             path,
         }))
     }

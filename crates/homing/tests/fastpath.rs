@@ -72,6 +72,117 @@ async fn a_publish_in_another_process_rings_the_waiting_reservation() {
     assert!(began.elapsed() < Duration::from_secs(50));
 }
 
+/// Waits until `n` sockets are bound in the file's doorbell directory.
+async fn bound_sockets(bell_dir: &std::path::Path, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_dir(bell_dir).map_or(0, |d| d.count()) < n {
+        assert!(
+            Instant::now() < deadline,
+            "the waiters never bound their doorbell"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Many reservations waiting in one process (one open of the file), each on its own queue, are
+/// all woken by one ring from another process: the ring reaches every waiter, not only the one
+/// that happened to read the process's socket (the others slept out their minute-long poll).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_ring_wakes_every_waiter_of_a_process() {
+    const WAITERS: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("homing.db");
+    let waiting = SqliteBroker::new(Db::open(&path).unwrap()).with_poll(Duration::from_secs(60));
+    let publishing = SqliteBroker::new(Db::open(&path).unwrap());
+    let queues: Vec<String> = (0..WAITERS).map(|_| unique_queue("herd")).collect();
+    let mut waiters = Vec::new();
+    for (i, q) in queues.iter().enumerate() {
+        let (b, qs) = (waiting.clone(), vec![q.clone()]);
+        waiters.push(tokio::spawn(async move {
+            b.reserve(&format!("w{i}"), &qs, 1, Duration::from_secs(60))
+                .await
+                .unwrap()
+        }));
+    }
+    bound_sockets(&dir.path().join("homing.db.doorbell"), 1).await;
+    // Every waiter has had its first (empty) look before the publish.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let jobs: Vec<ToPublish> = queues
+        .iter()
+        .map(|q| ToPublish {
+            id: new_job(q, "t").id,
+            queue: q.clone(),
+            priority: 0,
+        })
+        .collect();
+    publishing.publish(&jobs).await.unwrap();
+    for (w, j) in waiters.into_iter().zip(&jobs) {
+        let got = tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .expect("a waiter slept through the ring (it would have waited for its 60 s poll)")
+            .unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].job, Ok(j.id));
+    }
+}
+
+/// Processes that never read their doorbell (frozen, say) fill their socket queues with rings
+/// charged to the ringer's socket; once that socket's buffer is used up, every later send from
+/// it fails. A waiting process must still be rung: the ringer switches to a fresh socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_send_buffer_does_not_silence_later_rings() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("homing.db");
+    let bell_dir = dir.path().join("homing.db.doorbell");
+    std::fs::create_dir_all(&bell_dir).unwrap();
+    // Bound and kept open, never read: each holds up to net.unix.max_dgram_qlen rings.
+    let frozen: Vec<_> = (0..64)
+        .map(|i| {
+            std::os::unix::net::UnixDatagram::bind(bell_dir.join(format!("1-frozen{i:02}")))
+                .unwrap()
+        })
+        .collect();
+    let publishing = SqliteBroker::new(Db::open(&path).unwrap());
+    let q = unique_queue("full");
+    // Enough rings to use up a socket's send buffer on datagrams stuck at the frozen ones.
+    for _ in 0..100 {
+        publishing
+            .publish(&[ToPublish {
+                id: new_job("other", "t").id,
+                queue: "other".into(),
+                priority: 0,
+            }])
+            .await
+            .unwrap();
+    }
+    let waiting = SqliteBroker::new(Db::open(&path).unwrap()).with_poll(Duration::from_secs(60));
+    let qs = vec![q.clone()];
+    let reserve = tokio::spawn(async move {
+        waiting
+            .reserve("w1", &qs, 1, Duration::from_secs(60))
+            .await
+            .unwrap()
+    });
+    bound_sockets(&bell_dir, frozen.len() + 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let job = new_job(&q, "t");
+    publishing
+        .publish(&[ToPublish {
+            id: job.id,
+            queue: q.clone(),
+            priority: 0,
+        }])
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(30), reserve)
+        .await
+        .expect("the ring was not sent (the waiter would have waited for its 60 s poll)")
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].job, Ok(job.id));
+    drop(frozen);
+}
+
 /// A runtime without its I/O driver (a library user's `enable_time()` only) cannot register the
 /// doorbell's socket: the reservation falls back to polling and finds a published job, instead
 /// of the panic taking the worker down, and leaves no socket file behind.

@@ -5,6 +5,8 @@
 //! with SIGKILL and times how long its jobs take to run again. `--backends` starts throwaway
 //! servers (the chaos tool's) so every backend combination is measured the same way.
 
+mod latency;
+
 use anyhow::Context as _;
 use serde::Serialize;
 use std::process::{ExitCode, Stdio};
@@ -128,6 +130,9 @@ async fn wait_done(b: &Backends, queue: &str, want: u64, limit: Duration) -> any
 }
 
 pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
+    if a.latency > 0 {
+        return latency::run(g, &a).await;
+    }
     let embedded_default = g.broker == homing::DEFAULT_URL && g.store == homing::DEFAULT_URL;
     if a.enqueue_only && embedded_default {
         anyhow::bail!(

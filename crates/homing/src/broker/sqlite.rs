@@ -19,24 +19,32 @@ use super::*;
 use crate::sqlite::Db;
 use crate::time::{micros, now};
 
-/// How often an idle reservation looks for new messages published by another process whose
-/// doorbell ring it missed.
+/// How often an idle reservation looks for new messages when this process has no doorbell (it
+/// could not bind one): then polling is how it finds another process's publishes.
 const POLL: Duration = Duration::from_millis(5);
+
+/// How often an idle reservation looks when the doorbell listens: every publish and requeue
+/// rings it, so this only bounds what a lost ring costs (a publisher killed between its commit
+/// and its ring, a process that was frozen). Polling at `POLL` kept an idle worker's CPU busy
+/// 200 times a second for nothing.
+const POLL_WITH_DOORBELL: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone)]
 pub struct SqliteBroker {
     db: Arc<Db>,
-    poll: Duration,
+    /// Set by [`SqliteBroker::with_poll`]; otherwise chosen by whether the doorbell listens.
+    poll: Option<Duration>,
 }
 
 impl SqliteBroker {
     pub fn new(db: Arc<Db>) -> Self {
-        Self { db, poll: POLL }
+        Self { db, poll: None }
     }
 
-    /// Sets how often an idle reservation polls the file (the fallback for a missed ring).
+    /// Sets how often an idle reservation polls the file (the fallback for a missed ring),
+    /// whether or not the doorbell listens.
     pub fn with_poll(mut self, poll: Duration) -> Self {
-        self.poll = poll.max(Duration::from_millis(1));
+        self.poll = Some(poll.max(Duration::from_millis(1)));
         self
     }
 
@@ -183,18 +191,20 @@ impl Broker for SqliteBroker {
             return Ok(Vec::new());
         }
         let deadline = tokio::time::Instant::now() + wait;
+        // Rings from other processes wake `published` too, once this process listens.
+        let listening = self.db.doorbell.listen();
+        let poll = self
+            .poll
+            .unwrap_or(if listening { POLL_WITH_DOORBELL } else { POLL });
         loop {
             let notified = self.db.published.notified();
             let got = self.try_reserve(consumer, queues, max).await?;
             if !got.is_empty() || tokio::time::Instant::now() >= deadline {
                 return Ok(got);
             }
-            let nap = self
-                .poll
-                .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            let nap = poll.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
             tokio::select! {
                 _ = notified => {}
-                _ = self.db.doorbell.rung() => {}
                 _ = tokio::time::sleep(nap) => {}
             }
         }
