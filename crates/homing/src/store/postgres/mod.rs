@@ -2473,7 +2473,10 @@ impl Store for PgStore {
                 .iter()
                 .map(row_to_job)
                 .collect::<sqlx::Result<Vec<Job>>>()?;
-            let entries: Vec<_> = out.iter().map(|j| (j.id, history::retried(j, now))).collect();
+            let entries: Vec<_> = out
+                .iter()
+                .map(|j| (j.id, history::retried(j, now)))
+                .collect();
             write_history(&mut tx, &entries).await?;
             trim_history(&mut tx, &take).await?;
             tx.commit().await?;
