@@ -317,7 +317,7 @@ async fn killed_worker_is_listed_lost_with_its_reclaimed_job() {
     );
     let line = out.lines().find(|l| l.starts_with(&worker)).unwrap();
     assert!(
-        line.contains("lost") && line.contains("1 jobs reclaimed"),
+        line.contains("lost") && line.contains("1 job reclaimed"),
         "{line}"
     );
 }

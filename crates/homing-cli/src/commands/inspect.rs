@@ -390,10 +390,10 @@ pub async fn workers(g: &Global, a: WorkersArgs) -> anyhow::Result<ExitCode> {
                         "{} {:.0}s ago{}",
                         r.status,
                         ((t - at).max(0) as f64) / 1e6,
-                        if r.reclaimed.is_empty() {
-                            String::new()
-                        } else {
-                            format!(", {} jobs reclaimed", r.reclaimed.len())
+                        match r.reclaimed.len() {
+                            0 => String::new(),
+                            1 => ", 1 job reclaimed".into(),
+                            n => format!(", {n} jobs reclaimed"),
                         }
                     ),
                     None => "-".into(),

@@ -50,8 +50,10 @@ fn client() -> &'static reqwest::Client {
 
 /// The URL without its query string and credentials, safe to put in an error message or a log.
 fn redacted(url: &reqwest::Url) -> String {
+    // The port stays: it often tells which of a host's services failed.
+    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
     format!(
-        "{}://{}{}",
+        "{}://{}{port}{}",
         url.scheme(),
         url.host_str().unwrap_or(""),
         url.path()
@@ -223,5 +225,13 @@ mod tests {
         assert_eq!(v, serde_json::json!("a\u{FFFD}b"));
         let v = response_body(br#"{"x": "\u0000"}"#);
         assert!(v.is_string() && crate::validate::result(&v).is_ok());
+    }
+
+    #[test]
+    fn errors_show_the_port_but_never_credentials_or_query() {
+        let url = reqwest::Url::parse("http://user:secret@127.0.0.1:8080/hook?token=t").unwrap();
+        assert_eq!(redacted(&url), "http://127.0.0.1:8080/hook");
+        let url = reqwest::Url::parse("https://example.test/x").unwrap();
+        assert_eq!(redacted(&url), "https://example.test/x");
     }
 }
