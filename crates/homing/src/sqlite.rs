@@ -185,6 +185,10 @@ fn open_conn(path: &Path) -> rusqlite::Result<Connection> {
         rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
         true,
     )?;
+    // A worker's round runs a few dozen distinct statements (broker, start, complete, timeline,
+    // limits, workflow effects); rusqlite's default cache of 16 evicted some every round, and
+    // each eviction is a compile on the next use.
+    conn.set_prepared_statement_cache_capacity(128);
     Ok(conn)
 }
 

@@ -210,53 +210,50 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
 /// Timeline entries of one transaction, by job id, written together by [`write_history`].
 type Timeline = Vec<(String, history::Entry)>;
 
-/// Writes timeline entries (docs/timeline.md) in as few statements as it can: one multi-row
-/// INSERT per 500 entries, so a batch's start or completion adds one statement, not one per job.
+/// Writes timeline entries (docs/timeline.md) with one cached statement run once per entry: a
+/// multi-row INSERT would have a new shape for every batch size, each compiled afresh and
+/// pushing the round's other statements out of the cache.
 fn write_history(
     tx: &rusqlite::Connection,
     entries: &[(String, history::Entry)],
 ) -> rusqlite::Result<()> {
-    for chunk in entries.chunks(500) {
-        let mut sql = String::from(
-            "INSERT INTO job_history (job_id, at, kind, state, epoch, worker, attempts, crashes, \
-             message, data) VALUES ",
-        );
-        let mut vals: Vec<Box<dyn rusqlite::ToSql>> = Vec::with_capacity(chunk.len() * 10);
-        for (i, (id, e)) in chunk.iter().enumerate() {
-            if i > 0 {
-                sql.push(',');
-            }
-            sql += "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
-            vals.push(Box::new(id.clone()));
-            vals.push(Box::new(e.at));
-            vals.push(Box::new(e.kind.as_str()));
-            vals.push(Box::new(e.state.as_str()));
-            vals.push(Box::new(e.epoch.map(|n| n.min(i64::MAX as u64) as i64)));
-            vals.push(Box::new(e.worker.clone()));
-            vals.push(Box::new(e.attempts));
-            vals.push(Box::new(e.crashes));
-            vals.push(Box::new(e.message.clone()));
-            vals.push(Box::new(e.data.as_ref().map(to_json)));
-        }
-        let refs: Vec<&dyn rusqlite::ToSql> = vals.iter().map(|v| v.as_ref()).collect();
-        tx.prepare_cached(&sql)?.execute(refs.as_slice())?;
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let mut st = tx.prepare_cached(
+        "INSERT INTO job_history (job_id, at, kind, state, epoch, worker, attempts, crashes, \
+         message, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )?;
+    for (id, e) in entries {
+        st.execute(params![
+            id,
+            e.at,
+            e.kind.as_str(),
+            e.state.as_str(),
+            e.epoch.map(|n| n.min(i64::MAX as u64) as i64),
+            e.worker,
+            e.attempts,
+            e.crashes,
+            e.message,
+            e.data.as_ref().map(to_json),
+        ])?;
     }
     Ok(())
 }
 
 /// Keeps each of these jobs' timelines to its first entry and the latest
-/// [`history::KEEP_LATEST`], in one statement.
+/// [`history::KEEP_LATEST`]: per job, everything after the first entry up to and including the
+/// (KEEP_LATEST + 1)-th newest goes. A job with fewer entries has no such entry, the bound is
+/// NULL and nothing is deleted; each run is two probes of the `(job_id, id)` index.
 fn trim_history(tx: &rusqlite::Connection, ids: &[String]) -> rusqlite::Result<()> {
-    for chunk in ids.chunks(500) {
-        let marks = vec!["?"; chunk.len()].join(", ");
-        tx.prepare_cached(&format!(
-            "DELETE FROM job_history WHERE id IN (SELECT id FROM (SELECT id, \
-             row_number() OVER (PARTITION BY job_id ORDER BY id DESC) AS newer, \
-             row_number() OVER (PARTITION BY job_id ORDER BY id) AS older \
-             FROM job_history WHERE job_id IN ({marks})) WHERE newer > {} AND older > 1)",
-            history::KEEP_LATEST
-        ))?
-        .execute(rusqlite::params_from_iter(chunk.iter()))?;
+    let mut st = tx.prepare_cached(
+        "DELETE FROM job_history WHERE job_id = ?1 \
+         AND id > (SELECT min(id) FROM job_history WHERE job_id = ?1) \
+         AND id <= (SELECT id FROM job_history WHERE job_id = ?1 ORDER BY id DESC \
+                    LIMIT 1 OFFSET ?2)",
+    )?;
+    for id in ids {
+        st.execute(params![id, history::KEEP_LATEST as i64])?;
     }
     Ok(())
 }
