@@ -340,13 +340,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
     drop(backends);
     drop(redis);
     drop(pg);
-    if let Some(dir) = &tmp {
-        if a.keep {
-            eprintln!("kept the benchmark database in {}", dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
+    remove_scratch(tmp.as_deref(), a.keep);
 
     let report = Report {
         jobs: a.jobs,
@@ -432,6 +426,16 @@ fn fastrand_u32() -> u32 {
     let n = homing::job::new_job_id();
     let b = n.as_bytes();
     u32::from_le_bytes([b[12], b[13], b[14], b[15]])
+}
+
+/// The run's throwaway database directory: deleted, or kept and named with `--keep`.
+fn remove_scratch(dir: Option<&std::path::Path>, keep: bool) {
+    let Some(dir) = dir else { return };
+    if keep {
+        eprintln!("kept the benchmark database in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 fn tempdir() -> anyhow::Result<std::path::PathBuf> {

@@ -85,13 +85,7 @@ pub(super) async fn run(g: &Global, a: &BenchArgs) -> anyhow::Result<ExitCode> {
     let result = measure(a, &broker_url, &store_url).await;
     drop(redis);
     drop(pg);
-    if let Some(dir) = &tmp {
-        if a.keep {
-            eprintln!("kept the benchmark database in {}", dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
+    super::remove_scratch(tmp.as_deref(), a.keep);
     let report = Report {
         broker: redact_url(&broker_url),
         store: redact_url(&store_url),
