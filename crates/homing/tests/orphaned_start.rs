@@ -85,3 +85,104 @@ async fn a_job_running_under_this_worker_without_a_handler_is_run() {
     stop.cancel();
     running.await.unwrap().unwrap();
 }
+
+/// The other side of the rule above: a job this session has just started must never be taken
+/// for an orphan. Duplicate messages of one job (a republish after the broker's marker went
+/// missing, say) often come in the same batch or in two rounds close together; the duplicate's
+/// start finds the job `running` under this worker, and if the first start's handler is not yet
+/// claimed, the old check ran the job a second time under the same epoch. Here every job has
+/// three messages and each run is counted by (job, epoch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_messages_never_run_a_job_twice_in_one_epoch() {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/homing.db", dir.path().display());
+    let backends = Backends::open(&url, &url).await.unwrap();
+    let q = unique_queue("dups");
+    const JOBS: usize = 600;
+    let mut ids = Vec::new();
+    let mut jobs = Vec::new();
+    for _ in 0..JOBS {
+        let j = new_job(&q, "t.dup");
+        ids.push(j.id);
+        jobs.push(j);
+    }
+    backends.store.insert(jobs).await.unwrap();
+    let publish: Vec<ToPublish> = ids
+        .iter()
+        .flat_map(|id| {
+            std::iter::repeat_n(
+                ToPublish {
+                    id: *id,
+                    queue: q.clone(),
+                    priority: 0,
+                },
+                3,
+            )
+        })
+        .collect();
+    // Interleaved so that a job's duplicates land in one reserve batch as often as in the next.
+    backends.broker.publish(&publish).await.unwrap();
+
+    let runs: Arc<Mutex<HashMap<(homing::JobId, u64), usize>>> = Arc::default();
+    let mut tasks = Registry::new();
+    let r2 = runs.clone();
+    tasks.register_fn(
+        "t.dup",
+        TaskDefaults::default(),
+        move |c: Context, _a: Value| {
+            let runs = r2.clone();
+            async move {
+                *runs
+                    .lock()
+                    .unwrap()
+                    .entry((c.job().id, c.epoch()))
+                    .or_default() += 1;
+                tokio::task::yield_now().await;
+                Ok(json!("ran"))
+            }
+        },
+    );
+    let worker = Worker::new(
+        backends.broker.clone(),
+        backends.store.clone(),
+        tasks,
+        WorkerConfig {
+            queues: vec![q.clone()],
+            maintenance: false,
+            ..WorkerConfig::default()
+        },
+    );
+    let stop = homing::CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut done = 0;
+        for id in &ids {
+            if backends.store.get(*id).await.unwrap().unwrap().state == JobState::Succeeded {
+                done += 1;
+            }
+        }
+        if done == JOBS {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{done} of {JOBS} jobs succeeded in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    let runs = runs.lock().unwrap();
+    let twice: Vec<_> = runs.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{} of {JOBS} jobs ran more than once in one epoch, e.g. {:?}",
+        twice.len(),
+        twice.first()
+    );
+    assert_eq!(runs.len(), JOBS, "every job ran once");
+}

@@ -168,6 +168,8 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
             max: reservations.len(),
         };
         let combined = retrying(s, done, "committing outcomes", || async {
+            // The round starts jobs: it runs under the start gate until they are claimed.
+            let gate = s.start_gate.clone().read_owned().await;
             let r = crate::store::sqlite::complete_and_take(
                 &db,
                 &completions,
@@ -177,7 +179,7 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
             )
             .await;
             match r {
-                Ok(r) => Ok(Some(r)),
+                Ok(r) => Ok(Some((r, gate))),
                 Err(e) if !e.is_transient() => {
                     // Nothing of it was written; the ordinary path below isolates the culprit.
                     // Said aloud, because a round that always lands here loses the fast path.
@@ -190,10 +192,10 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
         .await;
         match combined {
             None => return,
-            Some(Some((r, taken))) => {
+            Some(Some(((r, taken), gate))) => {
                 acked = true;
                 early = Some(r);
-                super::executor::take_started(s, taken, reservations, slots).await;
+                super::executor::take_started(s, taken, reservations, slots, gate).await;
             }
             Some(None) => {}
         }

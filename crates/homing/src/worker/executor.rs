@@ -82,22 +82,27 @@ async fn wait_and_start(s: Arc<Session>, r: Reserved) {
 /// Starts jobs that each hold a slot, in one store transaction, and runs those it may.
 async fn start_ready(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermit)>) {
     let ids: Vec<JobId> = items.iter().map(|(r, _)| r.id).collect();
-    let outcomes = loop {
+    let (outcomes, gate) = loop {
+        // Taken anew for each call and never held across a pause: a waiting lost-answer check
+        // holds back every later start.
+        let gate = s.start_gate.clone().read_owned().await;
         match s.store.start(&ids, &s.id, now()).await {
             Ok(o) => {
                 // A job the store failed on keeps the count growing, so handing it back slows.
                 if !o.iter().any(|x| matches!(x, StartOutcome::Unstartable(_))) {
                     s.start_failures.store(0, Ordering::Relaxed);
                 }
-                break o;
+                break (o, gate);
             }
             Err(e) if e.is_transient() && !s.lost.is_cancelled() && !s.stopping.is_cancelled() => {
+                drop(gate);
                 let failures = s.start_failures.fetch_add(1, Ordering::Relaxed) + 1;
                 let nap = backoff(failures, TRANSIENT_CAP);
                 tracing::warn!(error = %e, retry_in = ?nap, "store unavailable while starting jobs; retrying");
                 pause(s, nap).await;
             }
             Err(e) => {
+                drop(gate);
                 // The store isolates a job whose data it cannot handle, so this is the store
                 // itself failing. Keep the messages (and their slots) for a growing pause
                 // before handing them back, or the fetcher reserves them again at once and
@@ -112,21 +117,25 @@ async fn start_ready(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermi
             }
         }
     };
-    take_outcomes(s, items, outcomes).await;
+    take_outcomes(s, items, outcomes, gate).await;
 }
 
 /// Runs the jobs of a round's combined transaction (`store::sqlite::complete_and_take`): each
 /// message came with a reservation the committer carried over from an acknowledged one and a
 /// free slot. Undecodable messages are dead-lettered; what is left of `reservations` and `slots`
-/// (fewer messages than asked for) is given back when they drop.
+/// (fewer messages than asked for) is given back when they drop. `gate` is the start gate the
+/// transaction ran under, released once its jobs are claimed.
 pub(crate) async fn take_started(
     s: &Arc<Session>,
     taken: Vec<(Delivery, Option<StartOutcome>)>,
     mut reservations: Vec<OwnedSemaphorePermit>,
     mut slots: Vec<OwnedSemaphorePermit>,
+    gate: tokio::sync::OwnedRwLockReadGuard<()>,
 ) {
     let mut items = Vec::with_capacity(taken.len());
     let mut outcomes = Vec::with_capacity(taken.len());
+    let mut undecodable = Vec::new();
+    let mut unstarted = Vec::new();
     for (delivery, outcome) in taken {
         let (Some(reservation), Some(slot)) = (reservations.pop(), slots.pop()) else {
             // Never more messages than reservations; should a store return more, they stay
@@ -147,30 +156,59 @@ pub(crate) async fn take_started(
                 ));
                 outcomes.push(outcome);
             }
-            (Err(reason), _) => {
-                dead_letter(s, &delivery, reason).await;
-                drop((reservation, slot));
-            }
-            (Ok(_), None) => {
-                // Not started: hand it back like a start that could not be made.
-                let _ = s
-                    .broker
-                    .requeue(&s.id, std::slice::from_ref(&delivery))
-                    .await;
-                drop((reservation, slot));
-            }
+            (Err(_), _) => undecodable.push((delivery, reservation, slot)),
+            (Ok(_), None) => unstarted.push((delivery, reservation, slot)),
         }
     }
-    take_outcomes(s, items, outcomes).await;
+    take_outcomes(s, items, outcomes, gate).await;
+    for (delivery, reservation, slot) in undecodable {
+        if let Err(reason) = &delivery.job {
+            dead_letter(s, &delivery, reason).await;
+        }
+        drop((reservation, slot));
+    }
+    for (delivery, reservation, slot) in unstarted {
+        // Not started: hand it back like a start that could not be made.
+        let _ = s
+            .broker
+            .requeue(&s.id, std::slice::from_ref(&delivery))
+            .await;
+        drop((reservation, slot));
+    }
 }
 
-/// Runs what started, and settles what the idempotency guard turned away.
+/// Marks a job as run by this session, before its handler is spawned: from here on a duplicate
+/// delivery of it is skipped.
+fn claim(s: &Session, id: JobId) -> Arc<RunningJob> {
+    let running = Arc::new(RunningJob {
+        token: CancellationToken::new(),
+        reason: Mutex::new(None),
+    });
+    s.running
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id, running.clone());
+    running
+}
+
+/// Runs what started, and settles what the idempotency guard turned away. Every job the start
+/// began is claimed before `gate` is released and before the first await, so no lost-answer
+/// check can find it unclaimed.
 async fn take_outcomes(
     s: &Arc<Session>,
     items: Vec<(Reserved, OwnedSemaphorePermit)>,
     outcomes: Vec<StartOutcome>,
+    gate: tokio::sync::OwnedRwLockReadGuard<()>,
 ) {
-    for ((r, slot), outcome) in items.into_iter().zip(outcomes) {
+    let claims: Vec<Option<Arc<RunningJob>>> = outcomes
+        .iter()
+        .map(|o| match o {
+            StartOutcome::Run(job) => Some(claim(s, job.id)),
+            _ => None,
+        })
+        .collect();
+    drop(gate);
+    for (((r, slot), outcome), claimed) in items.into_iter().zip(outcomes).zip(claims) {
         match outcome {
             StartOutcome::Run(job) => {
                 crate::metrics::count(crate::metrics::JOBS_STARTED, &job.queue, &job.task);
@@ -183,16 +221,17 @@ async fn take_outcomes(
                     Duration::from_micros((started - ready_since).max(0) as u64),
                 );
                 let s2 = s.clone();
-                s.executors.spawn(run(s2, r, *job, slot));
+                let claimed = claimed.expect("every started job is claimed");
+                s.executors.spawn(run(s2, r, *job, slot, claimed));
             }
             // Running under this very worker with no handler here: a start that committed
             // although its caller saw an error (an answer lost in a retried call, or an earlier
             // call that failed after committing part of its batch). Nobody else will run it.
             StartOutcome::Skip(JobState::Running) => match started_by_lost_answer(s, r.id).await {
-                Some(job) => {
+                Some((job, claimed)) => {
                     tracing::warn!(job = %r.id, "an earlier start committed but its answer was lost: running the job");
                     let s2 = s.clone();
-                    s.executors.spawn(run(s2, r, job, slot));
+                    s.executors.spawn(run(s2, r, job, slot, claimed));
                 }
                 None => ack_only(s, r).await,
             },
@@ -264,9 +303,12 @@ async fn pause(s: &Session, nap: Duration) {
 }
 
 /// The job, if it is `running` under this very worker without a handler here and without an
-/// outcome on its way: a start that committed although its caller saw an error. Anything else
-/// stays a duplicate to skip.
-async fn started_by_lost_answer(s: &Arc<Session>, id: JobId) -> Option<Job> {
+/// outcome on its way: a start that committed although its caller saw an error. It is claimed
+/// under the exclusive start gate, so no start of this session is between its commit and its
+/// claim meanwhile, and of two duplicate deliveries only one can find it unclaimed. Anything
+/// else stays a duplicate to skip.
+async fn started_by_lost_answer(s: &Arc<Session>, id: JobId) -> Option<(Job, Arc<RunningJob>)> {
+    let _exclusive = s.start_gate.write().await;
     let job = s.store.get(id).await.ok()??;
     let ours = job.state == JobState::Running && job.worker.as_deref() == Some(s.id.as_str());
     let here = s
@@ -278,7 +320,11 @@ async fn started_by_lost_answer(s: &Arc<Session>, id: JobId) -> Option<Job> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains(&id);
-    (ours && !here).then_some(job)
+    if !ours || here {
+        return None;
+    }
+    let claimed = claim(s, id);
+    Some((job, claimed))
 }
 
 async fn ack_only(s: &Arc<Session>, r: Reserved) {
@@ -338,7 +384,13 @@ pub(crate) fn outcome_for_error(
     }
 }
 
-async fn run(s: Arc<Session>, r: Reserved, job: Job, slot: OwnedSemaphorePermit) {
+async fn run(
+    s: Arc<Session>,
+    r: Reserved,
+    job: Job,
+    slot: OwnedSemaphorePermit,
+    running: Arc<RunningJob>,
+) {
     let Some(handler) = s.registry.get(&job.task).cloned() else {
         let reason = format!(
             "unknown task '{}': no handler is registered on worker {} (it runs: {})",
@@ -346,21 +398,18 @@ async fn run(s: Arc<Session>, r: Reserved, job: Job, slot: OwnedSemaphorePermit)
             s.id,
             s.registry.names().join(", ")
         );
+        committing(&s, job.id, true);
+        s.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&job.id);
         drop(slot);
         commit(&s, r, &job, Outcome::Dead { reason }).await;
         return;
     };
     let defaults = handler.defaults();
     let time_limit = job.time_limit.unwrap_or(defaults.time_limit);
-    let token = CancellationToken::new();
-    let running = Arc::new(RunningJob {
-        token: token.clone(),
-        reason: Mutex::new(None),
-    });
-    s.running
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(job.id, running.clone());
+    let token = running.token.clone();
     if s.lost.is_cancelled() {
         running.stop(StopReason::Lost);
     }

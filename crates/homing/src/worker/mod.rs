@@ -122,6 +122,11 @@ pub(crate) struct Session {
     /// Jobs whose handler has ended and whose outcome is on its way to the store: still
     /// `running` there, but not to be run again by a duplicate delivery meanwhile.
     pub committing: Mutex<HashSet<JobId>>,
+    /// Held shared by every start (the store call and the claiming of what it started, with no
+    /// await between), and exclusively by the check for a start whose answer was lost: that
+    /// check must never see a job another start of this session has just begun but not yet
+    /// claimed, or it would run the job a second time under the same epoch.
+    pub start_gate: Arc<tokio::sync::RwLock<()>>,
     /// Free handler slots.
     pub slots: Arc<Semaphore>,
     /// Free reservations (prefetch).
@@ -298,6 +303,7 @@ impl Worker {
             config: self.config.clone(),
             running: Mutex::new(HashMap::new()),
             committing: Mutex::new(HashSet::new()),
+            start_gate: Arc::default(),
             slots: Arc::new(Semaphore::new(self.config.concurrency.max(1))),
             reservations: Arc::new(Semaphore::new(self.config.prefetch())),
             lost: CancellationToken::new(),
