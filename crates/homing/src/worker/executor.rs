@@ -65,8 +65,10 @@ async fn dead_letter(s: &Arc<Session>, d: &Delivery, reason: &str) {
 }
 
 async fn wait_and_start(s: Arc<Session>, r: Reserved) {
+    // Stopping and lost first: a slot freed during shutdown must not start a job the grace
+    // period no longer covers.
     let slot = tokio::select! {
-        p = s.slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+        biased;
         _ = s.stopping.cancelled() => {
             // Prefetched but never started: hand it back untouched.
             if let Err(e) = s.broker.requeue(&s.id, std::slice::from_ref(&r.delivery)).await {
@@ -75,6 +77,7 @@ async fn wait_and_start(s: Arc<Session>, r: Reserved) {
             return;
         }
         _ = s.lost.cancelled() => return,
+        p = s.slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
     };
     start_ready(&s, vec![(r, slot)]).await;
 }
@@ -191,6 +194,15 @@ fn claim(s: &Session, id: JobId) -> Arc<RunningJob> {
     running
 }
 
+/// Undoes [`claim`], unless a later run of the job (a new epoch started by this session after
+/// a rescue) has claimed it since: that entry is the later run's to remove.
+fn unclaim(s: &Session, id: JobId, running: &Arc<RunningJob>) {
+    let mut map = s.running.lock().unwrap_or_else(|p| p.into_inner());
+    if map.get(&id).is_some_and(|r| Arc::ptr_eq(r, running)) {
+        map.remove(&id);
+    }
+}
+
 /// Runs what started, and settles what the idempotency guard turned away. Every job the start
 /// began is claimed before `gate` is released and before the first await, so no lost-answer
 /// check can find it unclaimed.
@@ -228,12 +240,25 @@ async fn take_outcomes(
             // although its caller saw an error (an answer lost in a retried call, or an earlier
             // call that failed after committing part of its batch). Nobody else will run it.
             StartOutcome::Skip(JobState::Running) => match started_by_lost_answer(s, r.id).await {
-                Some((job, claimed)) => {
+                Ok(Some((job, claimed))) => {
                     tracing::warn!(job = %r.id, "an earlier start committed but its answer was lost: running the job");
                     let s2 = s.clone();
                     s.executors.spawn(run(s2, r, job, slot, claimed));
                 }
-                None => ack_only(s, r).await,
+                Ok(None) => ack_only(s, r).await,
+                Err(e) => {
+                    // Acknowledged, a job started by a lost answer would stay `running` under a
+                    // live worker; handed back, the check runs again on the next delivery.
+                    tracing::warn!(job = %r.id, error = %e, "cannot read a job that runs under this worker; handing its message back");
+                    if let Err(e) = s
+                        .broker
+                        .requeue(&s.id, std::slice::from_ref(&r.delivery))
+                        .await
+                    {
+                        tracing::warn!(error = %e, "could not hand back a message; the rescuer will");
+                    }
+                    drop((r, slot));
+                }
             },
             StartOutcome::Skip(state) => {
                 tracing::debug!(job = %r.id, %state, "duplicate delivery skipped by the idempotency guard");
@@ -303,28 +328,45 @@ async fn pause(s: &Session, nap: Duration) {
 }
 
 /// The job, if it is `running` under this very worker without a handler here and without an
-/// outcome on its way: a start that committed although its caller saw an error. It is claimed
-/// under the exclusive start gate, so no start of this session is between its commit and its
-/// claim meanwhile, and of two duplicate deliveries only one can find it unclaimed. Anything
-/// else stays a duplicate to skip.
-async fn started_by_lost_answer(s: &Arc<Session>, id: JobId) -> Option<(Job, Arc<RunningJob>)> {
-    let _exclusive = s.start_gate.write().await;
-    let job = s.store.get(id).await.ok()??;
-    let ours = job.state == JobState::Running && job.worker.as_deref() == Some(s.id.as_str());
-    let here = s
-        .running
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .contains_key(&id)
-        || s.committing
+/// outcome on its way: a start that committed although its caller saw an error. Anything else
+/// stays a duplicate to skip.
+///
+/// Decided under the exclusive start gate, in this order: first whether the job is here
+/// (running or committing), then the store. While the gate is held no start of this session can
+/// be between its commit and its claim, and a job not here before the read has no outcome of
+/// this session on its way, so the read is not overtaken by one; of two duplicate deliveries only
+/// one can find the job unclaimed. The usual case, a duplicate of a job running here, is answered
+/// before the gate, so it never holds up starts and commits.
+async fn started_by_lost_answer(
+    s: &Arc<Session>,
+    id: JobId,
+) -> crate::error::Result<Option<(Job, Arc<RunningJob>)>> {
+    let here = |s: &Session| {
+        s.running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .contains(&id);
-    if !ours || here {
-        return None;
+            .contains_key(&id)
+            || s.committing
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&id)
+    };
+    if here(s) || s.lost.is_cancelled() {
+        return Ok(None);
+    }
+    let _exclusive = s.start_gate.write().await;
+    if here(s) || s.lost.is_cancelled() {
+        return Ok(None);
+    }
+    let Some(job) = s.store.get(id).await? else {
+        return Ok(None);
+    };
+    let ours = job.state == JobState::Running && job.worker.as_deref() == Some(s.id.as_str());
+    if !ours {
+        return Ok(None);
     }
     let claimed = claim(s, id);
-    Some((job, claimed))
+    Ok(Some((job, claimed)))
 }
 
 async fn ack_only(s: &Arc<Session>, r: Reserved) {
@@ -399,10 +441,7 @@ async fn run(
             s.registry.names().join(", ")
         );
         committing(&s, job.id, true);
-        s.running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&job.id);
+        unclaim(&s, job.id, &running);
         drop(slot);
         commit(&s, r, &job, Outcome::Dead { reason }).await;
         return;
@@ -411,7 +450,10 @@ async fn run(
     let time_limit = job.time_limit.unwrap_or(defaults.time_limit);
     let token = running.token.clone();
     if s.lost.is_cancelled() {
+        // Presumed dead before the handler began: the job is the rescuer's; run nothing.
         running.stop(StopReason::Lost);
+        unclaim(&s, job.id, &running);
+        return;
     }
     let job = Arc::new(job);
     let span = crate::otel::start_run(&job);
@@ -436,10 +478,7 @@ async fn run(
     // Marked as committing before it stops counting as running, so that a duplicate delivery
     // arriving before the commit is skipped, never run again (`started_by_lost_answer`).
     committing(&s, job.id, true);
-    s.running
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&job.id);
+    unclaim(&s, job.id, &running);
     drop(slot);
     crate::metrics::duration(
         crate::metrics::JOB_DURATION,
