@@ -119,6 +119,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0019_prune",
         sql: include_str!("sqlite/migrations/0019_prune.sql"),
     },
+    Migration {
+        version: 20,
+        name: "0020_finished_counts",
+        sql: include_str!("sqlite/migrations/0020_finished_counts.sql"),
+    },
 ];
 
 /// An open database file.

@@ -145,6 +145,40 @@ pub fn floor(t: Micros, step: Micros) -> Micros {
     t.div_euclid(step) * step
 }
 
+/// Where to count "jobs finished since `since`" from, given the rollup cursor (every minute
+/// before it is rolled up): the closed whole minutes from the minute rollups, and only the
+/// edges (the part of a minute before the first whole one, and everything from the cursor on)
+/// from the jobs themselves. The edges are at most a minute and the rollup's lag long, so the
+/// count's cost follows the rate of jobs, not the size of the table or of the window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinishedWindow {
+    /// Ranges `[from, to)` to count from the jobs.
+    pub raw: Vec<(Micros, Micros)>,
+    /// Minutes `[from, to)` to sum from the minute rollups.
+    pub rolled: Option<(Micros, Micros)>,
+}
+
+pub fn finished_window(since: Micros, cursor: Option<Micros>) -> FinishedWindow {
+    let first_whole = floor(since.saturating_add(MINUTE - 1), MINUTE);
+    match cursor {
+        Some(c) if first_whole < c => {
+            let mut raw = Vec::with_capacity(2);
+            if since < first_whole {
+                raw.push((since, first_whole));
+            }
+            raw.push((c, Micros::MAX));
+            FinishedWindow {
+                raw,
+                rolled: Some((first_whole, c)),
+            }
+        }
+        _ => FinishedWindow {
+            raw: vec![(since, Micros::MAX)],
+            rolled: None,
+        },
+    }
+}
+
 /// The hours `[from, to)` of minutes touch: `[from, to)` widened to whole hours.
 pub fn hours_of(from: Micros, to: Micros) -> (Micros, Micros) {
     (floor(from, HOUR), floor(to + HOUR - 1, HOUR))
@@ -291,6 +325,34 @@ pub fn series(range: Range, now: Micros, queue: Option<&str>, rows: &Rows) -> Se
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finished_window_takes_whole_closed_minutes_from_the_rollups() {
+        let m = MINUTE;
+        // No rollup yet: everything from the jobs.
+        assert_eq!(
+            finished_window(10 * m + 5, None),
+            FinishedWindow {
+                raw: vec![(10 * m + 5, Micros::MAX)],
+                rolled: None
+            }
+        );
+        // The head up to the first whole minute, the whole minutes, then from the cursor on.
+        assert_eq!(
+            finished_window(10 * m + 5, Some(70 * m)),
+            FinishedWindow {
+                raw: vec![(10 * m + 5, 11 * m), (70 * m, Micros::MAX)],
+                rolled: Some((11 * m, 70 * m))
+            }
+        );
+        // A window starting on a minute has no head.
+        assert_eq!(
+            finished_window(10 * m, Some(70 * m)).raw,
+            vec![(70 * m, Micros::MAX)]
+        );
+        // A cursor not past the first whole minute: nothing is rolled up in the window.
+        assert_eq!(finished_window(10 * m + 5, Some(11 * m)).rolled, None);
+    }
 
     #[test]
     fn buckets_follow_the_bounds() {

@@ -558,7 +558,7 @@ async fn a_version_1_database_upgrades_with_its_jobs() {
     assert!(err.to_string().contains("too many queues"), "{err}");
     let j = s.get(old.id).await.unwrap().expect("old job kept");
     assert_eq!((j.state, j.callback_url), (JobState::Succeeded, None));
-    let fin = s.finished_since(old.created_at).await.unwrap();
+    let fin = s.finished_between(old.created_at, i64::MAX).await.unwrap();
     assert!(fin.iter().any(|c| c.queue == old.queue && c.succeeded == 1));
     let ev = NewEvent::worker(WORKER_READY, "w-v1", serde_json::json!({}));
     let id = s.record_event(ev, now()).await.unwrap();

@@ -25,7 +25,7 @@ macro_rules! store_conformance {
             progress_is_fenced, workers_registry, queue_stats_count, start_defers_and_reports_missing,
             mark_dead_is_final, failed_transition_writes_one_event, stale_commit_writes_no_event,
             dead_transitions_write_events, callback_jobs_get_terminal_events,
-            fan_out_inserts_each_delivery_once, worker_gone_reports_one_change, finished_since_counts,
+            fan_out_inserts_each_delivery_once, worker_gone_reports_one_change, finished_between_counts,
             batches_decide_as_one_by_one, purge_deletes_only_old_history,
             pruner_passes_delete_old_finished_jobs_and_nothing_unfinished,
             schedules_are_set_read_paused_and_deleted, schedule_ticks_get_one_job_each,
@@ -1357,7 +1357,7 @@ pub async fn worker_gone_reports_one_change(s: Arc<dyn Store>) {
     ));
 }
 
-pub async fn finished_since_counts(s: Arc<dyn Store>) {
+pub async fn finished_between_counts(s: Arc<dyn Store>) {
     let q = unique_queue("fin");
     let t0 = now();
     for outcome in [
@@ -1379,13 +1379,18 @@ pub async fn finished_since_counts(s: Arc<dyn Store>) {
         .await
         .unwrap();
     }
-    let c = s.finished_since(t0).await.unwrap();
+    let c = s.finished_between(t0, t0 + 1).await.unwrap();
     let mine = c.iter().find(|c| c.queue == q).expect("queue counted");
     assert_eq!((mine.succeeded, mine.failed, mine.dead), (2, 1, 0));
-    let later = s.finished_since(t0 + 1).await.unwrap();
+    let later = s.finished_between(t0 + 1, i64::MAX).await.unwrap();
     assert!(
         !later.iter().any(|c| c.queue == q),
         "older finishes are not counted"
+    );
+    let earlier = s.finished_between(t0 - 1, t0).await.unwrap();
+    assert!(
+        !earlier.iter().any(|c| c.queue == q),
+        "the window's end is not counted"
     );
 }
 

@@ -811,9 +811,11 @@ pub trait Store: Send + Sync + 'static {
     /// Every task name that any worker has registered, sorted.
     async fn known_tasks(&self) -> Result<Vec<String>>;
 
-    /// Per queue, jobs whose `finished_at >= since`, by terminal state. Backed by an index on
-    /// `finished_at`, so the dashboard's "last hour" stays cheap on a large table.
-    async fn finished_since(&self, since: Micros) -> Result<Vec<FinishedCounts>>;
+    /// Per queue, jobs with `from <= finished_at < to`, by terminal state. Read from an index on
+    /// `(finished_at, queue, state)` alone, so its cost follows the jobs of the window, not the
+    /// table; callers keep the window short and take whole minutes from the rollups
+    /// ([`crate::stats::finished_window`]).
+    async fn finished_between(&self, from: Micros, to: Micros) -> Result<Vec<FinishedCounts>>;
 
     /// Appends an event that no job transition carries (`worker.ready`, `worker.shutdown`,
     /// `worker.lost`) and returns its id. Job events (`job.failed`, `job.dead`, and terminal

@@ -2155,14 +2155,15 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn finished_since(&self, since: Micros) -> Result<Vec<FinishedCounts>> {
+    async fn finished_between(&self, from: Micros, to: Micros) -> Result<Vec<FinishedCounts>> {
         self.db
             .read(move |c| {
                 let mut st = c.prepare_cached(
-                    "SELECT queue, state, count(*) FROM jobs WHERE finished_at >= ?1 \
+                    "SELECT queue, state, count(*) FROM jobs INDEXED BY jobs_finished \
+                     WHERE finished_at >= ?1 AND finished_at < ?2 \
                      AND finished_at IS NOT NULL GROUP BY queue, state ORDER BY queue",
                 )?;
-                let rows = st.query_map([since], |r| {
+                let rows = st.query_map([from, to], |r| {
                     Ok((
                         r.get::<_, String>(0)?,
                         r.get::<_, String>(1)?,

@@ -109,6 +109,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0019_prune",
         sql: include_str!("migrations/0019_prune.sql"),
     },
+    Migration {
+        version: 20,
+        name: "0020_finished_counts",
+        sql: include_str!("migrations/0020_finished_counts.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are

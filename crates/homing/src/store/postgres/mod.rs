@@ -2869,16 +2869,17 @@ impl Store for PgStore {
         .await
     }
 
-    async fn finished_since(&self, since: Micros) -> Result<Vec<FinishedCounts>> {
+    async fn finished_between(&self, from: Micros, to: Micros) -> Result<Vec<FinishedCounts>> {
         let rows: Vec<(String, String, i64)> = self
             .call(async {
                 // COLLATE "C": byte order, as SQLite sorts, whatever the database's locale.
                 sqlx::query_as(
                     "SELECT queue, state, count(*) FROM homing_jobs \
-                     WHERE finished_at >= $1 AND finished_at IS NOT NULL \
+                     WHERE finished_at >= $1 AND finished_at < $2 AND finished_at IS NOT NULL \
                      GROUP BY queue, state ORDER BY queue COLLATE \"C\"",
                 )
-                .bind(since)
+                .bind(from)
+                .bind(to)
                 .fetch_all(&self.pool)
                 .await
             })
