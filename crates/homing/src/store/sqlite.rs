@@ -705,7 +705,12 @@ pub(crate) async fn complete_and_take(
                 .iter()
                 .filter_map(|d| d.job.as_ref().ok().map(|id| id.to_string()))
                 .collect();
-            let mut started = start_in(tx, &ids, &take.worker, now)?.into_iter();
+            // The start's time is read under the write lock, not taken from the caller: a
+            // message reserved here may have been published by a transaction that committed
+            // while this one waited for the lock (a workflow step made ready by its last
+            // parent), and its start must not be stamped before what made it ready.
+            let started_at = crate::time::now().max(now);
+            let mut started = start_in(tx, &ids, &take.worker, started_at)?.into_iter();
             for d in reserved {
                 let outcome = if d.job.is_ok() { started.next() } else { None };
                 taken.push((d, outcome));
