@@ -254,6 +254,38 @@ impl Client {
         self.insert_and_publish(jobs).await
     }
 
+    /// Whether the broker keeps its messages in the store's own embedded file.
+    #[cfg(feature = "sqlite")]
+    fn shares_file(&self) -> bool {
+        matches!(
+            (self.store.embedded_db(), self.broker.embedded_db()),
+            (Some(a), Some(b)) if Arc::ptr_eq(a, b)
+        )
+    }
+
+    #[cfg(not(feature = "sqlite"))]
+    fn shares_file(&self) -> bool {
+        false
+    }
+
+    #[cfg(feature = "sqlite")]
+    async fn insert_and_publish_here(
+        &self,
+        jobs: Vec<NewJob>,
+        priorities: Vec<i32>,
+    ) -> Result<Vec<Inserted>> {
+        self.store.insert_and_publish(jobs, priorities).await
+    }
+
+    #[cfg(not(feature = "sqlite"))]
+    async fn insert_and_publish_here(
+        &self,
+        jobs: Vec<NewJob>,
+        _: Vec<i32>,
+    ) -> Result<Vec<Inserted>> {
+        self.store.insert(jobs).await
+    }
+
     async fn insert_and_publish(&self, mut jobs: Vec<NewJob>) -> Result<Vec<Inserted>> {
         // Traces on: each job stores its enqueue span's context instead of the caller's.
         let spans: Vec<crate::otel::EnqueueSpan> = if crate::otel::enabled() {
@@ -268,7 +300,15 @@ impl Client {
             .iter()
             .map(|j| j.options.priority.unwrap_or(0))
             .collect();
-        let inserted = match self.store.insert(jobs).await {
+        // Broker and store in one embedded file: the jobs, their messages and the dispatched
+        // mark in one write, published before this returns.
+        let shared = self.shares_file();
+        let result = if shared {
+            self.insert_and_publish_here(jobs, priorities.clone()).await
+        } else {
+            self.store.insert(jobs).await
+        };
+        let inserted = match result {
             Ok(i) => i,
             Err(e) => {
                 let why = e.to_string();
@@ -295,6 +335,9 @@ impl Client {
                 priority: *p,
             })
             .collect();
+        if shared {
+            return Ok(inserted);
+        }
         // The jobs are accepted: a failed publish leaves them undispatched in the store, and the
         // reconciler publishes them once the broker answers again.
         if let Err(e) = publish(&*self.broker, &*self.store, &to_send).await {

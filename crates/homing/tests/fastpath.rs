@@ -374,3 +374,52 @@ async fn redis_postgres_worker_never_holds_more_than_its_concurrency() {
     let b = homing::Backends::open(&redis, &pg).await.unwrap();
     at_risk_bound_holds(b.broker, b.store, 4).await;
 }
+
+/// Enqueue on the embedded file writes the jobs, their messages and their `dispatched` mark in
+/// one transaction (`Store::insert_and_publish`). What that path must not lose: every job is
+/// ready in the broker with its priority, and none is left for the reconciler to publish a second
+/// time (which an unmarked job would be, after its grace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_enqueue_publishes_every_job_and_marks_it_dispatched() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/homing.db", dir.path().display());
+    let b = homing::Backends::open(&url, &url).await.unwrap();
+    let q = unique_queue("one-write");
+    let client = Client::new(b.broker.clone(), b.store.clone());
+    let reqs: Vec<EnqueueRequest> = (0..50)
+        .map(|i| {
+            let mut r = EnqueueRequest::new("t.noop", json!({ "i": i }));
+            r.options.queue = Some(q.clone());
+            r.options.priority = Some(i % 3);
+            r
+        })
+        .collect();
+    let ids: Vec<_> = client
+        .enqueue_many(reqs)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    let depth = b.broker.depths().await.unwrap();
+    let ready = depth.iter().find(|d| d.queue == q).map_or(0, |d| d.ready);
+    assert_eq!(ready, 50, "every job has its message");
+    let left = b
+        .store
+        .undispatched(homing::time::now() + 60_000_000, 1000)
+        .await
+        .unwrap();
+    assert!(
+        !left.iter().any(|t| ids.contains(&t.id)),
+        "a published job was left undispatched"
+    );
+    // Priorities travel with the messages: the highest comes first.
+    let got = b
+        .broker
+        .reserve("w", std::slice::from_ref(&q), 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let first = *got[0].job.as_ref().unwrap();
+    let job = b.store.get(first).await.unwrap().unwrap();
+    assert_eq!(job.priority, 2);
+}

@@ -141,6 +141,23 @@ fn parse_tag(tag: &str) -> Option<(i64, i64)> {
     Some((id.parse().ok()?, gen.parse().ok()?))
 }
 
+/// Appends one message per job, in the caller's transaction. Call [`published`] after it commits.
+pub(crate) fn publish_in(tx: &rusqlite::Connection, jobs: &[ToPublish]) -> rusqlite::Result<()> {
+    let mut st =
+        tx.prepare_cached("INSERT INTO messages (queue, payload, priority) VALUES (?1, ?2, ?3)")?;
+    for j in jobs {
+        st.execute(params![j.queue, j.id.to_string(), j.priority])?;
+    }
+    Ok(())
+}
+
+/// Wakes the reservations waiting on this file, in this process and in others, after messages
+/// were committed.
+pub(crate) fn published(db: &Db) {
+    db.published.notify_waiters();
+    db.doorbell.ring();
+}
+
 pub(crate) fn tags(deliveries: &[Delivery]) -> Vec<(i64, i64)> {
     deliveries
         .iter()
@@ -163,19 +180,8 @@ impl Broker for SqliteBroker {
             return Ok(());
         }
         let jobs = jobs.to_vec();
-        self.db
-            .write(move |tx| {
-                let mut st = tx.prepare_cached(
-                    "INSERT INTO messages (queue, payload, priority) VALUES (?1, ?2, ?3)",
-                )?;
-                for j in &jobs {
-                    st.execute(params![j.queue, j.id.to_string(), j.priority])?;
-                }
-                Ok(())
-            })
-            .await?;
-        self.db.published.notify_waiters();
-        self.db.doorbell.ring();
+        self.db.write(move |tx| publish_in(tx, &jobs)).await?;
+        published(&self.db);
         Ok(())
     }
 

@@ -526,6 +526,28 @@ pub trait Store: Send + Sync + 'static {
     /// Crash contract: one transaction for the whole batch; a crash commits all or none.
     async fn insert(&self, jobs: Vec<NewJob>) -> Result<Vec<Inserted>>;
 
+    /// [`Store::insert`] for a store whose embedded file the broker shares
+    /// ([`Store::embedded_db`]): in the same transaction, the messages of the jobs to dispatch
+    /// (`priorities[i]` for `jobs[i]`) and their `dispatched` mark. One write where enqueue
+    /// otherwise takes three (insert, publish, mark), each waiting for the file's write lock.
+    /// Other stores answer an internal error; callers check [`Store::embedded_db`] first.
+    ///
+    /// Crash contract: one transaction: the jobs and their messages are committed together or
+    /// not at all.
+    #[cfg(feature = "sqlite")]
+    async fn insert_and_publish(
+        &self,
+        jobs: Vec<NewJob>,
+        priorities: Vec<i32>,
+    ) -> Result<Vec<Inserted>> {
+        let _ = (jobs, priorities);
+        Err(crate::error::Error::Backend {
+            backend: "store",
+            message: "insert_and_publish needs a store in an embedded file".into(),
+            source: None,
+        })
+    }
+
     /// Records that these jobs' messages are in the broker.
     ///
     /// Crash contract: a crash before it leaves them undispatched, and the reconciler publishes

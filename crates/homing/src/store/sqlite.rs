@@ -1359,6 +1359,54 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
+    async fn insert_and_publish(
+        &self,
+        jobs: Vec<NewJob>,
+        priorities: Vec<i32>,
+    ) -> Result<Vec<Inserted>> {
+        let max_queues = self.max_queues;
+        let to_admit = self.known_queues.to_admit(&jobs);
+        let admit = to_admit.is_some();
+        let (out, published) = self
+            .db
+            .write(move |tx| {
+                if admit {
+                    super::queues::admit_sqlite(tx, &jobs, max_queues, crate::time::now())?;
+                }
+                let out = jobs
+                    .iter()
+                    .map(|j| insert_one(tx, j))
+                    .collect::<rusqlite::Result<Vec<Inserted>>>()?;
+                // Only a job this call inserted is published, so its priority is the one asked for.
+                let to_send: Vec<ToPublish> = out
+                    .iter()
+                    .zip(&priorities)
+                    .filter(|(i, _)| i.needs_dispatch())
+                    .map(|(i, p)| ToPublish {
+                        id: i.id,
+                        queue: i.queue.clone(),
+                        priority: *p,
+                    })
+                    .collect();
+                crate::broker::sqlite::publish_in(tx, &to_send)?;
+                let mut st = tx.prepare_cached(
+                    "UPDATE jobs SET dispatched = 1 WHERE id = ?1 AND state = 'queued'",
+                )?;
+                for j in &to_send {
+                    st.execute([j.id.to_string()])?;
+                }
+                Ok((out, !to_send.is_empty()))
+            })
+            .await?;
+        if published {
+            crate::broker::sqlite::published(&self.db);
+        }
+        if let Some(names) = to_admit {
+            self.known_queues.remember(names);
+        }
+        Ok(out)
+    }
+
     async fn mark_dispatched(&self, ids: &[JobId]) -> Result<()> {
         let ids: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
         self.db
