@@ -529,16 +529,24 @@ async fn write_history(
 }
 
 /// Keeps each of these jobs' timelines to its first entry and the latest
-/// [`history::KEEP_LATEST`], in one statement.
+/// [`history::KEEP_LATEST`], in one statement: per job, everything after the first entry up to
+/// and including the (KEEP_LATEST + 1)-th newest goes. Each job costs two probes of the
+/// `(job_id, id)` index, and a job with fewer entries has no bound and loses nothing. (A window
+/// over the jobs' entries did the same, but planned before the table had statistics it read
+/// the whole table: 3.4 ms a call, two thirds of the database's time in a Redis + PostgreSQL
+/// bench at concurrency 8.)
 async fn trim_history(conn: &mut PgConnection, ids: &[JobId]) -> sqlx::Result<()> {
     if ids.is_empty() {
         return Ok(());
     }
     sqlx::query(
-        "DELETE FROM homing_job_history WHERE id IN (SELECT id FROM (SELECT id, \
-         row_number() OVER (PARTITION BY job_id ORDER BY id DESC) AS newer, \
-         row_number() OVER (PARTITION BY job_id ORDER BY id) AS older \
-         FROM homing_job_history WHERE job_id = ANY($1)) x WHERE newer > $2 AND older > 1)",
+        "DELETE FROM homing_job_history h USING (\
+           SELECT u.job_id, \
+             (SELECT min(f.id) FROM homing_job_history f WHERE f.job_id = u.job_id) AS first, \
+             (SELECT n.id FROM homing_job_history n WHERE n.job_id = u.job_id \
+              ORDER BY n.id DESC OFFSET $2 LIMIT 1) AS bound \
+           FROM UNNEST($1::uuid[]) AS u(job_id)) b \
+         WHERE h.job_id = b.job_id AND h.id > b.first AND h.id <= b.bound",
     )
     .bind(ids)
     .bind(history::KEEP_LATEST as i64)
