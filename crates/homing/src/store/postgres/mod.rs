@@ -1576,7 +1576,7 @@ async fn complete_tx(
     if !ok_ids.is_empty() {
         sqlx::query(
             "UPDATE homing_jobs j SET state = 'succeeded', result = u.result, error = NULL, \
-             finished_at = $3, updated_at = $3 \
+             finished_at = $3, updated_at = $3, completed_epoch = j.epoch \
              FROM UNNEST($1::uuid[], $2::text[]) AS u(id, result) WHERE j.id = u.id",
         )
         .bind(&ok_ids)
@@ -1585,9 +1585,17 @@ async fn complete_tx(
         .execute(&mut *tx)
         .await?;
     }
-    if !applied.is_empty() {
+    // Successes recorded their epoch in their own statement: a second update of the same rows
+    // would write each a second row version and fire the count trigger again.
+    let ok: std::collections::HashSet<&JobId> = ok_ids.iter().collect();
+    let rest: Vec<JobId> = applied
+        .iter()
+        .filter(|id| !ok.contains(id))
+        .copied()
+        .collect();
+    if !rest.is_empty() {
         sqlx::query("UPDATE homing_jobs SET completed_epoch = epoch WHERE id = ANY($1)")
-            .bind(&applied)
+            .bind(&rest)
             .execute(&mut *tx)
             .await?;
     }
