@@ -324,20 +324,10 @@ impl Client {
                 crate::metrics::count(crate::metrics::JOBS_ENQUEUED, &i.queue, task);
             }
         }
-        // Only a job this call inserted is published, so its priority is the one asked for.
-        let to_send: Vec<ToPublish> = inserted
-            .iter()
-            .zip(&priorities)
-            .filter(|(i, _)| i.needs_dispatch())
-            .map(|(i, p)| ToPublish {
-                id: i.id,
-                queue: i.queue.clone(),
-                priority: *p,
-            })
-            .collect();
         if shared {
             return Ok(inserted);
         }
+        let to_send = crate::store::to_dispatch(&inserted, &priorities);
         // The jobs are accepted: a failed publish leaves them undispatched in the store, and the
         // reconciler publishes them once the broker answers again.
         if let Err(e) = publish(&*self.broker, &*self.store, &to_send).await {

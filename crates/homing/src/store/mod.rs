@@ -57,6 +57,22 @@ impl Inserted {
     }
 }
 
+/// The messages an insert's caller publishes: one per job it inserted `queued`, with the
+/// priority asked for (`priorities[i]` for `inserted[i]`). A job that already existed is not
+/// published again, so its priority is never taken from this call.
+pub fn to_dispatch(inserted: &[Inserted], priorities: &[i32]) -> Vec<ToPublish> {
+    inserted
+        .iter()
+        .zip(priorities)
+        .filter(|(i, _)| i.needs_dispatch())
+        .map(|(i, p)| ToPublish {
+            id: i.id,
+            queue: i.queue.clone(),
+            priority: *p,
+        })
+        .collect()
+}
+
 /// The decision [`Store::start`] takes for one delivery (docs/design.md section 4, step 2).
 #[derive(Debug, Clone, PartialEq)]
 pub enum StartOutcome {

@@ -1377,17 +1377,7 @@ impl Store for SqliteStore {
                     .iter()
                     .map(|j| insert_one(tx, j))
                     .collect::<rusqlite::Result<Vec<Inserted>>>()?;
-                // Only a job this call inserted is published, so its priority is the one asked for.
-                let to_send: Vec<ToPublish> = out
-                    .iter()
-                    .zip(&priorities)
-                    .filter(|(i, _)| i.needs_dispatch())
-                    .map(|(i, p)| ToPublish {
-                        id: i.id,
-                        queue: i.queue.clone(),
-                        priority: *p,
-                    })
-                    .collect();
+                let to_send = crate::store::to_dispatch(&out, &priorities);
                 crate::broker::sqlite::publish_in(tx, &to_send)?;
                 let mut st = tx.prepare_cached(
                     "UPDATE jobs SET dispatched = 1 WHERE id = ?1 AND state = 'queued'",
