@@ -124,6 +124,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0020_finished_counts",
         sql: include_str!("sqlite/migrations/0020_finished_counts.sql"),
     },
+    Migration {
+        version: 21,
+        name: "0021_hot_states",
+        sql: include_str!("sqlite/migrations/0021_hot_states.sql"),
+    },
 ];
 
 /// An open database file.

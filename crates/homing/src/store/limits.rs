@@ -91,7 +91,13 @@ pub(crate) mod sqlite {
         let running: i64 = match (limits.concurrency, key) {
             (None, _) => 0,
             (Some(_), None) => tx
-                .prepare_cached("SELECT COUNT(*) FROM jobs WHERE queue = ?1 AND state = 'running'")?
+                .prepare_cached(
+                    // The index of running jobs by queue: left to itself, SQLite walks the
+                    // queue's every job (migration 0021 took running jobs out of the state
+                    // indexes).
+                    "SELECT COUNT(*) FROM jobs INDEXED BY jobs_limit_running \
+                     WHERE queue = ?1 AND state = 'running'",
+                )?
                 .query_row([queue], |r| r.get(0))?,
             (Some(_), Some(k)) => tx
                 .prepare_cached(
