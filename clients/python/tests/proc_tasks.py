@@ -47,6 +47,13 @@ def boom(ctx: Context) -> None:
     raise ValueError("kaboom from python")
 
 
+@app.task(name="py.boom_once", queue=QUEUE, max_retries=2, retry_delay=0.1)
+def boom_once(ctx: Context) -> dict[str, int]:
+    if ctx.attempt == 0:
+        raise KeyError("kaboom on the first attempt")
+    return {"attempt": ctx.attempt}
+
+
 @app.task(name="py.fatal", queue=QUEUE, max_retries=5)
 def fatal(ctx: Context) -> None:
     raise Fatal("this input can never work")

@@ -7,6 +7,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -93,6 +94,37 @@ def test_exception_traceback_and_fatal(shared: tuple[Homing, Proc, App]) -> None
     fatal = app.wait(app.enqueue("py.fatal", {}, queue="py").id, timeout=30)
     assert fatal.state == "failed", fatal
     assert fatal.attempts <= 1 and "can never work" in (fatal.error or "")
+
+
+def history(app: App, job_id: str) -> list[dict[str, Any]]:
+    """The job's timeline (`GET /v1/jobs/{id}/history`, docs/timeline.md), oldest first."""
+    entries: list[dict[str, Any]] = app.http().call("GET", f"/v1/jobs/{job_id}/history")["entries"]
+    return entries
+
+
+def test_timeline_keeps_the_python_traceback(shared: tuple[Homing, Proc, App]) -> None:
+    _, _, app = shared
+    # A handler error with no retries left: the `failed` entry carries the traceback.
+    boom = app.wait(app.enqueue("py.boom", {}, queue="py").id, timeout=30)
+    assert boom.state == "failed", boom
+    failed = [e for e in history(app, boom.id) if e["kind"] == "failed"]
+    assert len(failed) == 1, failed
+    msg = failed[0]["message"]
+    assert msg.startswith("Traceback (most recent call last):"), msg
+    assert ", in boom\n" in msg and "ValueError: kaboom from python" in msg, msg
+    assert failed[0]["epoch"] == boom.epoch and failed[0]["worker"] == boom.raw["worker"], failed
+    # A handler error with retries left, then success: the row no longer shows the error, the
+    # `retry_scheduled` entry of the first run still has its traceback.
+    once = app.wait(app.enqueue("py.boom_once", {}, queue="py").id, timeout=30)
+    assert once.state == "succeeded" and once.attempts == 1 and once.error is None, once
+    entries = history(app, once.id)
+    kinds = [e["kind"] for e in entries]
+    assert "retry_scheduled" in kinds and kinds[-1] == "succeeded", kinds
+    retry = next(e for e in entries if e["kind"] == "retry_scheduled")
+    msg = retry["message"]
+    assert msg.startswith("Traceback (most recent call last):"), msg
+    assert ", in boom_once\n" in msg and "KeyError: 'kaboom on the first attempt'" in msg, msg
+    assert retry["attempts"] == 1 and retry["epoch"] < once.epoch, retry
 
 
 def test_non_json_result_fails_the_job_not_the_worker(shared: tuple[Homing, Proc, App]) -> None:

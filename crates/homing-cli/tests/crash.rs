@@ -203,7 +203,9 @@ async fn zombie_worker_cannot_overwrite_the_newer_run() {
 /// The worker view over the API (docs/workers.md): a worker killed with SIGKILL while it runs a
 /// job is listed `lost`, with when it was declared lost and the job reclaimed from it (its id,
 /// the lost run's epoch, `requeued`); a worker stopped with SIGTERM is `stopped`, never `lost`,
-/// with nothing reclaimed. Both show the version and heartbeat TTL they registered with.
+/// with nothing reclaimed. Both show the version and heartbeat TTL they registered with; while
+/// live, the victim shows its heartbeat's age (under the TTL), host, pid, concurrency and the
+/// job it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_worker_is_listed_lost_with_its_reclaimed_job() {
     let env = Env::sqlite();
@@ -211,7 +213,8 @@ async fn killed_worker_is_listed_lost_with_its_reclaimed_job() {
     let (_up, base) = start_up_with(&env, &["--queue", "elsewhere"], &[]).await;
     let http = http_client();
     let client = env.client().await;
-    let mut victim = env.worker("victim", "wv", &["--no-maintenance"]);
+    // Not the default concurrency (8), so the view is seen to carry the worker's own.
+    let mut victim = env.worker("victim", "wv", &["--no-maintenance", "--concurrency", "3"]);
     let mut quitter = env.worker("quitter", "wv-quit", &["--no-maintenance"]);
     wait_workers(&client, "wv", 1, Duration::from_secs(30)).await;
     wait_workers(&client, "wv-quit", 1, Duration::from_secs(30)).await;
@@ -253,6 +256,39 @@ async fn killed_worker_is_listed_lost_with_its_reclaimed_job() {
         "{live}"
     );
     assert_eq!(live["pid"], victim.pid());
+    assert_eq!(live["concurrency"], 3, "{live}");
+    // The worker names its host from /etc/hostname (empty without one).
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    assert_eq!(live["hostname"], host.trim(), "{live}");
+    // Its heartbeat: current, and its age is the TTL minus the time it has left.
+    assert_eq!(live["alive"], true, "{live}");
+    let ttl = live["heartbeat_ttl_s"]
+        .as_f64()
+        .expect("the TTL in seconds");
+    assert!((ttl - 0.6).abs() < 1e-9, "{live}");
+    let age = live["heartbeat_age_s"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("a live worker's heartbeat age is a number: {live}"));
+    assert!(
+        (0.0..ttl).contains(&age),
+        "heartbeat age in [0, TTL): {live}"
+    );
+    let left = live["heartbeat_expires_in_s"].as_f64().expect("time left");
+    assert!(
+        (age + left - ttl).abs() < 1e-6,
+        "age = TTL - time left: {live}"
+    );
+    // The job it runs is listed under it, by id.
+    let jobs = live["running_jobs"].as_array().expect("running_jobs");
+    assert_eq!(jobs.len(), 1, "{live}");
+    assert_eq!(jobs[0]["id"], id.as_str());
+    assert_eq!(jobs[0]["task"], "builtin.sleep");
+    assert_eq!(jobs[0]["queue"], "wv");
+    assert!(
+        jobs[0]["running_for_s"].as_f64().is_some_and(|s| s >= 0.0),
+        "{live}"
+    );
+    assert_eq!(live["running"], serde_json::json!([id.as_str()]), "{live}");
 
     victim.kill9();
     let lost = eventually(

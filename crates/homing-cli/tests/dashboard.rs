@@ -1237,6 +1237,19 @@ async fn dashboard_shows_a_live_and_a_lost_worker() {
     ] {
         assert!(live.contains(part), "{part} in {live}");
     }
+    // The job it runs, linked by id under "Running jobs"; its own pid.
+    browser
+        .wait_for(
+            "the running job linked from the live worker's view",
+            &format!(
+                "return !!document.querySelector('#worker-detail .worker-jobs a[href=\"#/jobs/{job}\"]');"
+            ),
+        )
+        .await;
+    let pid = browser
+        .eval("const dt = [...document.querySelectorAll('#worker-detail dt')].find((e) => e.textContent === 'pid'); return dt ? dt.nextElementSibling.textContent : null;")
+        .await;
+    assert_eq!(pid, victim.pid().to_string());
     let shot = browser.screenshot("dashboard-worker-live.png").await;
     eprintln!("screenshot: {}", shot.display());
 
