@@ -480,6 +480,115 @@ async fn cli_bulk_shows_the_count_and_asks_before_it_runs() {
     }
 }
 
+/// The CLI writes to the store directly, not through the API, and records its own audit entry
+/// for each operator write: the actor names the CLI and the local user, a bulk action's entry
+/// its filter and the jobs it changed, a failed write its status; a bulk action declined at the
+/// prompt did nothing and records nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_writes_are_audited_with_the_local_user_and_the_count() {
+    let env = Env::sqlite();
+    let client = env.client().await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let mut req = homing::EnqueueRequest::new("builtin.noop", serde_json::json!({}));
+        req.options.queue = Some("cli-audited".into());
+        ids.push(client.enqueue(req).await.unwrap().id);
+    }
+    let run = |args: &[&str]| {
+        let out = env
+            .command(args)
+            .env("USER", "ops-carol")
+            .output()
+            .expect("run homing");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code().unwrap_or(-1), err)
+    };
+    let bulk = ["--queue", "cli-audited"];
+    // Refused without --yes: nothing done, nothing recorded.
+    let (code, _) = run(&[&["jobs", "cancel", "--state", "queued"][..], &bulk].concat());
+    assert_ne!(code, 0);
+    for args in [
+        &["jobs", "cancel", "--state", "queued", "--yes"][..],
+        &[
+            "jobs",
+            "retry",
+            "--state",
+            "cancelled",
+            "--task",
+            "builtin.noop",
+            "--yes",
+        ][..],
+    ] {
+        let (code, err) = run(&[args, &bulk].concat());
+        assert_eq!(code, 0, "{args:?}: {err}");
+    }
+    let id = ids[0].to_string();
+    let (code, err) = run(&["jobs", "cancel", &id]);
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = run(&["queues", "pause", "cli-audited"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _) = run(&["schedules", "pause", "no-such-schedule"]);
+    assert_ne!(code, 0);
+
+    let page = client.store().audit(None, 100).await.unwrap();
+    let got: Vec<_> = page
+        .entries
+        .iter()
+        .rev()
+        .map(|e| {
+            let e = &e.entry;
+            (
+                e.actor.as_str(),
+                e.role.as_str(),
+                e.action.as_str(),
+                e.target.as_str(),
+                e.status,
+                e.count,
+            )
+        })
+        .collect();
+    let target = format!("id={id}");
+    let u = "cli:ops-carol";
+    assert_eq!(
+        got,
+        vec![
+            (
+                u,
+                "admin",
+                "cli jobs cancel",
+                "state=queued&queue=cli-audited",
+                200,
+                Some(3)
+            ),
+            (
+                u,
+                "admin",
+                "cli jobs retry",
+                "state=cancelled&queue=cli-audited&task=builtin.noop",
+                200,
+                Some(3)
+            ),
+            (u, "admin", "cli jobs cancel", target.as_str(), 200, None),
+            (
+                u,
+                "admin",
+                "cli queues pause",
+                "queue=cli-audited",
+                200,
+                None
+            ),
+            (
+                u,
+                "admin",
+                "cli schedules pause",
+                "name=no-such-schedule",
+                404,
+                None
+            ),
+        ]
+    );
+}
+
 /// A bulk cancel killed with SIGKILL halfway leaves every job queued or cancelled (nothing lost,
 /// nothing half-written), and running the same command again finishes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

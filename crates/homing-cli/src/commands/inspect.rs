@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use super::open;
+use super::{audit, open};
 use crate::cli::{
     Global, JobsCommand, OutputArgs, QueuesArgs, QueuesCommand, WorkersArgs, WorkflowsCommand,
 };
@@ -75,13 +75,21 @@ pub async fn workflows(g: &Global, cmd: WorkflowsCommand) -> anyhow::Result<Exit
             };
             let spec: homing::workflow::WorkflowSpec = serde_json::from_str(&text)
                 .map_err(|e| anyhow::anyhow!("{file} is not a workflow: {e}"))?;
-            output::json(&client.create_workflow(spec).await?);
+            let target = format!("name={}", spec.name);
+            let created = client.create_workflow(spec).await;
+            let store = &**client.store();
+            output::json(&audit::audited(store, "cli workflows create", &target, created).await?);
         }
         WorkflowsCommand::Get { id, out } => {
             print_workflow(&client.workflow(wf_id(&id)?).await?, &out)
         }
         WorkflowsCommand::Cancel { id, out } => {
-            print_workflow(&client.cancel_workflow(wf_id(&id)?).await?, &out)
+            let id = wf_id(&id)?;
+            let done = client.cancel_workflow(id).await;
+            let store = &**client.store();
+            let wf =
+                audit::audited(store, "cli workflows cancel", &format!("id={id}"), done).await?;
+            print_workflow(&wf, &out)
         }
         WorkflowsCommand::List { limit, cursor, out } => {
             let page = client.workflows(cursor.as_deref(), limit).await?;
@@ -134,12 +142,24 @@ pub async fn jobs(g: &Global, cmd: JobsCommand) -> anyhow::Result<ExitCode> {
             id: Some(id),
             bulk,
             out,
-        } if bulk.is_empty() => (client.retry(parse_id(&id)?).await?, out),
+        } if bulk.is_empty() => {
+            let id = parse_id(&id)?;
+            let done = client.retry(id).await;
+            let store = &**client.store();
+            let job = audit::audited(store, "cli jobs retry", &format!("id={id}"), done).await?;
+            (job, out)
+        }
         JobsCommand::Cancel {
             id: Some(id),
             bulk,
             out,
-        } if bulk.is_empty() => (client.cancel(parse_id(&id)?).await?, out),
+        } if bulk.is_empty() => {
+            let id = parse_id(&id)?;
+            let done = client.cancel(id).await;
+            let store = &**client.store();
+            let job = audit::audited(store, "cli jobs cancel", &format!("id={id}"), done).await?;
+            (job, out)
+        }
         JobsCommand::Retry { id: Some(_), .. } | JobsCommand::Cancel { id: Some(_), .. } => {
             anyhow::bail!(
                 "give either a job id or a filter (--state, --queue, --task, --yes), not both"
@@ -266,7 +286,9 @@ pub async fn queues(g: &Global, a: QueuesArgs) -> anyhow::Result<ExitCode> {
                 limits.check().map_err(anyhow::Error::msg)?;
                 let b = open(g, false).await?;
                 let client = homing::Client::new(b.broker.clone(), b.store.clone());
-                client.set_queue_limits(&queue, &limits).await?;
+                let done = client.set_queue_limits(&queue, &limits).await;
+                let target = format!("queue={queue}&limits={}", describe_limits(&limits));
+                audit::audited(&*b.store, "cli queues limit", &target, done).await?;
                 println!("{queue}: {}", describe_limits(&limits));
                 return Ok(ExitCode::SUCCESS);
             }
@@ -275,13 +297,22 @@ pub async fn queues(g: &Global, a: QueuesArgs) -> anyhow::Result<ExitCode> {
         homing::validate::producer_queue(&queue).map_err(anyhow::Error::msg)?;
         let b = open(g, false).await?;
         let client = homing::Client::new(b.broker.clone(), b.store.clone());
-        if pause {
-            client.pause_queue(&queue).await?;
-            println!("paused {queue}");
+        let (done, action, word) = if pause {
+            (
+                client.pause_queue(&queue).await,
+                "cli queues pause",
+                "paused",
+            )
         } else {
-            client.resume_queue(&queue).await?;
-            println!("resumed {queue}");
-        }
+            (
+                client.resume_queue(&queue).await,
+                "cli queues resume",
+                "resumed",
+            )
+        };
+        let target = format!("queue={queue}");
+        audit::audited(&*b.store, action, &target, done).await?;
+        println!("{word} {queue}");
         return Ok(ExitCode::SUCCESS);
     }
     let out = a.out;
@@ -453,8 +484,20 @@ async fn run_bulk(
         task: bulk.task,
     };
     homing::bulk::check(action, &filter).map_err(anyhow::Error::msg)?;
+    // The filter as the audit entry names it, `state=failed&task=x` (docs/access.md).
+    let target = [
+        ("state", filter.state.map(|s| s.to_string())),
+        ("queue", filter.queue.clone()),
+        ("task", filter.task.clone()),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.map(|v| format!("{k}={v}")))
+    .collect::<Vec<_>>()
+    .join("&");
     let matching = client.count(&filter).await?;
     let verb = action.as_str();
+    let audit_action = format!("cli jobs {verb}");
+    let store = &**client.store();
     if !bulk.yes {
         if !std::io::stdin().is_terminal() {
             anyhow::bail!(
@@ -480,10 +523,16 @@ async fn run_bulk(
             .await
         {
             Ok(p) => p,
-            Err(e) => anyhow::bail!(
-                "{verb} stopped after {} jobs: {e}; running the same command again is safe and finishes it",
-                done.count
-            ),
+            Err(e) => {
+                // Recorded with what was done before it stopped.
+                let e = anyhow::Error::from(e);
+                let status = audit::failure(&e);
+                audit::record(store, &audit_action, &target, status, Some(done.count)).await;
+                anyhow::bail!(
+                    "{verb} stopped after {} jobs: {e}; running the same command again is safe and finishes it",
+                    done.count
+                )
+            }
         };
         done.count += part.done.count;
         done.skipped += part.done.skipped;
@@ -497,6 +546,7 @@ async fn run_bulk(
             None => break,
         }
     }
+    audit::record(store, &audit_action, &target, 200, Some(done.count)).await;
     if out.json {
         output::json(&serde_json::json!({
             "action": verb,

@@ -1,5 +1,6 @@
 //! One module per command; this one opens backends and routes.
 
+mod audit;
 mod bench;
 mod celery;
 mod chaos;

@@ -6,6 +6,7 @@
 use anyhow::Context as _;
 use std::process::ExitCode;
 
+use super::audit::{audited, NotFound};
 use super::open;
 use crate::cli::{Global, ScheduleSetArgs, SchedulesCommand};
 use crate::output;
@@ -21,7 +22,9 @@ pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> 
             let json = a.json;
             let def = definition(a)?;
             homing::client::check_schedule(&def)?;
-            let s = store.put_schedule(&def, now()).await?;
+            let target = format!("name={}", def.name);
+            let put = store.put_schedule(&def, now()).await;
+            let s = audited(&*store, "cli schedules set", &target, put).await?;
             if json {
                 output::json(&ScheduleView::from(s));
             } else {
@@ -47,25 +50,48 @@ pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> 
             }
         }
         SchedulesCommand::Pause { name } => {
-            found(store.pause_schedule(&name, true, now()).await?, &name)?;
+            let done = found(store.pause_schedule(&name, true, now()).await, &name);
+            audited(
+                &*store,
+                "cli schedules pause",
+                &format!("name={name}"),
+                done,
+            )
+            .await?;
             println!("paused {name}");
         }
         SchedulesCommand::Resume { name } => {
-            found(store.pause_schedule(&name, false, now()).await?, &name)?;
+            let done = found(store.pause_schedule(&name, false, now()).await, &name);
+            audited(
+                &*store,
+                "cli schedules resume",
+                &format!("name={name}"),
+                done,
+            )
+            .await?;
             println!("resumed {name}");
         }
         SchedulesCommand::Delete { name } => {
-            if !store.delete_schedule(&name).await? {
-                anyhow::bail!("no schedule named '{name}'");
-            }
+            let done = found(
+                store.delete_schedule(&name).await.map(|d| d.then_some(())),
+                &name,
+            );
+            audited(
+                &*store,
+                "cli schedules delete",
+                &format!("name={name}"),
+                done,
+            )
+            .await?;
             println!("deleted {name}");
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn found<T>(v: Option<T>, name: &str) -> anyhow::Result<T> {
-    v.ok_or_else(|| anyhow::anyhow!("no schedule named '{name}'"))
+/// A write to the schedule `name`, which fails when there is none.
+fn found<T>(v: homing::Result<Option<T>>, name: &str) -> anyhow::Result<T> {
+    v?.ok_or_else(|| NotFound(format!("no schedule named '{name}'")).into())
 }
 
 fn definition(a: ScheduleSetArgs) -> anyhow::Result<ScheduleDef> {

@@ -1,6 +1,7 @@
-//! The audit log's records (docs/access.md): what an operator did through the HTTP API, kept in
-//! the store beside the jobs it touched so that it survives restarts and is pruned with them.
-//! The store only keeps and pages them; what is recorded is decided by the API.
+//! The audit log's records (docs/access.md): what an operator did through the HTTP API or the
+//! CLI, kept in the store beside the jobs it touched so that it survives restarts and is pruned
+//! with them. The store only keeps and pages them; what is recorded is decided by the API and
+//! the CLI.
 
 use serde::{Deserialize, Serialize};
 
@@ -13,15 +14,18 @@ pub const MAX_FIELD: usize = 1024;
 /// An entry to record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewAudit {
-    /// The token's name (never the token itself); `anonymous` without authentication.
+    /// The token's name (never the token itself); `anonymous` without authentication;
+    /// `cli:<user>` for the CLI.
     pub actor: String,
     /// The token's role: `read` or `admin`.
     pub role: String,
-    /// The route, as `METHOD /path/{param}`.
+    /// The route, as `METHOD /path/{param}`; for the CLI its command, as `cli jobs retry`.
     pub action: String,
-    /// The path and query it was called with, which name the job, queue or schedule.
+    /// The path and query it was called with, which name the job, queue or schedule (the CLI:
+    /// `id=…`, `queue=…`, `name=…`, or a bulk action's filter as `state=failed&task=x`).
     pub target: String,
-    /// The HTTP status it was answered with.
+    /// The HTTP status it was answered with (the CLI: 200, or the status the API would answer
+    /// for the same failure).
     pub status: u16,
     /// For bulk actions, how many jobs it changed.
     pub count: Option<u64>,
