@@ -119,18 +119,35 @@ impl Browser {
     }
 
     async fn element(&self, css: &str) -> String {
-        let v = self
-            .call(
-                "POST",
-                "/element",
-                serde_json::json!({"using": "css selector", "value": css}),
-            )
-            .await;
-        v.as_object()
-            .and_then(|o| o.values().next())
-            .and_then(|x| x.as_str())
-            .unwrap_or_else(|| panic!("no element {css}: {v}"))
-            .to_string()
+        self.find(css)
+            .await
+            .unwrap_or_else(|| panic!("no element {css}"))
+    }
+
+    /// The WebDriver id of the element `css` selects, if there is one.
+    async fn find(&self, css: &str) -> Option<String> {
+        let url = format!("{}/session/{}/element", self.base, self.session);
+        let v: serde_json::Value = self
+            .http
+            .post(url)
+            .json(&serde_json::json!({"using": "css selector", "value": css}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        match v["value"]["error"].as_str() {
+            None => {}
+            Some("no such element") => return None,
+            Some(_) => panic!("webdriver find {css}: {v}"),
+        }
+        let id = v["value"].as_object().and_then(|o| o.values().next());
+        Some(
+            id.and_then(|x| x.as_str())
+                .unwrap_or_else(|| panic!("no element {css}: {v}"))
+                .to_string(),
+        )
     }
 
     /// Clicks the element `css` selects. The page redraws its tables every 2 s, so an element
@@ -139,24 +156,52 @@ impl Browser {
     async fn click(&self, css: &str) {
         for _ in 0..20 {
             let id = self.element(css).await;
-            let url = format!("{}/session/{}/element/{id}/click", self.base, self.session);
-            let v: serde_json::Value = self
-                .http
-                .post(url)
-                .json(&serde_json::json!({}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            match v["value"]["error"].as_str() {
-                None => return,
-                Some("stale element reference") => continue,
-                Some(_) => panic!("webdriver click {css}: {v}"),
+            if self.click_element(css, &id).await {
+                return;
             }
         }
         panic!("webdriver click {css}: the element kept going stale");
+    }
+
+    /// Clicks element `id` (found with `css`); false if it went stale first.
+    async fn click_element(&self, css: &str, id: &str) -> bool {
+        let url = format!("{}/session/{}/element/{id}/click", self.base, self.session);
+        let v: serde_json::Value = self
+            .http
+            .post(url)
+            .json(&serde_json::json!({}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        match v["value"]["error"].as_str() {
+            None => true,
+            Some("stale element reference") => false,
+            Some(_) => panic!("webdriver click {css}: {v}"),
+        }
+    }
+
+    /// Clicks `css` until `done` holds in the page. WebDriver clicks where it found the element,
+    /// and a redraw in between can move it: the queue table's columns widen and narrow with
+    /// their figures, and then the click lands beside the button and does nothing. Only for
+    /// buttons that do the same when pressed twice (Pause and Resume name their verb).
+    async fn click_until(&self, css: &str, what: &str, done: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            if let Some(id) = self.find(css).await {
+                self.click_element(css, &id).await;
+            }
+            for _ in 0..30 {
+                let v = self.eval(done).await;
+                if !(v.is_null() || v == false) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        panic!("timed out after 30s waiting for: {what}");
     }
 
     async fn type_into(&self, css: &str, text: &str) {
@@ -699,9 +744,9 @@ async fn dashboard_pauses_and_resumes_a_queue() {
             &format!("return document.querySelector('{row} button.pause') !== null;"),
         )
         .await;
-    browser.click(&format!("{row} button.pause")).await;
     browser
-        .wait_for(
+        .click_until(
+            &format!("{row} button.pause"),
             "the row to offer Resume",
             &format!("const b = document.querySelector('{row} button.resume'); return b !== null && b.textContent === 'Resume';"),
         )
@@ -737,15 +782,15 @@ async fn dashboard_pauses_and_resumes_a_queue() {
     );
     let shot = browser.screenshot("dashboard-paused-queue.png").await;
 
-    browser.click(&format!("{row} button.resume")).await;
     browser
-        .wait_for("the held job to succeed", &row_is(&held, "succeeded"))
-        .await;
-    browser
-        .wait_for(
+        .click_until(
+            &format!("{row} button.resume"),
             "the row to offer Pause again",
             &format!("return document.querySelector('{row} button.pause') !== null;"),
         )
+        .await;
+    browser
+        .wait_for("the held job to succeed", &row_is(&held, "succeeded"))
         .await;
     eprintln!("screenshot: {}", shot.display());
     browser.quit().await;
