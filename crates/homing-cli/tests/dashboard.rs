@@ -90,13 +90,19 @@ impl Browser {
         }
     }
 
-    async fn call(&self, method: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
+    /// One WebDriver command of this session, answered as it came (errors included).
+    async fn send(&self, method: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
         let url = format!("{}/session/{}{path}", self.base, self.session);
         let req = match method {
             "GET" => self.http.get(url),
             _ => self.http.post(url).json(&body),
         };
-        let v: serde_json::Value = req.send().await.unwrap().json().await.unwrap();
+        req.send().await.unwrap().json().await.unwrap()
+    }
+
+    /// One WebDriver command, which must succeed; its value.
+    async fn call(&self, method: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
+        let v = self.send(method, path, body).await;
         if v["value"]["error"].is_string() {
             panic!("webdriver {method} {path}: {v}");
         }
@@ -126,17 +132,8 @@ impl Browser {
 
     /// The WebDriver id of the element `css` selects, if there is one.
     async fn find(&self, css: &str) -> Option<String> {
-        let url = format!("{}/session/{}/element", self.base, self.session);
-        let v: serde_json::Value = self
-            .http
-            .post(url)
-            .json(&serde_json::json!({"using": "css selector", "value": css}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let query = serde_json::json!({"using": "css selector", "value": css});
+        let v = self.send("POST", "/element", query).await;
         match v["value"]["error"].as_str() {
             None => {}
             Some("no such element") => return None,
@@ -165,17 +162,8 @@ impl Browser {
 
     /// Clicks element `id` (found with `css`); false if it went stale first.
     async fn click_element(&self, css: &str, id: &str) -> bool {
-        let url = format!("{}/session/{}/element/{id}/click", self.base, self.session);
-        let v: serde_json::Value = self
-            .http
-            .post(url)
-            .json(&serde_json::json!({}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let path = format!("/element/{id}/click");
+        let v = self.send("POST", &path, serde_json::json!({})).await;
         match v["value"]["error"].as_str() {
             None => true,
             Some("stale element reference") => false,
