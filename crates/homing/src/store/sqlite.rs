@@ -2287,11 +2287,49 @@ impl Store for SqliteStore {
 
     async fn roll_up(&self, from: Micros, to: Micros, closed: Micros) -> Result<()> {
         let (hfrom, hto) = crate::stats::hours_of(from, to);
+        let plan = Arc::new(stats_sql::roll_up(Dialect::Sqlite));
+        // The counting reads every job that finished in the minutes (hundreds of thousands in a
+        // busy drain), so it runs in a read snapshot and the writer is held only to replace
+        // the rows. A finish committed between the two is missed as one committed after the
+        // pass would be: the next passes recompute the last closed minutes (rollup.rs).
+        let p = plan.clone();
+        let rows = self
+            .db
+            .read(move |c| {
+                let mut out = Vec::with_capacity(p.minutes.len());
+                for (_, query) in &p.minutes {
+                    let mut stmt = c.prepare_cached(query)?;
+                    let n = stmt.column_count();
+                    let rows = stmt
+                        .query_map(params![from, to, hfrom, hto], |r| {
+                            (0..n)
+                                .map(|i| r.get::<_, rusqlite::types::Value>(i))
+                                .collect()
+                        })?
+                        .collect::<rusqlite::Result<Vec<Vec<rusqlite::types::Value>>>>()?;
+                    out.push(rows);
+                }
+                Ok(out)
+            })
+            .await?;
         self.db
             .write(move |tx| {
-                for sql in stats_sql::roll_up(Dialect::Sqlite) {
-                    tx.prepare_cached(&sql)?
-                        .execute(params![from, to, hfrom, hto])?;
+                let args = params![from, to, hfrom, hto];
+                for sql in &plan.clear {
+                    tx.prepare_cached(sql)?.execute(args)?;
+                }
+                for ((insert, _), rows) in plan.minutes.iter().zip(&rows) {
+                    let Some(n) = rows.first().map(Vec::len) else {
+                        continue;
+                    };
+                    let marks = vec!["?"; n].join(", ");
+                    let mut stmt = tx.prepare_cached(&format!("{insert} VALUES ({marks})"))?;
+                    for row in rows {
+                        stmt.execute(rusqlite::params_from_iter(row))?;
+                    }
+                }
+                for sql in &plan.hours {
+                    tx.prepare_cached(sql)?.execute(args)?;
                 }
                 tx.prepare_cached(&stats_sql::advance_cursor(Dialect::Sqlite))?
                     .execute([closed])?;

@@ -19,9 +19,33 @@ fn flag(cond: &str) -> String {
 }
 
 /// The statements that replace the rollups of minutes `[?1, ?2)` and of hours `[?3, ?4)` (the
-/// hours those minutes touch), in the order they must run. Placeholders are `?n` for SQLite
-/// and `$n` for PostgreSQL; every statement takes the same four parameters.
-pub(crate) fn roll_up(d: Dialect) -> Vec<String> {
+/// hours those minutes touch), in three parts that must run in order. Placeholders are `?n` for
+/// SQLite and `$n` for PostgreSQL; every statement takes the same four parameters.
+pub(crate) struct RollUp {
+    /// Deletes the minutes' rows.
+    pub clear: Vec<String>,
+    /// Per minute table, `INSERT INTO table (columns)` and the query that counts its rows from
+    /// the jobs. PostgreSQL runs them as one `INSERT … SELECT`; SQLite runs the queries in a
+    /// read snapshot first, so that the single writer is not held while a busy minute's jobs
+    /// are scanned, and inserts the few rows they give.
+    pub minutes: Vec<(String, String)>,
+    /// Recomputes the hours from the minutes (which then include the ones just written).
+    pub hours: Vec<String>,
+}
+
+impl RollUp {
+    /// Every statement in order, each minute table filled by `INSERT … SELECT`.
+    pub fn statements(&self) -> Vec<String> {
+        let minutes = self.minutes.iter().map(|(i, q)| format!("{i} {q}"));
+        let clear = self.clear.iter().cloned();
+        clear
+            .chain(minutes)
+            .chain(self.hours.iter().cloned())
+            .collect()
+    }
+}
+
+pub(crate) fn roll_up(d: Dialect) -> RollUp {
     let p = |n: u8| match d {
         Dialect::Sqlite => format!("?{n}"),
         Dialect::Postgres => format!("${n}"),
@@ -38,12 +62,17 @@ pub(crate) fn roll_up(d: Dialect) -> Vec<String> {
     // A handler error is retried unless it was the last one of a failed job.
     let retried =
         "SUM(CASE WHEN state = 'failed' AND attempts > 0 THEN attempts - 1 ELSE attempts END)";
-    let mut out = vec![
+    let clear = vec![
         format!("DELETE FROM {counts} WHERE span = 60 AND at >= {from} AND at < {to} AND {all4}"),
         format!("DELETE FROM {latency} WHERE span = 60 AND at >= {from} AND at < {to} AND {all4}"),
+    ];
+    let counts_cols = format!(
+        "INSERT INTO {counts} (span, at, queue, succeeded, failed, dead, cancelled, retried)"
+    );
+    let mut minutes = vec![(
+        counts_cols,
         format!(
-            "INSERT INTO {counts} (span, at, queue, succeeded, failed, dead, cancelled, retried) \
-             SELECT 60, {minute}, queue, SUM({}), SUM({}), SUM({}), SUM({}), {retried} \
+            "SELECT 60, {minute}, queue, SUM({}), SUM({}), SUM({}), SUM({}), {retried} \
              FROM {jobs} WHERE {window} AND {all4} \
              AND state IN ('succeeded', 'failed', 'dead', 'cancelled') GROUP BY 2, 3",
             flag("state = 'succeeded'"),
@@ -51,7 +80,7 @@ pub(crate) fn roll_up(d: Dialect) -> Vec<String> {
             flag("state = 'dead'"),
             flag("state = 'cancelled'"),
         ),
-    ];
+    )];
     // Enqueue→start of the last attempt (from its due time when it had one) and its run time,
     // for jobs that ran to an end (a dead job's start may be a crashed run's).
     for (kind, duration) in [
@@ -61,18 +90,19 @@ pub(crate) fn roll_up(d: Dialect) -> Vec<String> {
         ),
         (crate::stats::RUN, "finished_at - started_at"),
     ] {
-        out.push(format!(
-            "INSERT INTO {latency} (span, at, queue, kind, bucket, n) \
-             SELECT 60, {minute}, queue, '{kind}', {}, COUNT(*) FROM {jobs} \
-             WHERE {window} AND {all4} AND started_at IS NOT NULL \
-             AND state IN ('succeeded', 'failed') GROUP BY 2, 3, 5",
-            bucket_sql(duration, d)
+        minutes.push((
+            format!("INSERT INTO {latency} (span, at, queue, kind, bucket, n)"),
+            format!(
+                "SELECT 60, {minute}, queue, '{kind}', {}, COUNT(*) FROM {jobs} \
+                 WHERE {window} AND {all4} AND started_at IS NOT NULL \
+                 AND state IN ('succeeded', 'failed') GROUP BY 2, 3, 5",
+                bucket_sql(duration, d)
+            ),
         ));
     }
-    // The hours, from the minutes (which now include the ones just written).
     let hour = format!("(at / {HOUR}) * {HOUR}");
     let hours = format!("at >= {hfrom} AND at < {hto} AND {all4}");
-    out.extend([
+    let hours = vec![
         format!("DELETE FROM {counts} WHERE span = 3600 AND {hours}"),
         format!("DELETE FROM {latency} WHERE span = 3600 AND {hours}"),
         format!(
@@ -85,8 +115,12 @@ pub(crate) fn roll_up(d: Dialect) -> Vec<String> {
              SELECT 3600, {hour}, queue, kind, bucket, SUM(n) FROM {latency} \
              WHERE span = 60 AND {hours} GROUP BY 2, 3, 4, 5"
         ),
-    ]);
-    out
+    ];
+    RollUp {
+        clear,
+        minutes,
+        hours,
+    }
 }
 
 /// The statement that records one depth sample: parameters are the minute, the hour, and

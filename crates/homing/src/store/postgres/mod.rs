@@ -2922,7 +2922,7 @@ impl Store for PgStore {
                 .bind(0x0073_7461_7473_i64)
                 .execute(&mut *tx)
                 .await?;
-            for sql in stats_sql::roll_up(Dialect::Postgres) {
+            for sql in stats_sql::roll_up(Dialect::Postgres).statements() {
                 sqlx::query(AssertSqlSafe(sql))
                     .bind(from)
                     .bind(to)
