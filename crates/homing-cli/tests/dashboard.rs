@@ -22,6 +22,11 @@ struct Browser {
     _profile: tempfile::TempDir,
 }
 
+/// Whether a value a page script returned counts as true, as JavaScript would take it.
+fn truthy(v: &serde_json::Value) -> bool {
+    !(v.is_null() || v == false || v == "" || v == 0)
+}
+
 impl Browser {
     async fn start(env: &Env) -> Browser {
         assert!(
@@ -182,8 +187,7 @@ impl Browser {
                 self.click_element(css, &id).await;
             }
             for _ in 0..30 {
-                let v = self.eval(done).await;
-                if !(v.is_null() || v == false) {
+                if truthy(&self.eval(done).await) {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -206,8 +210,7 @@ impl Browser {
     async fn wait_for(&self, what: &str, script: &str) -> serde_json::Value {
         eventually(Duration::from_secs(30), what, || async {
             let v = self.eval(script).await;
-            let truthy = !(v.is_null() || v == false || v == "" || v == 0);
-            truthy.then_some(v)
+            truthy(&v).then_some(v)
         })
         .await
     }

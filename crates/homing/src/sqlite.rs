@@ -226,8 +226,9 @@ fn wal_path(db: &Path) -> PathBuf {
 /// file, but the log starts over from its beginning only in a write transaction that began
 /// after a checkpoint had copied every frame, with no reader still using one; with several
 /// processes writing and reading without pause that moment never came (nor does it for a
-/// checkpoint on its own thread while commits go on): a 40,000-job run grew the log to 1.1 GB, and every
-/// commit wrote fresh file blocks (the kernel zeroes each) instead of pages already cached.
+/// checkpoint on its own thread while commits go on): a 40,000-job run grew the log to 1.1 GB,
+/// and every commit wrote fresh file blocks (the kernel zeroes each) instead of pages already
+/// cached.
 /// A RESTART checkpoint copies everything, then waits for the readers of old frames so the
 /// next commit starts the log over. It waits at most about 10 ms (readers here are short; a
 /// long search would otherwise hold up every writer): if it gives up, the frames it copied stay

@@ -2289,8 +2289,8 @@ impl Store for SqliteStore {
         let (hfrom, hto) = crate::stats::hours_of(from, to);
         let plan = Arc::new(stats_sql::roll_up(Dialect::Sqlite));
         // The counting reads every job that finished in the minutes (hundreds of thousands in a
-        // busy drain), so it runs in a read snapshot and the writer is held only to replace
-        // the rows. A finish committed between the two is missed as one committed after the
+        // busy drain), so it runs on a read connection (each query its own snapshot) and the
+        // writer is held only to replace the rows. A finish committed between the two is missed as one committed after the
         // pass would be: the next passes recompute the last closed minutes (rollup.rs).
         let p = plan.clone();
         let rows = self
