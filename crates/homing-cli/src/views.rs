@@ -15,9 +15,9 @@ pub struct QueueView {
     pub jobs: QueueStats,
     /// What the broker holds for the queue.
     pub broker: QueueDepth,
-    /// Jobs that finished in the last hour, by state.
+    /// Jobs that finished in the last hour (the current minute and the 59 before it), by state.
     pub last_hour: FinishedCounts,
-    /// Jobs finished per second over the last minute.
+    /// Jobs finished per second over the current minute and the one before it (60–120 s).
     pub throughput_per_s: f64,
     /// Paused by an operator: no job starts from it until it is resumed (docs/limits.md).
     pub paused: bool,
@@ -55,51 +55,87 @@ pub struct QueuePage {
     pub next: Option<String>,
 }
 
-/// Per queue, the jobs finished since `since`: whole closed minutes from the charts' rollups,
-/// the edges from the jobs (`homing::stats::finished_window`), so that a busy hour at a million
-/// jobs costs a minute's worth of index entries, not the hour's.
-async fn finished_since(
-    b: &Backends,
-    since: Micros,
-    cursor: Option<Micros>,
-) -> Result<Vec<FinishedCounts>> {
-    let plan = homing::stats::finished_window(since, cursor);
-    let mut by_queue: BTreeMap<String, FinishedCounts> = BTreeMap::new();
-    let mut add = |queue: &str, succeeded: u64, failed: u64, dead: u64, cancelled: u64| {
-        let c = by_queue
-            .entry(queue.to_string())
+/// Finished jobs per queue, summed from the store's two sources.
+#[derive(Default)]
+struct Tally(BTreeMap<String, FinishedCounts>);
+
+impl Tally {
+    fn add(&mut self, c: &FinishedCounts) {
+        let t = self
+            .0
+            .entry(c.queue.clone())
             .or_insert_with(|| FinishedCounts {
-                queue: queue.to_string(),
+                queue: c.queue.clone(),
                 ..Default::default()
             });
-        c.succeeded += succeeded;
-        c.failed += failed;
-        c.dead += dead;
-        c.cancelled += cancelled;
-    };
-    for (from, to) in plan.raw {
+        t.succeeded += c.succeeded;
+        t.failed += c.failed;
+        t.dead += c.dead;
+        t.cancelled += c.cancelled;
+    }
+
+    /// Adds the minute rollups of `[from, to)`.
+    async fn add_rolled(&mut self, b: &Backends, range: Option<(Micros, Micros)>) -> Result<()> {
+        if let Some((from, to)) = range {
+            for c in b.store.stats_rows(60, from, to).await?.counts {
+                self.add(&FinishedCounts {
+                    queue: c.queue,
+                    succeeded: c.succeeded,
+                    failed: c.failed,
+                    dead: c.dead,
+                    cancelled: c.cancelled,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Per queue, the jobs finished in the last hour and in the throughput window
+/// (`homing::stats::list_windows`): whatever the rollups hold from them, and the finishes since
+/// the rollup's live point counted from the jobs once for both, so a busy hour at a million jobs
+/// costs a pass interval's worth of index entries, not the hour's.
+async fn finished_recently(
+    b: &Backends,
+    t: Micros,
+    live: Option<Micros>,
+) -> Result<(Tally, Tally, homing::stats::ListWindows)> {
+    let w = homing::stats::list_windows(t, live);
+    let (mut hour, mut minute) = (Tally::default(), Tally::default());
+    // The rollups first, right after the cursor was read: a pass committing between the two
+    // reads would make the rows disagree with it (for one call).
+    hour.add_rolled(b, w.hour_rolled).await?;
+    minute.add_rolled(b, w.minute_rolled).await?;
+    if let Some((from, to)) = w.mid {
         for c in b.store.finished_between(from, to).await? {
-            add(&c.queue, c.succeeded, c.failed, c.dead, c.cancelled);
+            hour.add(&c);
         }
     }
-    if let Some((from, to)) = plan.rolled {
-        let rows = b.store.stats_rows(60, from, to).await?;
-        for c in rows.counts {
-            add(&c.queue, c.succeeded, c.failed, c.dead, c.cancelled);
-        }
+    for c in b.store.finished_between(w.tail, Micros::MAX).await? {
+        hour.add(&c);
+        minute.add(&c);
     }
-    Ok(by_queue.into_values().collect())
+    Ok((hour, minute, w))
 }
 
 /// The queues named after `after` (all when `None`), at most `limit` of them. Each source is
 /// read once and merged by name, so the cost grows with the number of queues, not its square.
 pub async fn queues(b: &Backends, after: Option<&str>, limit: usize) -> Result<QueuePage> {
+    queues_at(b, now(), after, limit).await
+}
+
+/// [`queues`] as seen at time `t` (the windows of finished jobs end there).
+pub async fn queues_at(
+    b: &Backends,
+    t: Micros,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<QueuePage> {
     let stats = b.store.queue_stats().await?;
     let depths = b.broker.depths().await?;
-    let t = now();
-    let cursor = b.store.stats_cursor().await?;
-    let hour = finished_since(b, t - 3600 * 1_000_000, cursor).await?;
-    let minute = finished_since(b, t - 60 * 1_000_000, cursor).await?;
+    let live = b.store.stats_cursor().await?.map(|c| c.live);
+    let (hour, minute, windows) = finished_recently(b, t, live).await?;
+    let seconds = ((t - windows.minute_from) as f64 / 1e6).max(1.0);
     let settings = b.store.queue_settings().await?;
     let mut by_name: BTreeMap<String, QueueView> = BTreeMap::new();
     fn view<'a>(m: &'a mut BTreeMap<String, QueueView>, q: &str) -> &'a mut QueueView {
@@ -114,13 +150,12 @@ pub async fn queues(b: &Backends, after: Option<&str>, limit: usize) -> Result<Q
         let v = view(&mut by_name, &d.queue);
         v.broker = d;
     }
-    for h in hour {
-        let v = view(&mut by_name, &h.queue);
-        v.last_hour = h;
+    for (q, h) in hour.0 {
+        view(&mut by_name, &q).last_hour = h;
     }
-    for m in minute {
-        view(&mut by_name, &m.queue).throughput_per_s =
-            (m.succeeded + m.failed + m.dead + m.cancelled) as f64 / 60.0;
+    for (q, m) in minute.0 {
+        view(&mut by_name, &q).throughput_per_s =
+            (m.succeeded + m.failed + m.dead + m.cancelled) as f64 / seconds;
     }
     for q in settings {
         let v = view(&mut by_name, &q.queue);
@@ -276,10 +311,11 @@ mod tests {
         id
     }
 
-    /// The last hour is the rolled-up whole minutes plus the edges counted from the jobs; a job
-    /// finished before the hour is not in it, one finished after the last rollup is.
+    /// The last hour is what the rollups hold up to their live point plus the finishes after it
+    /// from the jobs, each counted once: a job finished before the hour is not in it, one in
+    /// the open minute before the rollup's pass is counted once, one after the pass is counted.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn last_hour_adds_rolled_minutes_and_the_edges() {
+    async fn last_hour_adds_the_rollups_and_the_finishes_after_them_once() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}/homing.db", dir.path().display());
         let b = Backends::open(&url, &url).await.unwrap();
@@ -296,14 +332,12 @@ mod tests {
             Outcome::Failed { error: "x".into() },
         )
         .await;
+        finish_at(&b, &q, t - 1, ok()).await;
         homing::maintenance::rollup::pass(&*b.store, None, t, &Default::default())
             .await
             .unwrap();
         let cursor = b.store.stats_cursor().await.unwrap().expect("rolled up");
-        assert!(
-            cursor > t - 5 * minute,
-            "the rollup closed the past minutes"
-        );
+        assert_eq!(cursor.live, t, "the pass counted up to its own time");
         // After the rollup: the tail is counted from the jobs.
         finish_at(&b, &q, t + 1, ok()).await;
         let page = queues(&b, None, 1000).await.unwrap();
@@ -314,25 +348,27 @@ mod tests {
             .expect("queue listed");
         assert_eq!(
             (v.last_hour.succeeded, v.last_hour.failed),
-            (2, 1),
-            "30 and 20 minutes ago from the rollups, just now from the jobs, not 2 hours ago"
+            (3, 1),
+            "30, 20 and 0 minutes ago from the rollups, just now from the jobs, not 2 hours ago"
         );
-        // Without rollups the same answer, all from the jobs.
-        let all = finished_since(&b, t - 60 * minute, None).await.unwrap();
-        let mine = all.iter().find(|c| c.queue == q).unwrap();
-        assert_eq!((mine.succeeded, mine.failed), (2, 1));
-        // The closed minutes really come from the rollups: a job deleted after its minute was
-        // rolled up is still counted with the cursor, no longer without it.
-        assert_eq!(b.store.delete_finished(&[rolled_job]).await.unwrap(), 1);
-        let count = |v: Vec<FinishedCounts>| {
-            v.into_iter()
-                .find(|c| c.queue == q)
-                .map(|c| (c.succeeded, c.failed))
+        assert!(v.throughput_per_s > 0.0, "two finished within the minute");
+        let count = |(hour, minute, _): (Tally, Tally, _)| {
+            let pick = |t: Tally| t.0.get(&q).map(|c| (c.succeeded, c.failed));
+            (pick(hour), pick(minute))
         };
-        let with = finished_since(&b, t - 60 * minute, Some(cursor))
+        // Without rollups the same answer, all from the jobs.
+        let all = finished_recently(&b, t + 2, None).await.unwrap();
+        assert_eq!(count(all), (Some((3, 1)), Some((2, 0))));
+        // The rolled minutes really come from the rollups: a job deleted after its minute was
+        // rolled up is still counted with them, no longer without.
+        assert_eq!(b.store.delete_finished(&[rolled_job]).await.unwrap(), 1);
+        let with = finished_recently(&b, t + 2, Some(cursor.live))
             .await
             .unwrap();
-        let without = finished_since(&b, t - 60 * minute, None).await.unwrap();
-        assert_eq!((count(with), count(without)), (Some((2, 1)), Some((1, 1))));
+        let without = finished_recently(&b, t + 2, None).await.unwrap();
+        assert_eq!(
+            (count(with).0, count(without).0),
+            (Some((3, 1)), Some((2, 1)))
+        );
     }
 }

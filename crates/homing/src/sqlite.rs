@@ -131,6 +131,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0021_hot_states",
         sql: include_str!("sqlite/migrations/0021_hot_states.sql"),
     },
+    Migration {
+        version: 22,
+        name: "0022_stats_live",
+        sql: include_str!("sqlite/migrations/0022_stats_live.sql"),
+    },
 ];
 
 /// An open database file.

@@ -145,37 +145,51 @@ pub fn floor(t: Micros, step: Micros) -> Micros {
     t.div_euclid(step) * step
 }
 
-/// Where to count "jobs finished since `since`" from, given the rollup cursor (every minute
-/// before it is rolled up): the closed whole minutes from the minute rollups, and only the
-/// edges (the part of a minute before the first whole one, and everything from the cursor on)
-/// from the jobs themselves. The edges are at most a minute and the rollup's lag long, so the
-/// count's cost follows the rate of jobs, not the size of the table or of the window.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FinishedWindow {
-    /// Ranges `[from, to)` to count from the jobs.
-    pub raw: Vec<(Micros, Micros)>,
-    /// Minutes `[from, to)` to sum from the minute rollups.
-    pub rolled: Option<(Micros, Micros)>,
+/// Where the rollup stands: what [`crate::store::Store::stats_cursor`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor {
+    /// Every minute before this one is closed and rolled up (where the next pass starts).
+    pub closed: Micros,
+    /// The last pass counted every finish before this time (its own clock, usually mid-minute)
+    /// into the minute rollups, the open minute included, and none after it.
+    pub live: Micros,
 }
 
-pub fn finished_window(since: Micros, cursor: Option<Micros>) -> FinishedWindow {
-    let first_whole = floor(since.saturating_add(MINUTE - 1), MINUTE);
-    match cursor {
-        Some(c) if first_whole < c => {
-            let mut raw = Vec::with_capacity(2);
-            if since < first_whole {
-                raw.push((since, first_whole));
-            }
-            raw.push((c, Micros::MAX));
-            FinishedWindow {
-                raw,
-                rolled: Some((first_whole, c)),
-            }
-        }
-        _ => FinishedWindow {
-            raw: vec![(since, Micros::MAX)],
-            rolled: None,
-        },
+/// How the queue list answers "finished in the last hour" and "per second lately" (docs/counts.md)
+/// without reading an hour of jobs. Both windows start on a minute, so everything before the
+/// rollup's live point comes from the minute rollups and only the finishes after it (a pass
+/// interval's worth) are counted from the jobs, once for both windows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListWindows {
+    /// Start of the hour window: the current minute and the 59 before it.
+    pub hour_from: Micros,
+    /// Start of the throughput window: the current minute and the one before it (60–120 s).
+    pub minute_from: Micros,
+    /// Count from the jobs, in both windows: finishes at or after this.
+    pub tail: Micros,
+    /// Count from the jobs, in the hour window only: `[from, to)`, when the rollup is behind
+    /// the throughput window.
+    pub mid: Option<(Micros, Micros)>,
+    /// Sum from the minute rollups, for the hour and for the throughput window: `[from, to)`.
+    pub hour_rolled: Option<(Micros, Micros)>,
+    pub minute_rolled: Option<(Micros, Micros)>,
+}
+
+pub fn list_windows(now: Micros, live: Option<Micros>) -> ListWindows {
+    let minute_from = floor(now, MINUTE) - MINUTE;
+    let hour_from = floor(now, MINUTE) - 59 * MINUTE;
+    // Without a rollup, every finish is counted from the jobs.
+    let live = live.unwrap_or(Micros::MIN);
+    let tail = live.max(minute_from);
+    let mid_from = live.max(hour_from);
+    let rolled = |from: Micros| (from < live).then_some((from, live));
+    ListWindows {
+        hour_from,
+        minute_from,
+        tail,
+        mid: (mid_from < tail).then_some((mid_from, tail)),
+        hour_rolled: rolled(hour_from),
+        minute_rolled: rolled(minute_from),
     }
 }
 
@@ -327,31 +341,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn finished_window_takes_whole_closed_minutes_from_the_rollups() {
+    fn list_windows_take_what_the_rollup_holds_and_count_the_rest_once() {
         let m = MINUTE;
-        // No rollup yet: everything from the jobs.
+        let now = 100 * m + 5;
+        // A live rollup: both windows from the rollups up to it, one shared tail after it.
         assert_eq!(
-            finished_window(10 * m + 5, None),
-            FinishedWindow {
-                raw: vec![(10 * m + 5, Micros::MAX)],
-                rolled: None
+            list_windows(now, Some(100 * m + 1)),
+            ListWindows {
+                hour_from: 41 * m,
+                minute_from: 99 * m,
+                tail: 100 * m + 1,
+                mid: None,
+                hour_rolled: Some((41 * m, 100 * m + 1)),
+                minute_rolled: Some((99 * m, 100 * m + 1)),
             }
         );
-        // The head up to the first whole minute, the whole minutes, then from the cursor on.
+        // A rollup behind the throughput window: the hour counts the gap from the jobs too.
+        let w = list_windows(now, Some(90 * m));
+        assert_eq!((w.tail, w.mid), (99 * m, Some((90 * m, 99 * m))));
         assert_eq!(
-            finished_window(10 * m + 5, Some(70 * m)),
-            FinishedWindow {
-                raw: vec![(10 * m + 5, 11 * m), (70 * m, Micros::MAX)],
-                rolled: Some((11 * m, 70 * m))
-            }
+            (w.hour_rolled, w.minute_rolled),
+            (Some((41 * m, 90 * m)), None)
         );
-        // A window starting on a minute has no head.
-        assert_eq!(
-            finished_window(10 * m, Some(70 * m)).raw,
-            vec![(70 * m, Micros::MAX)]
-        );
-        // A cursor not past the first whole minute: nothing is rolled up in the window.
-        assert_eq!(finished_window(10 * m + 5, Some(11 * m)).rolled, None);
+        // None yet, or one older than the hour: everything from the jobs.
+        for live in [None, Some(10 * m)] {
+            let w = list_windows(now, live);
+            assert_eq!((w.tail, w.mid), (99 * m, Some((41 * m, 99 * m))));
+            assert_eq!((w.hour_rolled, w.minute_rolled), (None, None));
+        }
     }
 
     #[test]

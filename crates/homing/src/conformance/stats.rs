@@ -142,8 +142,10 @@ pub async fn rollups_count_each_outcome_once_however_often_they_run(s: Arc<dyn S
     let hours = s.stats_rows(3600, hour, hour + HOUR).await.unwrap();
     assert_eq!(mine(&hours, &q), vec![(hour, 3, 1, 1, 0, 1)]);
     assert_eq!(latency_total(&hours, &q, WAIT), 4);
-    // The cursor went to T+2min and a later call with an older `closed` left it there.
-    assert_eq!(s.stats_cursor().await.unwrap(), Some(T + 2 * MINUTE));
+    // The cursor went to T+2min and a later call with an older `closed` left it there; the
+    // live point is where the last call's minutes ended.
+    let c = s.stats_cursor().await.unwrap().unwrap();
+    assert_eq!((c.closed, c.live), (T + 2 * MINUTE, T + 3 * MINUTE));
 }
 
 /// Depth keeps the highest sample of its minute and hour; the pruner's `purge` removes rollup
@@ -197,14 +199,16 @@ pub async fn depth_keeps_the_highest_sample_and_rollups_are_pruned(s: Arc<dyn St
 }
 
 /// The maintenance loop's pass: the first one rolls up the history within the retention, the
-/// open minute included (live charts) while the cursor stops at the last closed minute; a
-/// completion committed after its minute was rolled up is counted by the next pass, once.
+/// open minute up to the pass's time (live charts, and the live point the queue list counts on
+/// from: a finish after it is left to the jobs) while the closed cursor stops at the last
+/// closed minute; a completion committed after its minute was rolled up is counted by the next
+/// pass, once.
 pub async fn the_rollup_pass_catches_up_and_recounts_late_completions(s: Arc<dyn Store>) {
     use crate::maintenance::rollup::pass;
     let stop = tokio_util::sync::CancellationToken::new();
     let retention = Some(std::time::Duration::from_secs(3600));
     let q = unique_queue("pass");
-    let jobs: Vec<_> = (0..3)
+    let jobs: Vec<_> = (0..4)
         .map(|_| {
             let mut j = new_job(&q, "t");
             j.created_at = T;
@@ -219,11 +223,15 @@ pub async fn the_rollup_pass_catches_up_and_recounts_late_completions(s: Arc<dyn
     end(&*s, jobs[1].id, ep, ok(), T + MINUTE + 2 * S).await;
     // The third starts now but its end, at T+30s, commits only after the first pass.
     let late = start(&*s, jobs[2].id, T + 20 * S).await;
+    // The fourth ends (by its clock) after the first pass's time but commits before it.
+    let ep = start(&*s, jobs[3].id, T + MINUTE + 20 * S).await;
+    end(&*s, jobs[3].id, ep, ok(), T + MINUTE + 30 * S).await;
 
     pass(&*s, retention, T + MINUTE + 10 * S, &stop)
         .await
         .unwrap();
-    assert_eq!(s.stats_cursor().await.unwrap(), Some(T + MINUTE));
+    let c = s.stats_cursor().await.unwrap().unwrap();
+    assert_eq!((c.closed, c.live), (T + MINUTE, T + MINUTE + 10 * S));
     let rows = s.stats_rows(60, T, T + 2 * MINUTE).await.unwrap();
     let got: Vec<_> = mine(&rows, &q).iter().map(|r| (r.0, r.1)).collect();
     assert_eq!(got, vec![(T, 1), (T + MINUTE, 1)]);
@@ -237,11 +245,15 @@ pub async fn the_rollup_pass_catches_up_and_recounts_late_completions(s: Arc<dyn
     pass(&*s, retention, T + 2 * MINUTE + 20 * S, &stop)
         .await
         .unwrap();
-    assert_eq!(s.stats_cursor().await.unwrap(), Some(T + 2 * MINUTE));
+    let c = s.stats_cursor().await.unwrap().unwrap();
+    assert_eq!(
+        (c.closed, c.live),
+        (T + 2 * MINUTE, T + 2 * MINUTE + 20 * S)
+    );
     let rows = s.stats_rows(60, T, T + 3 * MINUTE).await.unwrap();
     let got: Vec<_> = mine(&rows, &q).iter().map(|r| (r.0, r.1)).collect();
-    assert_eq!(got, vec![(T, 2), (T + MINUTE, 1)]);
+    assert_eq!(got, vec![(T, 2), (T + MINUTE, 2)]);
     let hour = floor(T, HOUR);
     let hours = s.stats_rows(3600, hour, hour + HOUR).await.unwrap();
-    assert_eq!(mine(&hours, &q), vec![(hour, 3, 0, 0, 0, 0)]);
+    assert_eq!(mine(&hours, &q), vec![(hour, 4, 0, 0, 0, 0)]);
 }

@@ -52,13 +52,18 @@ pub async fn pass(
     stop: &CancellationToken,
 ) -> Result<()> {
     let closed = floor(at - GRACE, MINUTE);
-    let open_end = floor(at, MINUTE) + MINUTE;
     let first = closed - retention.map(micros).unwrap_or(FIRST_PASS).min(FIRST_PASS);
-    let cursor = store.stats_cursor().await?.unwrap_or(floor(first, MINUTE));
+    let cursor = match store.stats_cursor().await? {
+        Some(c) => c.closed,
+        None => floor(first, MINUTE),
+    };
     let mut from = cursor.min(closed - RECHECK).max(floor(first, MINUTE));
-    while from < open_end && !stop.is_cancelled() {
-        let to = (from + CHUNK).min(open_end);
-        // The cursor moves over closed minutes only; the open one is recomputed next pass.
+    // Up to `at` and not to the end of the open minute: the minute rows then hold exactly the
+    // finishes before the live point the store records, and the queue list counts only the
+    // ones after it from the jobs without counting any twice (docs/counts.md).
+    while from < at && !stop.is_cancelled() {
+        let to = (from + CHUNK).min(at);
+        // The closed cursor moves over closed minutes only; the open one is recomputed next pass.
         store.roll_up(from, to, to.min(closed)).await?;
         from = to;
     }

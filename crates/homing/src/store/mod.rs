@@ -852,7 +852,7 @@ pub trait Store: Send + Sync + 'static {
     /// Per queue, jobs with `from <= finished_at < to`, by terminal state. Read from an index on
     /// `(finished_at, queue, state)` alone, so its cost follows the jobs of the window, not the
     /// table; callers keep the window short and take whole minutes from the rollups
-    /// ([`crate::stats::finished_window`]).
+    /// ([`crate::stats::list_windows`]).
     async fn finished_between(&self, from: Micros, to: Micros) -> Result<Vec<FinishedCounts>>;
 
     /// Appends an event that no job transition carries (`worker.ready`, `worker.shutdown`,
@@ -901,15 +901,19 @@ pub trait Store: Send + Sync + 'static {
     /// calling again is harmless.
     async fn purge(&self, before: Micros, limit: usize) -> Result<Purged>;
 
-    /// The charts' rollup cursor (docs/charts.md): every minute before it is closed and rolled
-    /// up. `None` before the first rollup.
-    async fn stats_cursor(&self) -> Result<Option<Micros>>;
+    /// The charts' rollup cursor (docs/charts.md): every minute before `closed` is closed and
+    /// rolled up, and the minute rollups hold every finish the last pass saw before `live`.
+    /// `None` before the first rollup; `live` is `closed` until a pass records one.
+    async fn stats_cursor(&self) -> Result<Option<crate::stats::Cursor>>;
 
-    /// Recomputes the minute rollups of `[from, to)` (whole minutes) from the jobs that finished
-    /// in them, replacing what was stored for those minutes, then the hour rollups of every
-    /// hour they touch from the minute rollups; moves the cursor forward to `closed` when it is
-    /// behind (never back). Recomputing a period gives the same rows, so callers may repeat it,
-    /// overlap, or run it in several processes at once.
+    /// Recomputes the minute rollups of `[from, to)` (`from` on a minute; `to` may be inside
+    /// one, the pass's own time, and then that minute counts the finishes before `to` only)
+    /// from the jobs that finished in them, replacing what was stored for those minutes, then
+    /// the hour rollups of every hour they touch from the minute rollups; moves the cursor's
+    /// `closed` forward to `closed` (never back) and sets its `live` to `to`, which is what the
+    /// minute rows now hold, whichever call wrote them last.
+    /// Recomputing a period gives the same rows, so callers may repeat it, overlap, or run it
+    /// in several processes at once.
     ///
     /// Crash contract: one transaction: a crash leaves the old rows and cursor or the new ones.
     async fn roll_up(&self, from: Micros, to: Micros, closed: Micros) -> Result<()>;

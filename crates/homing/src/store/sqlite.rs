@@ -2274,11 +2274,14 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn stats_cursor(&self) -> Result<Option<Micros>> {
+    async fn stats_cursor(&self) -> Result<Option<crate::stats::Cursor>> {
         self.db
             .read(|c| {
-                c.query_row("SELECT rolled_to FROM stats_cursor WHERE id = 1", [], |r| {
-                    r.get(0)
+                c.query_row(&stats_sql::read_cursor(Dialect::Sqlite), [], |r| {
+                    Ok(crate::stats::Cursor {
+                        closed: r.get(0)?,
+                        live: r.get(1)?,
+                    })
                 })
                 .optional()
             })
@@ -2332,7 +2335,7 @@ impl Store for SqliteStore {
                     tx.prepare_cached(sql)?.execute(args)?;
                 }
                 tx.prepare_cached(&stats_sql::advance_cursor(Dialect::Sqlite))?
-                    .execute([closed])?;
+                    .execute([closed, to])?;
                 Ok(())
             })
             .await

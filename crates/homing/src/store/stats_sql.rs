@@ -142,16 +142,27 @@ pub(crate) fn sample_depth(d: Dialect) -> String {
     )
 }
 
-/// Moves the cursor forward to the parameter, never back.
+/// Moves the cursor's `rolled_to` forward to the first parameter (never back) and sets its
+/// `live_to` to the second: the end of the minutes just recomputed, which is what the rows now
+/// hold whichever pass wrote them last.
 pub(crate) fn advance_cursor(d: Dialect) -> String {
-    let (p, max) = match d {
-        Dialect::Sqlite => ("?1", "MAX"),
-        Dialect::Postgres => ("$1", "GREATEST"),
+    let (closed, live, max) = match d {
+        Dialect::Sqlite => ("?1", "?2", "MAX"),
+        Dialect::Postgres => ("$1", "$2", "GREATEST"),
     };
     let c = t(d, "stats_cursor");
     format!(
-        "INSERT INTO {c} (id, rolled_to) VALUES (1, {p}) \
-         ON CONFLICT (id) DO UPDATE SET rolled_to = {max}({c}.rolled_to, excluded.rolled_to)"
+        "INSERT INTO {c} (id, rolled_to, live_to) VALUES (1, {closed}, {live}) \
+         ON CONFLICT (id) DO UPDATE SET rolled_to = {max}({c}.rolled_to, excluded.rolled_to), \
+         live_to = excluded.live_to"
+    )
+}
+
+/// The cursor: `rolled_to`, and `live_to` (`rolled_to` when no pass has recorded one).
+pub(crate) fn read_cursor(d: Dialect) -> String {
+    format!(
+        "SELECT rolled_to, COALESCE(live_to, rolled_to) FROM {} WHERE id = 1",
+        t(d, "stats_cursor")
     )
 }
 

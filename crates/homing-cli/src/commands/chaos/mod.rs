@@ -294,7 +294,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     let count_violations = counts::check(&*b.store).await;
     let jobs = all_jobs(&client, Some(&queue)).await?;
     let every_job = all_jobs(&client, None).await?;
-    let stats_rollups = match rollups::check(&*b.store, &every_job).await {
+    let stats_rollups = match rollups::check(&b, &every_job).await {
         Ok(o) => o,
         Err(e) => rollups::Outcome {
             violations: vec![format!("the stats rollup check could not run: {e:#}")],

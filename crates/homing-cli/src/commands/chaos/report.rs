@@ -154,13 +154,16 @@ impl Report {
                     ),
                 ],
                 vec![
-                    "stats rollups: minutes, jobs, mismatched (must be 0), 2nd pass changed".into(),
+                    "stats rollups: minutes, jobs, mismatched (must be 0), 2nd pass changed, \
+                     queue list mismatched (must be 0)"
+                        .into(),
                     format!(
-                        "{}, {}, {}, {}",
+                        "{}, {}, {}, {}, {}",
                         self.stats_rollups.minutes,
                         self.stats_rollups.jobs,
                         self.stats_rollups.mismatched,
-                        self.stats_rollups.second_pass_changed
+                        self.stats_rollups.second_pass_changed,
+                        self.stats_rollups.list_mismatched
                     ),
                 ],
                 vec![

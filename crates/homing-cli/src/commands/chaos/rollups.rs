@@ -8,12 +8,13 @@
 //! server would (it recomputes only the last few closed minutes and the open one; older minutes
 //! keep what the server wrote during the chaos), then compares every minute before the pass's
 //! closed boundary with the counts of the finished jobs still in the store, per queue; then
-//! runs a second pass and checks it changed no row.
+//! runs a second pass and checks it changed no row. Last, the queue list's "last hour"
+//! (docs/counts.md), which adds the rollups up to the pass's live point and the jobs after it,
+//! must equal the jobs of its window: a finish counted in both, or in neither, shows here.
 
 use std::collections::BTreeMap;
 
 use homing::stats::{floor, CountRow, HOUR, MINUTE};
-use homing::store::Store;
 use homing::time::Micros;
 use homing::{Job, JobState};
 use serde::Serialize;
@@ -33,6 +34,8 @@ pub struct Outcome {
     pub mismatched: usize,
     /// Whether a second pass changed any stored row (must be false).
     pub second_pass_changed: bool,
+    /// Queues whose last-hour figures in the queue list differ from their jobs (must be 0).
+    pub list_mismatched: usize,
     pub violations: Vec<String>,
 }
 
@@ -102,7 +105,8 @@ fn compare(rolled: &Counts, table: &Counts, out: &mut Outcome) {
 
 /// Runs the check against `store`, whose finished jobs are `jobs` (every queue). No homing
 /// process may be running (the jobs must not change under the comparison).
-pub async fn check(store: &dyn Store, jobs: &[Job]) -> anyhow::Result<Outcome> {
+pub async fn check(b: &homing::Backends, jobs: &[Job]) -> anyhow::Result<Outcome> {
+    let store = &*b.store;
     let stop = CancellationToken::new();
     let at = homing::time::now();
     homing::maintenance::rollup::pass(store, None, at, &stop).await?;
@@ -150,7 +154,48 @@ pub async fn check(store: &dyn Store, jobs: &[Job]) -> anyhow::Result<Outcome> {
         out.violations
             .push("a second stats rollup pass at the same time changed stored rows".into());
     }
+    check_list(b, jobs, at, &mut out).await?;
     Ok(out)
+}
+
+/// The queue list at the pass's time against the jobs finished since its hour window began.
+async fn check_list(
+    b: &homing::Backends,
+    jobs: &[Job],
+    at: Micros,
+    out: &mut Outcome,
+) -> anyhow::Result<()> {
+    let from = homing::stats::list_windows(at, None).hour_from;
+    let mut want: BTreeMap<String, [u64; 4]> = BTreeMap::new();
+    for (key, n) in from_jobs(jobs, Micros::MAX).0 {
+        if key.1 >= from {
+            for (w, v) in want.entry(key.0).or_default().iter_mut().zip(n) {
+                *w += v;
+            }
+        }
+    }
+    let mut got: BTreeMap<String, [u64; 4]> = BTreeMap::new();
+    for v in crate::views::queues_at(b, at, None, usize::MAX)
+        .await?
+        .queues
+    {
+        let h = v.last_hour;
+        if h.succeeded + h.failed + h.dead + h.cancelled > 0 {
+            got.insert(v.jobs.queue, [h.succeeded, h.failed, h.dead, h.cancelled]);
+        }
+    }
+    let names: std::collections::BTreeSet<&String> = want.keys().chain(got.keys()).collect();
+    for q in names {
+        let (w, g) = (want.get(q), got.get(q));
+        if w != g {
+            out.list_mismatched += 1;
+            out.violations.push(format!(
+                "queue list of {q}: last hour [succeeded, failed, dead, cancelled] {g:?}, \
+                 jobs table {w:?}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -2903,13 +2903,15 @@ impl Store for PgStore {
         Ok(group_counts(rows).into_iter().map(Into::into).collect())
     }
 
-    async fn stats_cursor(&self) -> Result<Option<Micros>> {
-        self.call(async {
-            sqlx::query_scalar("SELECT rolled_to FROM homing_stats_cursor WHERE id = 1")
-                .fetch_optional(&self.pool)
-                .await
-        })
-        .await
+    async fn stats_cursor(&self) -> Result<Option<crate::stats::Cursor>> {
+        let row: Option<(i64, i64)> = self
+            .call(async {
+                sqlx::query_as(AssertSqlSafe(stats_sql::read_cursor(Dialect::Postgres)))
+                    .fetch_optional(&self.pool)
+                    .await
+            })
+            .await?;
+        Ok(row.map(|(closed, live)| crate::stats::Cursor { closed, live }))
     }
 
     async fn roll_up(&self, from: Micros, to: Micros, closed: Micros) -> Result<()> {
@@ -2933,6 +2935,7 @@ impl Store for PgStore {
             }
             sqlx::query(AssertSqlSafe(stats_sql::advance_cursor(Dialect::Postgres)))
                 .bind(closed)
+                .bind(to)
                 .execute(&mut *tx)
                 .await?;
             tx.commit().await
