@@ -198,6 +198,104 @@ pub fn hours_of(from: Micros, to: Micros) -> (Micros, Micros) {
     (floor(from, HOUR), floor(to + HOUR - 1, HOUR))
 }
 
+/// The minute rollups of a range of finished jobs, added up in memory one job at a time: what
+/// the counting queries of the rollup (`store/stats_sql.rs`) compute, for a store that reads the
+/// jobs in `finished_at` order and would otherwise sort them for each `GROUP BY` (SQLite: three
+/// sorts of every job of the range, each in memory). Groups are few (minutes × queues), so a
+/// job costs two map updates and no allocation once its queue has been seen.
+#[derive(Debug, Default)]
+pub struct MinuteTally {
+    queues: Vec<String>,
+    ids: std::collections::HashMap<String, usize>,
+    /// (minute, queue id) → succeeded, failed, dead, cancelled, retried.
+    counts: BTreeMap<(Micros, usize), [u64; 5]>,
+    /// (minute, queue id, 0 for wait or 1 for run, bucket) → jobs.
+    latency: BTreeMap<(Micros, usize, u8, usize), u64>,
+}
+
+impl MinuteTally {
+    /// Adds one job that finished at `finished_at` in `state` after `attempts` handler errors,
+    /// with its last start and the time it was due (`scheduled_at`, else `created_at`). Jobs
+    /// in a state that is not an end are left out, as the queries leave them out.
+    pub fn add(
+        &mut self,
+        finished_at: Micros,
+        queue: &str,
+        state: &str,
+        attempts: i64,
+        started_at: Option<Micros>,
+        due_at: Micros,
+    ) {
+        let slot = match state {
+            "succeeded" => 0,
+            "failed" => 1,
+            "dead" => 2,
+            "cancelled" => 3,
+            _ => return,
+        };
+        let q = match self.ids.get(queue) {
+            Some(q) => *q,
+            None => {
+                self.queues.push(queue.to_string());
+                self.ids.insert(queue.to_string(), self.queues.len() - 1);
+                self.queues.len() - 1
+            }
+        };
+        // Integer division, as the SQL's `(finished_at / MINUTE) * MINUTE`.
+        let minute = (finished_at / MINUTE) * MINUTE;
+        let c = self.counts.entry((minute, q)).or_default();
+        c[slot] += 1;
+        // A handler error is retried unless it was the last one of a failed job.
+        let retried = if slot == 1 && attempts > 0 {
+            attempts - 1
+        } else {
+            attempts
+        };
+        c[4] = c[4].wrapping_add_signed(retried);
+        if let (Some(started), 0 | 1) = (started_at, slot) {
+            for (kind, d) in [
+                (0, started.saturating_sub(due_at)),
+                (1, finished_at.saturating_sub(started)),
+            ] {
+                *self
+                    .latency
+                    .entry((minute, q, kind, bucket_of(d)))
+                    .or_default() += 1;
+            }
+        }
+    }
+
+    /// The rows, counts and latency, as the queries would give them (in no particular order).
+    pub fn rows(self) -> (Vec<CountRow>, Vec<LatencyRow>) {
+        let q = &self.queues;
+        let counts = self
+            .counts
+            .into_iter()
+            .map(|((at, i), c)| CountRow {
+                at,
+                queue: q[i].clone(),
+                succeeded: c[0],
+                failed: c[1],
+                dead: c[2],
+                cancelled: c[3],
+                retried: c[4],
+            })
+            .collect();
+        let latency = self
+            .latency
+            .into_iter()
+            .map(|((at, i, kind, bucket), n)| LatencyRow {
+                at,
+                queue: q[i].clone(),
+                kind: [WAIT, RUN][kind as usize].to_string(),
+                bucket: bucket as i64,
+                n,
+            })
+            .collect();
+        (counts, latency)
+    }
+}
+
 /// One stored rollup row of counts: jobs that finished in `[at, at + span)` on `queue`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CountRow {

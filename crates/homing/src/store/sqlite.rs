@@ -106,6 +106,42 @@ fn int_col(
     })
 }
 
+/// A text column borrowed from the row (an error if it holds anything but text).
+fn text_ref<'r>(row: &'r Row<'_>, idx: usize) -> rusqlite::Result<&'r str> {
+    row.get_ref(idx)?.as_str().map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+/// The minute rollups of the jobs that finished in `[from, to)`, as the counting queries of
+/// `stats_sql::roll_up` compute them (a test holds the two to the same rows), in one read of
+/// the range in `finished_at` order: those queries would read it three times, looking up each
+/// job's row every time, and sort it for each `GROUP BY`.
+fn count_minutes(
+    c: &rusqlite::Connection,
+    from: Micros,
+    to: Micros,
+) -> rusqlite::Result<(Vec<crate::stats::CountRow>, Vec<crate::stats::LatencyRow>)> {
+    let mut st = c.prepare_cached(
+        "SELECT finished_at, queue, state, attempts, started_at, \
+         COALESCE(scheduled_at, created_at) FROM jobs INDEXED BY jobs_finished \
+         WHERE finished_at >= ?1 AND finished_at < ?2 AND finished_at IS NOT NULL",
+    )?;
+    let mut rows = st.query([from, to])?;
+    let mut tally = crate::stats::MinuteTally::default();
+    while let Some(r) = rows.next()? {
+        tally.add(
+            r.get(0)?,
+            text_ref(r, 1)?,
+            text_ref(r, 2)?,
+            r.get(3)?,
+            r.get(4)?,
+            r.get(5)?,
+        );
+    }
+    Ok(tally.rows())
+}
+
 /// A text column read without failing the row: any stored value shown as text (`None` for null).
 fn text_lossy(row: &Row<'_>, idx: usize) -> rusqlite::Result<Option<String>> {
     use rusqlite::types::ValueRef;
@@ -2256,20 +2292,36 @@ impl Store for SqliteStore {
     async fn finished_between(&self, from: Micros, to: Micros) -> Result<Vec<FinishedCounts>> {
         self.db
             .read(move |c| {
+                // Streamed in index order and added up here: a `GROUP BY queue, state` sorts
+                // every entry of the range first, about four times the cost of reading them
+                // (BENCHMARKS.md), and in memory (temp_store).
                 let mut st = c.prepare_cached(
-                    "SELECT queue, state, count(*) FROM jobs INDEXED BY jobs_finished \
-                     WHERE finished_at >= ?1 AND finished_at < ?2 \
-                     AND finished_at IS NOT NULL GROUP BY queue, state ORDER BY queue",
+                    "SELECT queue, state FROM jobs INDEXED BY jobs_finished \
+                     WHERE finished_at >= ?1 AND finished_at < ?2 AND finished_at IS NOT NULL",
                 )?;
-                let rows = st.query_map([from, to], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, i64>(2)?,
-                    ))
-                })?;
-                let rows = rows.collect::<rusqlite::Result<Vec<_>>>()?;
-                Ok(group_counts(rows).into_iter().map(Into::into).collect())
+                let mut rows = st.query([from, to])?;
+                let mut by_queue = std::collections::BTreeMap::<String, FinishedCounts>::new();
+                while let Some(r) = rows.next()? {
+                    let (queue, state) = (text_ref(r, 0)?, text_ref(r, 1)?);
+                    let c = match by_queue.get_mut(queue) {
+                        Some(c) => c,
+                        None => by_queue.entry(queue.to_string()).or_insert(FinishedCounts {
+                            queue: queue.to_string(),
+                            ..Default::default()
+                        }),
+                    };
+                    match state {
+                        "succeeded" => c.succeeded += 1,
+                        "failed" => c.failed += 1,
+                        "dead" => c.dead += 1,
+                        "cancelled" => c.cancelled += 1,
+                        _ => {}
+                    }
+                }
+                Ok(by_queue
+                    .into_values()
+                    .filter(|c| c.succeeded + c.failed + c.dead + c.cancelled > 0)
+                    .collect())
             })
             .await
     }
@@ -2290,46 +2342,41 @@ impl Store for SqliteStore {
 
     async fn roll_up(&self, from: Micros, to: Micros, closed: Micros) -> Result<()> {
         let (hfrom, hto) = crate::stats::hours_of(from, to);
-        let plan = Arc::new(stats_sql::roll_up(Dialect::Sqlite));
+        let plan = stats_sql::roll_up(Dialect::Sqlite);
         // The counting reads every job that finished in the minutes (hundreds of thousands in a
-        // busy drain), so it runs on a read connection (each query its own snapshot) and the
-        // writer is held only to replace the rows. A finish committed between the two is missed as one committed after the
-        // pass would be: the next passes recompute the last closed minutes (rollup.rs).
-        let p = plan.clone();
-        let rows = self
-            .db
-            .read(move |c| {
-                let mut out = Vec::with_capacity(p.minutes.len());
-                for (_, query) in &p.minutes {
-                    let mut stmt = c.prepare_cached(query)?;
-                    let n = stmt.column_count();
-                    let rows = stmt
-                        .query_map(params![from, to, hfrom, hto], |r| {
-                            (0..n)
-                                .map(|i| r.get::<_, rusqlite::types::Value>(i))
-                                .collect()
-                        })?
-                        .collect::<rusqlite::Result<Vec<Vec<rusqlite::types::Value>>>>()?;
-                    out.push(rows);
-                }
-                Ok(out)
-            })
-            .await?;
+        // busy drain), so it runs on a read connection (one query, one snapshot), and the writer is held
+        // only to replace the rows. A finish committed between the two is missed as one
+        // committed after the pass would be: the next passes recompute the last closed minutes
+        // (rollup.rs).
+        let (counts, latency) = self.db.read(move |c| count_minutes(c, from, to)).await?;
         self.db
             .write(move |tx| {
                 let args = params![from, to, hfrom, hto];
                 for sql in &plan.clear {
                     tx.prepare_cached(sql)?.execute(args)?;
                 }
-                for ((insert, _), rows) in plan.minutes.iter().zip(&rows) {
-                    let Some(n) = rows.first().map(Vec::len) else {
-                        continue;
-                    };
-                    let marks = vec!["?"; n].join(", ");
-                    let mut stmt = tx.prepare_cached(&format!("{insert} VALUES ({marks})"))?;
-                    for row in rows {
-                        stmt.execute(rusqlite::params_from_iter(row))?;
-                    }
+                let mut insert = tx.prepare_cached(
+                    "INSERT INTO stats_counts \
+                     (span, at, queue, succeeded, failed, dead, cancelled, retried) \
+                     VALUES (60, ?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )?;
+                for r in &counts {
+                    insert.execute(params![
+                        r.at,
+                        r.queue,
+                        r.succeeded as i64,
+                        r.failed as i64,
+                        r.dead as i64,
+                        r.cancelled as i64,
+                        r.retried as i64
+                    ])?;
+                }
+                let mut insert = tx.prepare_cached(
+                    "INSERT INTO stats_latency (span, at, queue, kind, bucket, n) \
+                     VALUES (60, ?1, ?2, ?3, ?4, ?5)",
+                )?;
+                for r in &latency {
+                    insert.execute(params![r.at, r.queue, r.kind, r.bucket, r.n as i64])?;
                 }
                 for sql in &plan.hours {
                     tx.prepare_cached(sql)?.execute(args)?;
@@ -2702,6 +2749,121 @@ impl Store for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The rollup's streamed count gives exactly the rows of the counting queries PostgreSQL
+    /// runs (stats_sql), over jobs of every state, with and without a start or a due time,
+    /// retried or not, in several queues and minutes, some outside the range.
+    #[test]
+    fn streamed_minute_counts_match_the_rollup_queries() {
+        use crate::stats::{CountRow, LatencyRow, MINUTE};
+        let c = rusqlite::Connection::open_in_memory().unwrap();
+        c.execute_batch(
+            "CREATE TABLE jobs (id INTEGER PRIMARY KEY, queue TEXT, state TEXT, \
+             attempts INTEGER, created_at INTEGER, scheduled_at INTEGER, started_at INTEGER, \
+             finished_at INTEGER); \
+             CREATE INDEX jobs_finished ON jobs(finished_at, queue, state) \
+             WHERE finished_at IS NOT NULL;",
+        )
+        .unwrap();
+        let t0: Micros = 1_800_000_000 * 1_000_000 / MINUTE * MINUTE;
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n) as i64
+        };
+        let states = [
+            "succeeded",
+            "failed",
+            "dead",
+            "cancelled",
+            "queued",
+            "running",
+        ];
+        for id in 0..3000 {
+            let created = t0 - MINUTE + next(3 * MINUTE as u64);
+            // Waits and runs from microseconds to an hour, so every bucket is reached.
+            let started = created + 10_i64.pow(next(10) as u32);
+            let finished = started + 10_i64.pow(next(10) as u32);
+            c.execute(
+                "INSERT INTO jobs VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    id,
+                    ["a", "b", "c"][next(3) as usize],
+                    states[next(6) as usize],
+                    next(4),
+                    created,
+                    (next(2) == 0).then_some(created + next(1_000_000)),
+                    (next(5) != 0).then_some(started),
+                    (next(9) != 0).then_some(finished),
+                ],
+            )
+            .unwrap();
+        }
+        let (from, to) = (t0, t0 + 2 * MINUTE + 7);
+        let (mut counts, mut latency) = count_minutes(&c, from, to).unwrap();
+        let plan = stats_sql::roll_up(Dialect::Sqlite);
+        let run = |i: usize| -> Vec<Vec<i64>> {
+            let mut st = c.prepare(&plan.minutes[i].1).unwrap();
+            st.query_map(params![from, to, 0, 1], |r| {
+                (0..r.as_ref().column_count())
+                    .map(|j| match r.get_ref(j)? {
+                        rusqlite::types::ValueRef::Text(t) => Ok(match t {
+                            b"a" | b"wait" => -1,
+                            b"b" | b"run" => -2,
+                            _ => -3,
+                        }),
+                        v => v.as_i64().map_err(Into::into),
+                    })
+                    .collect()
+            })
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+        };
+        let code = |q: &str| match q {
+            "a" | "wait" => -1,
+            "b" | "run" => -2,
+            _ => -3,
+        };
+        let mut want_counts = run(0);
+        let mut want_latency: Vec<Vec<i64>> = run(1).into_iter().chain(run(2)).collect();
+        counts.sort_by_key(|r: &CountRow| (r.at, r.queue.clone()));
+        latency.sort_by_key(|r: &LatencyRow| (r.at, r.queue.clone(), r.kind.clone(), r.bucket));
+        let got_counts: Vec<Vec<i64>> = counts
+            .iter()
+            .map(|r| {
+                let n = [r.succeeded, r.failed, r.dead, r.cancelled, r.retried];
+                [60, r.at, code(&r.queue)]
+                    .into_iter()
+                    .chain(n.map(|v| v as i64))
+                    .collect()
+            })
+            .collect();
+        let got_latency: Vec<Vec<i64>> = latency
+            .iter()
+            .map(|r| {
+                vec![
+                    60,
+                    r.at,
+                    code(&r.queue),
+                    code(&r.kind),
+                    r.bucket,
+                    r.n as i64,
+                ]
+            })
+            .collect();
+        want_counts.sort();
+        want_latency.sort();
+        let (mut got_counts, mut got_latency) = (got_counts, got_latency);
+        got_counts.sort();
+        got_latency.sort();
+        assert!(got_counts.len() >= 6, "three queues in two minutes");
+        assert!(got_latency.len() > 100, "{}", got_latency.len());
+        assert_eq!(got_counts, want_counts);
+        assert_eq!(got_latency, want_latency);
+    }
 
     /// The fast path's WHERE clause must start exactly the readable rows the start rule runs.
     #[test]

@@ -25,9 +25,11 @@ pub(crate) struct RollUp {
     /// Deletes the minutes' rows.
     pub clear: Vec<String>,
     /// Per minute table, `INSERT INTO table (columns)` and the query that counts its rows from
-    /// the jobs. PostgreSQL runs them as one `INSERT … SELECT`; SQLite runs the queries in a
-    /// read snapshot first, so that the single writer is not held while a busy minute's jobs
-    /// are scanned, and inserts the few rows they give.
+    /// the jobs. PostgreSQL runs them as one `INSERT … SELECT` (it groups by hashing). SQLite
+    /// computes the same rows in one streamed read of the jobs in a read snapshot
+    /// (`sqlite.rs::count_minutes`, held to these queries by a test), so that the single
+    /// writer is not held while a busy minute's jobs are scanned and nothing is sorted, and
+    /// inserts the few rows it gives.
     pub minutes: Vec<(String, String)>,
     /// Recomputes the hours from the minutes (which then include the ones just written).
     pub hours: Vec<String>,
