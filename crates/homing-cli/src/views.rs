@@ -92,13 +92,7 @@ async fn finished_recently(
     if let Some((from, to)) = w.hour_rolled {
         for c in b.store.stats_rows(60, from, to).await?.counts {
             let in_minute = w.minute_rolled.is_some_and(|(m, _)| c.at >= m);
-            let c = FinishedCounts {
-                queue: c.queue,
-                succeeded: c.succeeded,
-                failed: c.failed,
-                dead: c.dead,
-                cancelled: c.cancelled,
-            };
+            let c = FinishedCounts::from(c);
             if in_minute {
                 minute.add(&c);
             }

@@ -233,6 +233,18 @@ impl From<QueueStats> for FinishedCounts {
     }
 }
 
+impl From<crate::stats::CountRow> for FinishedCounts {
+    fn from(r: crate::stats::CountRow) -> Self {
+        Self {
+            queue: r.queue,
+            succeeded: r.succeeded,
+            failed: r.failed,
+            dead: r.dead,
+            cancelled: r.cancelled,
+        }
+    }
+}
+
 /// Folds `(queue, state, count)` rows, sorted by queue, into one [`QueueStats`] per queue: the
 /// shape both stores' `GROUP BY queue, state` queries return.
 pub(crate) fn group_counts(

@@ -2303,6 +2303,9 @@ impl Store for SqliteStore {
                 let mut by_queue = std::collections::BTreeMap::<String, FinishedCounts>::new();
                 while let Some(r) = rows.next()? {
                     let (queue, state) = (text_ref(r, 0)?, text_ref(r, 1)?);
+                    if !matches!(state, "succeeded" | "failed" | "dead" | "cancelled") {
+                        continue;
+                    }
                     let c = match by_queue.get_mut(queue) {
                         Some(c) => c,
                         None => by_queue.entry(queue.to_string()).or_insert(FinishedCounts {
@@ -2314,14 +2317,10 @@ impl Store for SqliteStore {
                         "succeeded" => c.succeeded += 1,
                         "failed" => c.failed += 1,
                         "dead" => c.dead += 1,
-                        "cancelled" => c.cancelled += 1,
-                        _ => {}
+                        _ => c.cancelled += 1,
                     }
                 }
-                Ok(by_queue
-                    .into_values()
-                    .filter(|c| c.succeeded + c.failed + c.dead + c.cancelled > 0)
-                    .collect())
+                Ok(by_queue.into_values().collect())
             })
             .await
     }
@@ -2344,8 +2343,8 @@ impl Store for SqliteStore {
         let (hfrom, hto) = crate::stats::hours_of(from, to);
         let plan = stats_sql::roll_up(Dialect::Sqlite);
         // The counting reads every job that finished in the minutes (hundreds of thousands in a
-        // busy drain), so it runs on a read connection (one query, one snapshot), and the writer is held
-        // only to replace the rows. A finish committed between the two is missed as one
+        // busy drain), so it runs on a read connection (one query, one snapshot), and the writer
+        // is held only to replace the rows. A finish committed between the two is missed as one
         // committed after the pass would be: the next passes recompute the last closed minutes
         // (rollup.rs).
         let (counts, latency) = self.db.read(move |c| count_minutes(c, from, to)).await?;

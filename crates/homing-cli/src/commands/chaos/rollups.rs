@@ -103,8 +103,8 @@ fn compare(rolled: &Counts, table: &Counts, out: &mut Outcome) {
     }
 }
 
-/// Runs the check against `store`, whose finished jobs are `jobs` (every queue). No homing
-/// process may be running (the jobs must not change under the comparison).
+/// Runs the check against `b`'s store, whose finished jobs are `jobs` (every queue), and its
+/// queue list. No homing process may be running (the jobs must not change under the comparison).
 pub async fn check(b: &homing::Backends, jobs: &[Job]) -> anyhow::Result<Outcome> {
     let store = &*b.store;
     let stop = CancellationToken::new();
