@@ -124,12 +124,21 @@ pub async fn queues_at(
     after: Option<&str>,
     limit: usize,
 ) -> Result<QueuePage> {
-    let stats = b.store.queue_stats().await?;
-    let depths = b.broker.depths().await?;
-    let live = b.store.stats_cursor().await?.map(|c| c.live);
-    let (hour, minute, windows) = finished_recently(b, t, live).await?;
+    // The sources are independent reads, each on a connection of its own, so they run at once:
+    // the answer takes as long as the slowest (the broker's count of a large backlog, or the
+    // finishes since the last rollup pass) instead of their sum. Only the finished counts keep an
+    // order (the cursor before the rollups it describes).
+    let finished = async {
+        let live = b.store.stats_cursor().await?.map(|c| c.live);
+        finished_recently(b, t, live).await
+    };
+    let (stats, depths, settings, (hour, minute, windows)) = tokio::try_join!(
+        b.store.queue_stats(),
+        b.broker.depths(),
+        b.store.queue_settings(),
+        finished,
+    )?;
     let seconds = ((t - windows.minute_from) as f64 / 1e6).max(1.0);
-    let settings = b.store.queue_settings().await?;
     let mut by_name: BTreeMap<String, QueueView> = BTreeMap::new();
     fn view<'a>(m: &'a mut BTreeMap<String, QueueView>, q: &str) -> &'a mut QueueView {
         m.entry(q.to_string())

@@ -68,6 +68,10 @@ fn chaos_for(seconds: u64, args: &[&str]) -> serde_json::Value {
             "{report}"
         );
     }
+    // The counts kept by trigger (jobs per state; the embedded broker's depths) equal a recount.
+    let kept = &report["kept_counts"];
+    assert_eq!(kept["job_counts_drifted"], 0, "{report}");
+    assert_eq!(kept["broker_depths_drifted"], 0, "{report}");
     for (kind, n) in report["faults"].as_object().expect("faults") {
         if kind != "unplanned_worker_exits" {
             assert!(

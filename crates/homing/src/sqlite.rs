@@ -136,6 +136,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0022_stats_live",
         sql: include_str!("sqlite/migrations/0022_stats_live.sql"),
     },
+    Migration {
+        version: 23,
+        name: "0023_broker_counts",
+        sql: include_str!("sqlite/migrations/0023_broker_counts.sql"),
+    },
 ];
 
 /// An open database file.
@@ -665,6 +670,61 @@ mod tests {
             st.execute(rusqlite::params!["w", "q", limit]).unwrap();
         }
         assert_eq!(st.get_status(StatementStatus::RePrepare), 0);
+    }
+
+    /// A file upgraded to version 23 with messages and dead letters in it starts its broker
+    /// counts from them, and the triggers carry on from there.
+    #[test]
+    fn broker_counts_start_from_the_messages_a_file_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.db");
+        Db::open(&path).unwrap();
+        let conn = open_conn(&path).unwrap();
+        // Back to version 22 as it was: no counts, no triggers, and messages written meanwhile.
+        conn.execute_batch(
+            "DROP TRIGGER messages_ready_insert; DROP TRIGGER messages_ready_delete; \
+             DROP TRIGGER messages_ready_leave; DROP TRIGGER messages_ready_enter; \
+             DROP TRIGGER dead_letters_count_insert; DROP TRIGGER dead_letters_count_delete; \
+             DROP TABLE broker_counts; DELETE FROM homing_migrations WHERE version = 23; \
+             INSERT INTO messages (queue, payload) VALUES ('a', 'x'), ('a', 'y'), ('b', 'z'); \
+             INSERT INTO messages (queue, payload, consumer) VALUES ('a', 'w', 'c1'); \
+             INSERT INTO dead_letters (queue, payload, reason, at) VALUES ('b', 'v', 'r', 1);",
+        )
+        .unwrap();
+        drop(conn);
+        let (applied, _) = migrate_file(&path).unwrap();
+        assert_eq!(applied, vec!["0023_broker_counts"]);
+        let conn = open_conn(&path).unwrap();
+        // Reserved, released, reserved again, passed to another consumer, a ready one removed,
+        // a reserved one acknowledged, one added.
+        for sql in [
+            "UPDATE messages SET consumer = 'c2' WHERE payload = 'x'",
+            "UPDATE messages SET consumer = NULL WHERE payload = 'w'",
+            "UPDATE messages SET consumer = 'c3' WHERE payload = 'w'",
+            "UPDATE messages SET consumer = 'c4' WHERE payload = 'w'",
+            "DELETE FROM messages WHERE payload = 'z'",
+            "DELETE FROM messages WHERE payload = 'x'",
+            "INSERT INTO messages (queue, payload) VALUES ('c', 'u')",
+        ] {
+            conn.execute(sql, []).unwrap();
+        }
+        let counts: Vec<(String, String, i64)> = conn
+            .prepare("SELECT queue, kind, n FROM broker_counts ORDER BY queue, kind")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        let row = |q: &str, k: &str, n: i64| (q.to_string(), k.to_string(), n);
+        assert_eq!(
+            counts,
+            vec![
+                row("a", "ready", 1),
+                row("b", "dead", 1),
+                row("b", "ready", 0),
+                row("c", "ready", 1),
+            ]
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ macro_rules! broker_conformance {
             dead_letter_moves_message, marker_detects_loss, several_queues, concurrent_reserve_is_exclusive,
             reserve_waits_for_a_publish, dead_letters_are_purged_by_age,
             higher_priority_is_reserved_first, requeued_message_keeps_its_priority,
-            prioritised_messages_ack_wait_and_dead_letter
+            prioritised_messages_ack_wait_and_dead_letter, depths_follow_every_transition
         );
     };
 }
@@ -508,4 +508,68 @@ pub async fn prioritised_messages_ack_wait_and_dead_letter(b: Arc<dyn Broker>) {
         .await
         .unwrap()
         .is_empty());
+}
+
+/// The depths after each kind of change a message goes through, in two queues, so a count kept
+/// on the side (the embedded broker's triggers) that missed or doubled one would show.
+pub async fn depths_follow_every_transition(b: Arc<dyn Broker>) {
+    let (q1, q2) = (unique_queue("depth-a"), unique_queue("depth-b"));
+    let depth = |b: Arc<dyn Broker>, q: String| async move {
+        b.depths()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|d| d.queue == q)
+            .map(|d| (d.ready, d.reserved, d.dead_letters))
+            .unwrap_or_default()
+    };
+    b.publish(&dispatches(&q1, 6)).await.unwrap();
+    b.publish(&dispatches(&q2, 2)).await.unwrap();
+    assert_eq!(depth(b.clone(), q1.clone()).await, (6, 0, 0), "published");
+    let got = b
+        .reserve("c1", std::slice::from_ref(&q1), 4, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 4);
+    assert_eq!(depth(b.clone(), q1.clone()).await, (2, 4, 0), "reserved");
+    b.ack(&got[..1]).await.unwrap();
+    b.ack(&got[..1]).await.unwrap();
+    assert_eq!(
+        depth(b.clone(), q1.clone()).await,
+        (2, 3, 0),
+        "acknowledged, twice"
+    );
+    assert_eq!(b.requeue("c1", &got[1..2]).await.unwrap(), 1);
+    assert_eq!(depth(b.clone(), q1.clone()).await, (3, 2, 0), "requeued");
+    b.dead_letter(&got[2], "garbage").await.unwrap();
+    assert_eq!(
+        depth(b.clone(), q1.clone()).await,
+        (3, 1, 1),
+        "dead-lettered"
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(b.purge_dead_letters(crate::time::now()).await.unwrap() >= 1);
+    assert_eq!(depth(b.clone(), q1.clone()).await, (3, 1, 0), "purged");
+    let mine = |ds: Vec<QueueDepth>| -> Vec<QueueDepth> {
+        ds.into_iter()
+            .filter(|d| d.queue == q1 || d.queue == q2)
+            .collect()
+    };
+    assert_eq!(
+        mine(b.depths().await.unwrap()),
+        mine(b.depths_recounted().await.unwrap()),
+        "the depths equal a count of the messages"
+    );
+    assert_eq!(
+        depth(b.clone(), q2.clone()).await,
+        (2, 0, 0),
+        "the other queue untouched"
+    );
+    b.ack(&got[3..]).await.unwrap();
+    let rest = b
+        .reserve("c2", std::slice::from_ref(&q1), 10, SHORT)
+        .await
+        .unwrap();
+    b.ack(&rest).await.unwrap();
+    assert_eq!(depth(b.clone(), q1.clone()).await, (0, 0, 0), "drained");
 }

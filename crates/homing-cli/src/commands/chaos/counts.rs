@@ -1,8 +1,11 @@
 //! The kept queue counts (docs/counts.md) after a run full of kills, cut connections and
 //! restarts: the counts the schema's triggers kept must equal a fresh count of the jobs. A
 //! drift here would mean some path changed a job's state without its count (or a transaction
-//! was half applied), which no other invariant would notice.
+//! was half applied), which no other invariant would notice. The same holds for the broker's
+//! depths, which the embedded broker keeps by triggers too: they must equal a count of its
+//! messages and dead letters.
 
+use homing::broker::Broker;
 use homing::store::Store;
 
 /// The violations (none when the counts agree), read once the deployment has stopped.
@@ -39,4 +42,20 @@ pub async fn check(store: &dyn Store) -> Vec<String> {
         ));
     }
     out
+}
+
+/// The violations of the broker's depths against a count of its messages (none when they agree
+/// or when the broker reads its depths from its messages anyway), read once the deployment has
+/// stopped.
+pub async fn check_broker(broker: &dyn Broker) -> Vec<String> {
+    let (kept, fresh) = match (broker.depths().await, broker.depths_recounted().await) {
+        (Ok(k), Ok(f)) => (k, f),
+        (Err(e), _) | (_, Err(e)) => return vec![format!("broker depths: cannot read them: {e}")],
+    };
+    if kept == fresh {
+        return Vec::new();
+    }
+    vec![format!(
+        "broker depths drifted: kept {kept:?}, counted {fresh:?}"
+    )]
 }

@@ -291,7 +291,12 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         eprintln!("chaos: {e}");
     }
     d.stop_homing();
-    let count_violations = counts::check(&*b.store).await;
+    let job_count_violations = counts::check(&*b.store).await;
+    let depth_violations = counts::check_broker(&*b.broker).await;
+    let kept_counts = report::KeptCounts {
+        job_counts_drifted: job_count_violations.len(),
+        broker_depths_drifted: depth_violations.len(),
+    };
     let jobs = all_jobs(&client, Some(&queue)).await?;
     let every_job = all_jobs(&client, None).await?;
     let stats_rollups = match rollups::check(&b, &every_job).await {
@@ -395,7 +400,8 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     violations.extend(hostile_stored.iter().take(20).cloned());
     violations.extend(ticks.violations.iter().take(20).cloned());
     violations.extend(limited.violations.iter().cloned());
-    violations.extend(count_violations);
+    violations.extend(job_count_violations);
+    violations.extend(depth_violations);
     violations.extend(stats_rollups.violations.iter().cloned());
     if a.hostile_rate > 0.0 && hostile.sent == 0 {
         violations.push("no hostile request was sent: the hostile load never ran".into());
@@ -446,6 +452,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         schedule: ticks,
         limited,
         stats_rollups,
+        kept_counts,
         violations,
         kept_dir: None,
     };

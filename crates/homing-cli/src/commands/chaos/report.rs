@@ -76,9 +76,21 @@ pub struct Report {
     pub limited: super::limited::Outcome,
     /// The charts' minute rollups against the jobs table (mismatched minutes must be 0).
     pub stats_rollups: super::rollups::Outcome,
+    /// The counts the schema keeps by trigger against a recount (`counts.rs`).
+    pub kept_counts: KeptCounts,
     pub violations: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kept_dir: Option<String>,
+}
+
+/// How many kept counts disagreed with a count of what they count, after the run (must be 0).
+#[derive(Debug, Default, Serialize)]
+pub struct KeptCounts {
+    /// Queues whose job counts per state differ from the jobs (`Store::queue_stats`).
+    pub job_counts_drifted: usize,
+    /// 1 when the broker's depths differ from its messages (`Broker::depths`; only the embedded
+    /// broker keeps them on the side).
+    pub broker_depths_drifted: usize,
 }
 
 impl Report {
@@ -164,6 +176,13 @@ impl Report {
                         self.stats_rollups.mismatched,
                         self.stats_rollups.second_pass_changed,
                         self.stats_rollups.list_mismatched
+                    ),
+                ],
+                vec![
+                    "kept counts drifted: job counts, broker depths (must be 0)".into(),
+                    format!(
+                        "{}, {}",
+                        self.kept_counts.job_counts_drifted, self.kept_counts.broker_depths_drifted
                     ),
                 ],
                 vec![
