@@ -124,20 +124,22 @@ pub async fn queues_at(
     after: Option<&str>,
     limit: usize,
 ) -> Result<QueuePage> {
-    // The sources are independent reads, each on a connection of its own, so they run at once:
-    // the answer takes as long as the slowest (the broker's count of a large backlog, or the
-    // finishes since the last rollup pass) instead of their sum. Only the finished counts keep an
-    // order (the cursor before the rollups it describes).
+    // Three strands at once, so the answer takes about as long as the slowest (the finishes
+    // since the last rollup pass) rather than the sum: the broker's depths (on Redis a round
+    // trip, on the embedded file a connection of its own), the store's kept counts and queue
+    // settings (a few rows each), and the rollup cursor followed by the rows it describes and the
+    // finishes after it. A call holds at most two store connections (PostgreSQL pools are small).
+    let kept = async {
+        let stats = b.store.queue_stats().await?;
+        let settings = b.store.queue_settings().await?;
+        Ok::<_, homing::Error>((stats, settings))
+    };
     let finished = async {
         let live = b.store.stats_cursor().await?.map(|c| c.live);
         finished_recently(b, t, live).await
     };
-    let (stats, depths, settings, (hour, minute, windows)) = tokio::try_join!(
-        b.store.queue_stats(),
-        b.broker.depths(),
-        b.store.queue_settings(),
-        finished,
-    )?;
+    let (depths, (stats, settings), (hour, minute, windows)) =
+        tokio::try_join!(b.broker.depths(), kept, finished)?;
     let seconds = ((t - windows.minute_from) as f64 / 1e6).max(1.0);
     let mut by_name: BTreeMap<String, QueueView> = BTreeMap::new();
     fn view<'a>(m: &'a mut BTreeMap<String, QueueView>, q: &str) -> &'a mut QueueView {

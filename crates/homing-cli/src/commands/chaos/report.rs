@@ -86,10 +86,11 @@ pub struct Report {
 /// How many kept counts disagreed with a count of what they count, after the run (must be 0).
 #[derive(Debug, Default, Serialize)]
 pub struct KeptCounts {
-    /// Queues whose job counts per state differ from the jobs (`Store::queue_stats`).
+    /// Queues whose job counts per state differ from the jobs (`Store::queue_stats`), plus 1
+    /// if either could not be read.
     pub job_counts_drifted: usize,
-    /// 1 when the broker's depths differ from its messages (`Broker::depths`; only the embedded
-    /// broker keeps them on the side).
+    /// Problems with the broker's depths: differing from a count of its messages, a kept row
+    /// below zero, or a read that failed (only the embedded broker keeps them on the side).
     pub broker_depths_drifted: usize,
 }
 
