@@ -60,20 +60,7 @@ pub async fn check_broker(broker: &dyn Broker) -> Vec<String> {
         ));
     }
     if let Some(db) = broker.embedded_db() {
-        let negative = db
-            .read(|c| {
-                c.prepare("SELECT queue, kind, n FROM broker_counts WHERE n < 0")?
-                    .query_map([], |r| {
-                        Ok((
-                            r.get::<_, String>(0)?,
-                            r.get::<_, String>(1)?,
-                            r.get::<_, i64>(2)?,
-                        ))
-                    })?
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .await;
-        match negative {
+        match homing::broker::sqlite::counts_below_zero(db).await {
             Ok(rows) if rows.is_empty() => {}
             Ok(rows) => out.push(format!("broker depths below zero: {rows:?}")),
             Err(e) => out.push(format!("broker depths: cannot read the kept rows: {e}")),
