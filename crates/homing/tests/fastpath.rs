@@ -423,3 +423,76 @@ async fn embedded_enqueue_publishes_every_job_and_marks_it_dispatched() {
     let job = b.store.get(first).await.unwrap().unwrap();
     assert_eq!(job.priority, 2);
 }
+
+/// An idle worker on the embedded file reserves a message and starts its job in one write
+/// transaction (`worker::fetcher`, docs/fastpath.md): no reader, at any moment, sees a message
+/// reserved while its job is still `queued` and never started. With a reservation and then a
+/// start, as on the other backends, that state is committed for the length of the start's
+/// transaction, every job; the reader here looks for it continuously while 100 jobs go one by
+/// one into the idle worker. (A job started before is left out: on a starved machine the
+/// rescuer may presume the worker lost and put its job back to `queued` a moment before its
+/// message.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_embedded_worker_reserves_and_starts_in_one_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("homing.db");
+    let url = format!("sqlite://{}", path.display());
+    let b = homing::Backends::open(&url, &url).await.unwrap();
+    let q = unique_queue("take-at-once");
+    let mut tasks = Registry::new();
+    tasks.register_fn(
+        "t.noop",
+        TaskDefaults::default(),
+        |_c: Context, _a: Value| async { Ok(json!(null)) },
+    );
+    let worker = Worker::new(
+        b.broker.clone(),
+        b.store.clone(),
+        tasks,
+        WorkerConfig {
+            queues: vec![q.clone()],
+            concurrency: 4,
+            ..WorkerConfig::default()
+        },
+    );
+    let stop = homing::CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+    let client = Client::new(b.broker.clone(), b.store.clone());
+    // A connection of its own, as another process would read the file.
+    let reader = Db::open(&path).unwrap();
+    let (mut looks, mut seen) = (0u64, 0u64);
+    for i in 0..100 {
+        let mut r = EnqueueRequest::new("t.noop", json!({ "i": i }));
+        r.options.queue = Some(q.clone());
+        let id = client.enqueue(r).await.unwrap().id;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (reserved_but_queued, state): (i64, String) = reader
+                .read(move |c| {
+                    c.query_row(
+                        "SELECT (SELECT count(*) FROM messages m JOIN jobs j ON j.id = m.payload \
+                                 WHERE m.consumer IS NOT NULL AND j.state = 'queued' \
+                                 AND j.epoch = 0), \
+                                (SELECT state FROM jobs WHERE id = ?1)",
+                        [id.to_string()],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                })
+                .await
+                .unwrap();
+            looks += 1;
+            seen += reserved_but_queued as u64;
+            if state == "succeeded" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "job {id} left {state}");
+        }
+    }
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    assert!(looks >= 100);
+    assert_eq!(
+        seen, 0,
+        "in {looks} looks, a reserved message's job was still queued {seen} times"
+    );
+}

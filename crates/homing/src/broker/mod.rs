@@ -81,6 +81,14 @@ pub trait Broker: Send + Sync + 'static {
         wait: Duration,
     ) -> Result<Vec<Delivery>>;
 
+    /// Waits up to `wait` until a message of `queues` looks ready to reserve, without reserving
+    /// it: `Ok(false)` when none came. A hint (another consumer may take it first). The worker
+    /// on the embedded file uses it to reserve and start in one write; a broker that blocks in
+    /// [`Broker::reserve`] instead has nothing to wait for here and says `true` at once.
+    async fn wait_ready(&self, _queues: &[String], _wait: Duration) -> Result<bool> {
+        Ok(true)
+    }
+
     /// Removes messages for good (late ack: only after the store committed the job's new state).
     ///
     /// Crash contract: idempotent; acknowledging twice is harmless.

@@ -48,17 +48,10 @@ impl SqliteBroker {
         self
     }
 
-    async fn try_reserve(
-        &self,
-        consumer: &str,
-        queues: &[String],
-        max: usize,
-    ) -> Result<Vec<Delivery>> {
-        let queues = queues.to_vec();
-        let qs = queues.clone();
-        // A cheap read first: an idle worker must not take the write lock every poll.
-        let any = self
-            .db
+    /// Whether any of `queues` has a ready message: a read, which takes no lock.
+    async fn any_ready(&self, queues: &[String]) -> Result<bool> {
+        let qs = queues.to_vec();
+        self.db
             .read(move |c| {
                 let mut st = c.prepare_cached(
                     "SELECT 1 FROM messages WHERE queue = ?1 AND consumer IS NULL LIMIT 1",
@@ -70,14 +63,53 @@ impl SqliteBroker {
                 }
                 Ok(false)
             })
-            .await?;
-        if !any {
+            .await
+    }
+
+    async fn try_reserve(
+        &self,
+        consumer: &str,
+        queues: &[String],
+        max: usize,
+    ) -> Result<Vec<Delivery>> {
+        // A cheap read first: an idle worker must not take the write lock every poll.
+        if !self.any_ready(queues).await? {
             return Ok(Vec::new());
         }
-        let consumer = consumer.to_string();
+        let (consumer, queues) = (consumer.to_string(), queues.to_vec());
         self.db
             .write(move |tx| reserve_in(tx, &consumer, &queues, max))
             .await
+    }
+
+    /// Tries `attempt` until it finds something or `wait` has passed, sleeping in between until
+    /// a publish of this process or a doorbell ring wakes it, or the poll comes round.
+    async fn until<T, F, Fut>(&self, wait: Duration, mut attempt: F) -> Result<Option<T>>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<Option<T>>>,
+    {
+        let deadline = tokio::time::Instant::now() + wait;
+        // Rings from other processes wake `published` too, once this process listens.
+        let listening = self.db.doorbell.listen();
+        let poll = self
+            .poll
+            .unwrap_or(if listening { POLL_WITH_DOORBELL } else { POLL });
+        loop {
+            // Registered before the attempt looks, so a publish in between still wakes it.
+            let notified = self.db.published.notified();
+            if let Some(found) = attempt().await? {
+                return Ok(Some(found));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(None);
+            }
+            let nap = poll.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep(nap) => {}
+            }
+        }
     }
 }
 
@@ -235,24 +267,26 @@ impl Broker for SqliteBroker {
             tokio::time::sleep(wait).await;
             return Ok(Vec::new());
         }
-        let deadline = tokio::time::Instant::now() + wait;
-        // Rings from other processes wake `published` too, once this process listens.
-        let listening = self.db.doorbell.listen();
-        let poll = self
-            .poll
-            .unwrap_or(if listening { POLL_WITH_DOORBELL } else { POLL });
-        loop {
-            let notified = self.db.published.notified();
-            let got = self.try_reserve(consumer, queues, max).await?;
-            if !got.is_empty() || tokio::time::Instant::now() >= deadline {
-                return Ok(got);
-            }
-            let nap = poll.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-            tokio::select! {
-                _ = notified => {}
-                _ = tokio::time::sleep(nap) => {}
-            }
+        let got = self
+            .until(wait, || async {
+                let got = self.try_reserve(consumer, queues, max).await?;
+                Ok((!got.is_empty()).then_some(got))
+            })
+            .await?;
+        Ok(got.unwrap_or_default())
+    }
+
+    async fn wait_ready(&self, queues: &[String], wait: Duration) -> Result<bool> {
+        if queues.is_empty() {
+            tokio::time::sleep(wait).await;
+            return Ok(false);
         }
+        let found = self
+            .until(wait, || async {
+                Ok(self.any_ready(queues).await?.then_some(()))
+            })
+            .await?;
+        Ok(found.is_some())
     }
 
     async fn ack(&self, deliveries: &[Delivery]) -> Result<()> {

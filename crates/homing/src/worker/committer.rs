@@ -157,7 +157,7 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
     let mut acked = false;
     let mut early: Option<Vec<Committed>> = None;
     #[cfg(feature = "sqlite")]
-    if let Some(db) = shared_db(s) {
+    if let Some(db) = super::shared_db(s) {
         // Held until the jobs it takes are spawned, so a shutdown waiting for the executors
         // cannot miss them.
         let _spawning = s.executors.token();
@@ -304,15 +304,6 @@ fn release_together(batch: Vec<Item>) {
         }
     }
     drop(held);
-}
-
-/// The SQLite file both the store and the broker live in, if they share one.
-#[cfg(feature = "sqlite")]
-fn shared_db(s: &Session) -> Option<Arc<crate::sqlite::Db>> {
-    match (s.store.embedded_db(), s.broker.embedded_db()) {
-        (Some(a), Some(b)) if Arc::ptr_eq(a, b) => Some(a.clone()),
-        _ => None,
-    }
 }
 
 /// Unmarks a batch's jobs as committing when the batch is done with, on every path out.

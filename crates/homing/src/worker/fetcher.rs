@@ -24,6 +24,13 @@ pub(crate) async fn run(s: Arc<Session>) {
         while let Ok(p) = s.reservations.clone().try_acquire_owned() {
             permits.push(p);
         }
+        #[cfg(feature = "sqlite")]
+        if let Some(db) = super::shared_db(&s) {
+            match take_at_once(&s, &db, permits).await {
+                Some(rest) => permits = rest,
+                None => continue,
+            }
+        }
         // Not cancelled mid-call: a reservation that completes after its caller went away would
         // leave messages owned by a worker that no longer waits for them.
         let reserved = s
@@ -56,6 +63,68 @@ pub(crate) async fn run(s: Arc<Session>) {
                 }
                 executor::start_batch(&s, deliveries, permits).await;
             }
+        }
+    }
+}
+
+/// On the embedded file (store and broker in one SQLite file): waits until a message is ready,
+/// then reserves and starts as many as there are free slots in one write transaction
+/// (`store::sqlite::complete_and_take` with nothing to complete), instead of a reservation and
+/// then a start: an idle worker's job starts one transaction sooner. Each message taken holds a
+/// reservation and a slot from before the transaction, so the messages held never exceed the
+/// prefetch (docs/fastpath.md, "The at-risk bound").
+///
+/// Gives the reservations back (`Some`) when the ordinary reservation should run instead: no
+/// slot is free (a prefetched message then waits for one, after those already waiting), the
+/// write was refused or failed (the ordinary path isolates a job the store cannot start, and
+/// backs off), or it found nothing after all. `None`: done, or nothing came within the wait.
+#[cfg(feature = "sqlite")]
+async fn take_at_once(
+    s: &Arc<Session>,
+    db: &Arc<crate::sqlite::Db>,
+    mut permits: Vec<tokio::sync::OwnedSemaphorePermit>,
+) -> Option<Vec<tokio::sync::OwnedSemaphorePermit>> {
+    match s.broker.wait_ready(&s.config.queues, RESERVE_WAIT).await {
+        Ok(true) => {}
+        Ok(false) => return None,
+        Err(_) => return Some(permits),
+    }
+    if s.stopping.is_cancelled() || s.lost.is_cancelled() {
+        return None;
+    }
+    let mut slots = Vec::new();
+    while slots.len() < permits.len() {
+        match s.slots.clone().try_acquire_owned() {
+            Ok(slot) => slots.push(slot),
+            Err(_) => break,
+        }
+    }
+    if slots.is_empty() {
+        return Some(permits);
+    }
+    // The reservations beyond the free slots go back now; the next turn reserves for them the
+    // ordinary way, and their messages wait for slots.
+    permits.truncate(slots.len());
+    // Held until the jobs it takes are spawned, so a shutdown waiting for the executors cannot
+    // miss them; the start gate as every start holds it (`executor::started_by_lost_answer`).
+    let _spawning = s.executors.token();
+    let gate = s.start_gate.clone().read_owned().await;
+    let take = crate::store::sqlite::Take {
+        worker: s.id.clone(),
+        queues: s.config.queues.clone(),
+        max: slots.len(),
+    };
+    match crate::store::sqlite::complete_and_take(db, &[], &[], take, crate::time::now()).await {
+        Ok((_, taken)) if !taken.is_empty() => {
+            executor::take_started(s, taken, permits, slots, gate).await;
+            None
+        }
+        Ok(_) => Some(permits),
+        Err(e) => {
+            if !e.is_transient() {
+                tracing::warn!(error = %e, "reserving and starting in one write was refused; taking the ordinary way");
+            }
+            Some(permits)
         }
     }
 }

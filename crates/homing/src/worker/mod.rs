@@ -111,6 +111,16 @@ impl RunningJob {
     }
 }
 
+/// The SQLite file both the store and the broker live in, if they share one: then a round's
+/// writes (commit, acknowledgement, the next reservation and start) can be one transaction.
+#[cfg(feature = "sqlite")]
+fn shared_db(s: &Session) -> Option<Arc<crate::sqlite::Db>> {
+    match (s.store.embedded_db(), s.broker.embedded_db()) {
+        (Some(a), Some(b)) if Arc::ptr_eq(a, b) => Some(a.clone()),
+        _ => None,
+    }
+}
+
 /// What one session shares between its agents.
 pub(crate) struct Session {
     pub id: String,
