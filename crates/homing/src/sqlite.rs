@@ -209,6 +209,18 @@ const WAL_RESTART_BYTES: u64 = 32 << 20;
 /// Each time the log grows past another multiple of this many frames, a checkpoint runs (SQLite's
 /// own automatic threshold).
 const CHECKPOINT_FRAMES: i32 = 1000;
+/// A log this long (4 MiB past [`WAL_RESTART_BYTES`], in frames of a 4 KiB page and its 24-byte
+/// header) means the checkpoints on their own thread are not keeping up: a RESTART checkpoint on
+/// another thread rarely finds every reader done while commits go on, and on a busy machine or a
+/// slow disk the log grew to 45–80 MB in the tests below. Past it, the committing thread runs
+/// the RESTART itself while it still holds this process's write connection, so no commit of
+/// this process grows the log meanwhile; the price is that one commit's caller waits for the
+/// checkpoint (up to about 100 ms for readers). A reader that holds an old snapshot longer (in
+/// another process) defeats any checkpoint, so a failed try is repeated only every
+/// [`BACKSTOP_EVERY`] frames, not on every commit.
+const BACKSTOP_FRAMES: i32 = ((WAL_RESTART_BYTES + (4 << 20)) / (4096 + 24)) as i32;
+/// About 1 MiB of log between two tries of the backstop.
+const BACKSTOP_EVERY: i32 = 250;
 
 thread_local! {
     /// The log's length in frames after the last commit on this thread, from [`note_wal_frames`].
@@ -254,14 +266,28 @@ fn keep_wal_short(conn: &Connection, wal: &Path) {
         }
         return;
     }
-    fn brief(tries: i32) -> bool {
-        if tries >= 200 {
-            return false;
-        }
-        std::thread::sleep(Duration::from_micros(50));
-        true
+    restart_wal(conn, brief);
+}
+
+/// The off-thread checkpoint's patience: about 10 ms.
+fn brief(tries: i32) -> bool {
+    if tries >= 200 {
+        return false;
     }
-    let _ = conn.busy_handler(Some(brief));
+    std::thread::sleep(Duration::from_micros(50));
+    true
+}
+
+/// The backstop's patience ([`BACKSTOP_FRAMES`]): the first 100 ms of [`wait_for_lock`]'s
+/// schedule. Only a log already far too long gets here, so holding this process's writes that
+/// long is the point: they are what grows it.
+fn backstop(tries: i32) -> bool {
+    tries < 416 && wait_for_lock(tries)
+}
+
+/// A RESTART checkpoint, waiting on other connections as `patience` allows.
+fn restart_wal(conn: &Connection, patience: fn(i32) -> bool) {
+    let _ = conn.busy_handler(Some(patience));
     let outcome = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
         Ok((
             r.get::<_, i64>(0)?,
@@ -283,7 +309,26 @@ fn keep_wal_short(conn: &Connection, wal: &Path) {
     }
 }
 
+/// Opens a connection set up as every connection here is. Processes that open a new file at
+/// the same moment (`homing up` and its workers started together) can find it locked while
+/// one of them turns on WAL, and SQLite reports that at once rather than through the busy
+/// handler (about one open in a thousand when six threads opened one new file): such an open
+/// is tried again on [`wait_for_lock`]'s schedule.
 fn open_conn(path: &Path) -> rusqlite::Result<Connection> {
+    let mut tries = 0;
+    loop {
+        match open_conn_once(path) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && wait_for_lock(tries) =>
+            {
+                tries += 1
+            }
+            opened => return opened,
+        }
+    }
+}
+
+fn open_conn_once(path: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -408,8 +453,18 @@ impl Db {
             let out = f(&tx).map_err(map_err)?;
             WAL_FRAMES.with(|f| f.set(-1));
             tx.commit().map_err(map_err)?;
+            let frames = WAL_FRAMES.with(|f| f.get());
+            let before = db.wal_frames.load(Ordering::Relaxed).max(0);
+            if frames >= BACKSTOP_FRAMES && frames / BACKSTOP_EVERY > before / BACKSTOP_EVERY {
+                // The checkpoints on their own thread fell behind (a busy CPU, a slow disk):
+                // this commit's caller restarts the log itself, while this process cannot
+                // write. It first waits out this process's own checkpoint, which would
+                // otherwise hold SQLite's checkpoint lock past its patience.
+                let _own = db.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
+                restart_wal(&conn, backstop);
+            }
             drop(conn);
-            db.after_commit(WAL_FRAMES.with(|f| f.get()));
+            db.after_commit(frames);
             Ok(out)
         })
         .await
