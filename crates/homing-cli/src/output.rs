@@ -22,7 +22,7 @@ pub fn table(header: &[&str], rows: Vec<Vec<String>>) {
                 s.push_str(&format!("{:<w$}  ", c, w = widths[i]));
             }
         }
-        println!("{}", s.trim_end());
+        print_line(format_args!("{}", s.trim_end()));
     };
     line(header.iter().map(|h| h.to_uppercase()).collect());
     for r in rows {
@@ -77,13 +77,13 @@ pub fn job(j: &Job) {
         ("finished_at", opt_time(j.finished_at)),
     ];
     for (k, v) in fields {
-        println!("{k:<16} {v}");
+        print_line(format_args!("{k:<16} {v}"));
     }
 }
 
 pub fn json(v: &impl serde::Serialize) {
     match serde_json::to_string_pretty(v) {
-        Ok(s) => println!("{s}"),
+        Ok(s) => print_line(format_args!("{s}")),
         Err(e) => eprintln!("error: cannot print JSON: {e}"),
     }
 }
@@ -91,9 +91,14 @@ pub fn json(v: &impl serde::Serialize) {
 /// A job's timeline (`homing jobs history`): one line per entry, oldest first, with the error
 /// or reason (its traceback) indented below its line.
 pub fn history(j: &Job, h: &homing::history::History) {
-    println!("job {} ({}, {}): {}", j.id, j.task, j.queue, j.state);
+    print_line(format_args!(
+        "job {} ({}, {}): {}",
+        j.id, j.task, j.queue, j.state
+    ));
     if h.truncated {
-        println!("(older entries between the first and the latest ones were dropped)");
+        print_line(format_args!(
+            "(older entries between the first and the latest ones were dropped)"
+        ));
     }
     let rows: Vec<Vec<String>> = h
         .entries
@@ -124,15 +129,32 @@ pub fn history(j: &Job, h: &homing::history::History) {
     );
     for (i, e) in h.entries.iter().enumerate() {
         if let Some(m) = &e.message {
-            println!(
+            print_line(format_args!(
                 "\n#{} {} (epoch {}):",
                 i + 1,
                 e.kind.as_str(),
                 e.epoch.map_or("-".into(), |n| n.to_string())
-            );
+            ));
             for line in m.lines() {
-                println!("    {line}");
+                print_line(format_args!("    {line}"));
             }
         }
+    }
+}
+
+/// One line of a command's output, in place of `println!`, which panics when the reader has
+/// gone (`homing jobs list | head -1`). Then the command ends quietly with the status a death by
+/// SIGPIPE gives (141), as other command-line tools do. The process keeps ignoring SIGPIPE:
+/// restoring it would also let a server that closes the connection mid-request (a body over its
+/// limit) kill a client silently instead of letting it report the refusal.
+pub fn print_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(141);
+        }
+        eprintln!("error: cannot write the output: {e}");
+        std::process::exit(1);
     }
 }

@@ -52,6 +52,28 @@ fn a_bad_pipeline_setting_fails_up_but_not_jobs_list() {
     );
 }
 
+/// A command whose reader has gone (`homing migrate | head -1` once `head` exits) ends quietly
+/// with the status a death by SIGPIPE gives, as other tools do, instead of panicking in the
+/// middle of its output (exit 101 and a backtrace).
+#[test]
+fn a_command_whose_reader_went_away_ends_quietly() {
+    let env = Env::sqlite();
+    let (code, _, err) = env.run(&["migrate"]);
+    assert_eq!(code, 0, "{err}");
+    let mut child = env
+        .command(&["migrate"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run homing");
+    // The reading end closes before the command writes a line.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 fn migrate(env: &Env) -> (String, serde_json::Value) {
     let (code, text, err) = env.run(&["migrate"]);
     assert_eq!(code, 0, "{err}");

@@ -121,6 +121,6 @@ pub async fn enqueue(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
         .send(send)
         .await
         .with_context(|| format!("cannot publish to the Celery broker {}", redact_url(&url)))?;
-    println!("{id}");
+    crate::output::print_line(format_args!("{id}"));
     Ok(ExitCode::SUCCESS)
 }

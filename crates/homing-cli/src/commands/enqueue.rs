@@ -66,7 +66,7 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
         if a.json {
             output::json(&client.get(inserted.id).await?);
         } else {
-            println!("{}", inserted.id);
+            crate::output::print_line(format_args!("{}", inserted.id));
         }
         return Ok(ExitCode::SUCCESS);
     }

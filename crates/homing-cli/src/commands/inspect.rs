@@ -39,7 +39,7 @@ fn print_workflow(w: &homing::workflow::Workflow, out: &OutputArgs) {
         output::json(w);
         return;
     }
-    println!("workflow {} ({}): {}", w.id, w.name, w.state);
+    crate::output::print_line(format_args!("workflow {} ({}): {}", w.id, w.name, w.state));
     let rows = w
         .steps
         .iter()
@@ -111,7 +111,7 @@ pub async fn workflows(g: &Global, cmd: WorkflowsCommand) -> anyhow::Result<Exit
                     .collect();
                 output::table(&["id", "name", "state", "steps", "created"], rows);
                 if let Some(c) = page.next_cursor {
-                    println!("more: --cursor {c}");
+                    crate::output::print_line(format_args!("more: --cursor {c}"));
                 }
             }
         }
@@ -243,10 +243,12 @@ pub async fn jobs(g: &Global, cmd: JobsCommand) -> anyhow::Result<ExitCode> {
                     rows,
                 );
                 match page.next_cursor {
-                    Some(c) => {
-                        println!("next_cursor: {c} (next page: the same command with --cursor {c})")
+                    Some(c) => crate::output::print_line(format_args!(
+                        "next_cursor: {c} (next page: the same command with --cursor {c})"
+                    )),
+                    None => {
+                        crate::output::print_line(format_args!("next_cursor: none (last page)"))
                     }
-                    None => println!("next_cursor: none (last page)"),
                 }
             }
             return Ok(ExitCode::SUCCESS);
@@ -289,7 +291,7 @@ pub async fn queues(g: &Global, a: QueuesArgs) -> anyhow::Result<ExitCode> {
                 let done = client.set_queue_limits(&queue, &limits).await;
                 let target = format!("queue={queue}&limits={}", describe_limits(&limits));
                 audit::audited(&*b.store, "cli queues limit", &target, done).await?;
-                println!("{queue}: {}", describe_limits(&limits));
+                crate::output::print_line(format_args!("{queue}: {}", describe_limits(&limits)));
                 return Ok(ExitCode::SUCCESS);
             }
         };
@@ -312,7 +314,7 @@ pub async fn queues(g: &Global, a: QueuesArgs) -> anyhow::Result<ExitCode> {
         };
         let target = format!("queue={queue}");
         audit::audited(&*b.store, action, &target, done).await?;
-        println!("{word} {queue}");
+        crate::output::print_line(format_args!("{word} {queue}"));
         return Ok(ExitCode::SUCCESS);
     }
     let out = a.out;
@@ -554,10 +556,10 @@ async fn run_bulk(
             "skipped": done.skipped,
         }));
     } else {
-        println!(
+        crate::output::print_line(format_args!(
             "{verb}: {} jobs ({} skipped: changed by someone else meanwhile, or workflow steps)",
             done.count, done.skipped
-        );
+        ));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -16,7 +16,7 @@ pub async fn run(g: &Global, out: OutputArgs) -> anyhow::Result<ExitCode> {
             )
         })?;
     if out.json {
-        println!(
+        crate::output::print_line(format_args!(
             "{}",
             serde_json::json!({
                 "store": report.store,
@@ -24,10 +24,10 @@ pub async fn run(g: &Global, out: OutputArgs) -> anyhow::Result<ExitCode> {
                 "version": report.version,
                 "latest": report.latest,
             })
-        );
+        ));
     } else {
         for line in report.lines() {
-            println!("{line}");
+            crate::output::print_line(format_args!("{line}"));
         }
     }
     Ok(ExitCode::SUCCESS)

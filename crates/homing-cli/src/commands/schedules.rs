@@ -28,7 +28,7 @@ pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> 
             if json {
                 output::json(&ScheduleView::from(s));
             } else {
-                println!("{}", s.def.name);
+                crate::output::print_line(format_args!("{}", s.def.name));
             }
         }
         SchedulesCommand::List(out) => {
@@ -58,7 +58,7 @@ pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> 
                 done,
             )
             .await?;
-            println!("paused {name}");
+            crate::output::print_line(format_args!("paused {name}"));
         }
         SchedulesCommand::Resume { name } => {
             let done = found(store.pause_schedule(&name, false, now()).await, &name);
@@ -69,7 +69,7 @@ pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> 
                 done,
             )
             .await?;
-            println!("resumed {name}");
+            crate::output::print_line(format_args!("resumed {name}"));
         }
         SchedulesCommand::Delete { name } => {
             let done = found(
@@ -83,7 +83,7 @@ pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> 
                 done,
             )
             .await?;
-            println!("deleted {name}");
+            crate::output::print_line(format_args!("deleted {name}"));
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -137,7 +137,12 @@ async fn serve_api(
     } else {
         " (API token required)"
     };
-    println!("homing is up: http://{addr}/  (API under http://{addr}/v1){auth}");
+    // Not `println!`, which panics when standard output is closed (`homing up | head -1`): the
+    // server runs on without it.
+    let _ = std::io::Write::write_fmt(
+        &mut std::io::stdout(),
+        format_args!("homing is up: http://{addr}/  (API under http://{addr}/v1){auth}\n"),
+    );
     tracing::info!(%addr, "HTTP API and dashboard listening");
     crate::http_server::serve(listener, api::router(state, pipelines), limits, stop).await;
     Ok(())
