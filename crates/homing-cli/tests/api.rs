@@ -278,10 +278,13 @@ async fn bad_requests_get_clear_4xx_errors() {
         .await,
         (422, "invalid_json".into())
     );
-    assert_eq!(
-        error_code(post("{\"task\": \"no.such\"}".into()).await.unwrap()).await,
-        (422, "unknown_task".into())
-    );
+    let unknown = post("{\"task\": \"no.such\"}".into()).await.unwrap();
+    let body: serde_json::Value = unknown.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unknown_task", "{body}");
+    // The refusal lists what can be enqueued instead, not the internal tasks.
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("builtin.noop"), "{message}");
+    assert!(!message.contains("builtin.webhook"), "{message}");
     assert_eq!(
         error_code(post("{\"task\": \"bad name!\"}".into()).await.unwrap()).await,
         (400, "invalid_request".into())

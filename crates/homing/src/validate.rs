@@ -87,6 +87,15 @@ pub fn name(what: &str, name: &str) -> Result<(), String> {
     }
 }
 
+/// The tasks a refusal of an unknown task lists as known: sorted, once each, without the
+/// internal ones (a producer that tried one would only be refused again).
+pub fn enqueueable_tasks(mut names: Vec<String>) -> Vec<String> {
+    names.retain(|t| !INTERNAL_TASKS.contains(&t.as_str()));
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// A task a producer may enqueue: a valid name that is not one of [`INTERNAL_TASKS`].
 pub fn producer_task(task: &str) -> Result<(), String> {
     name("task", task)?;
@@ -256,6 +265,14 @@ pub fn nested(levels: usize, inner: serde_json::Value) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_known_tasks_of_a_refusal_leave_out_the_internal_ones() {
+        let names = ["b.x", "builtin.webhook", "a.y", "b.x", "celery.result"];
+        let listed = enqueueable_tasks(names.iter().map(|s| s.to_string()).collect());
+        assert_eq!(listed, ["a.y", "b.x"]);
+    }
+
     use serde_json::json;
 
     /// The longest chain of wrappings in homing: a follow-up (its args hold `parent.result`)

@@ -106,8 +106,7 @@ pub async fn check_known_task(state: &AppState, task: &str) -> Result<(), ApiErr
     }
     let mut all = state.builtin.names();
     all.extend(known);
-    all.sort();
-    all.dedup();
+    let all = homing::validate::enqueueable_tasks(all);
     Err(ApiError::new(
         StatusCode::UNPROCESSABLE_ENTITY,
         "unknown_task",

@@ -47,8 +47,7 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
         if !known.contains(&task) {
             let mut all = registry.names();
             all.extend(known);
-            all.sort();
-            all.dedup();
+            let all = homing::validate::enqueueable_tasks(all);
             anyhow::bail!(
                 "no worker has registered task '{}' (known: {}); start a worker that runs it, or pass --allow-unknown-task",
                 task,
