@@ -289,6 +289,23 @@ fn homing_limit() -> usize {
     32 * 1024 * 1024
 }
 
+/// The ids' reader gone (`homing enqueue --from-file jobs.jsonl | head -1` once `head` has
+/// exited): the command stops and still reports what it stored, so the run can be resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_from_file_reports_what_it_stored_when_its_reader_is_gone() {
+    let env = Env::sqlite();
+    let (code, _, err) = env.run(&["migrate"]);
+    assert_eq!(code, 0, "{err}");
+    let path = env.path().join("three.jsonl");
+    std::fs::write(&path, "{\"task\": \"builtin.noop\"}\n".repeat(3)).unwrap();
+    let (code, err) = env.run_without_reader(&["enqueue", "--from-file", path.to_str().unwrap()]);
+    assert_ne!(code, Some(0), "{err}");
+    assert!(err.contains("cannot write the jobs' ids"), "{err}");
+    assert!(err.contains("enqueued 3 jobs"), "{err}");
+    assert!(err.contains("lines 1 to 3"), "{err}");
+    assert_eq!(stored(&env).await, 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_from_file_in_chunks_stops_at_a_bad_line() {
     let env = Env::sqlite();

@@ -11,7 +11,7 @@ mod doorbell;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -156,6 +156,10 @@ pub struct Db {
     checkpointing: AtomicBool,
     /// The connection checkpoints run on, off the committing path.
     checkpointer: Mutex<Option<Connection>>,
+    /// The log length (frames) before which the backstop is not tried again
+    /// ([`BACKSTOP_FRAMES`]), and how many of its tries in a row failed.
+    backstop_at: AtomicI32,
+    backstop_misses: AtomicU32,
     writer: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
     /// Wakes reservations in this process as soon as a message is published here, or another
@@ -215,11 +219,12 @@ const CHECKPOINT_FRAMES: i32 = 1000;
 /// slow disk the log grew to 45–80 MB in the tests below. Past it, the committing thread runs
 /// the RESTART itself while it still holds this process's write connection, so no commit of
 /// this process grows the log meanwhile; the price is that one commit's caller waits for the
-/// checkpoint (up to about 100 ms for readers). A reader that holds an old snapshot longer (in
-/// another process) defeats any checkpoint, so a failed try is repeated only every
-/// [`BACKSTOP_EVERY`] frames, not on every commit.
+/// checkpoint (up to about 100 ms for readers, holding the file's write lock meanwhile). A
+/// reader that holds an old snapshot longer (in another process) defeats any checkpoint, so a
+/// failed try is repeated only [`BACKSTOP_EVERY`] frames later, and each further failure in a
+/// row doubles that gap (up to 64 times).
 const BACKSTOP_FRAMES: i32 = ((WAL_RESTART_BYTES + (4 << 20)) / (4096 + 24)) as i32;
-/// About 1 MiB of log between two tries of the backstop.
+/// About 1 MiB of log between a try of the backstop and the next.
 const BACKSTOP_EVERY: i32 = 250;
 
 thread_local! {
@@ -285,8 +290,9 @@ fn backstop(tries: i32) -> bool {
     tries < 416 && wait_for_lock(tries)
 }
 
-/// A RESTART checkpoint, waiting on other connections as `patience` allows.
-fn restart_wal(conn: &Connection, patience: fn(i32) -> bool) {
+/// A RESTART checkpoint, waiting on other connections as `patience` allows; whether it
+/// finished (every frame copied and no reader left on one, so the next commit starts over).
+fn restart_wal(conn: &Connection, patience: fn(i32) -> bool) -> bool {
     let _ = conn.busy_handler(Some(patience));
     let outcome = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
         Ok((
@@ -303,9 +309,13 @@ fn restart_wal(conn: &Connection, patience: fn(i32) -> bool) {
                 frames,
                 copied,
                 "write-ahead log checkpointed to restart"
-            )
+            );
+            busy == 0
         }
-        Err(e) => tracing::debug!(error = %e, "write-ahead log checkpoint deferred"),
+        Err(e) => {
+            tracing::debug!(error = %e, "write-ahead log checkpoint deferred");
+            false
+        }
     }
 }
 
@@ -313,13 +323,20 @@ fn restart_wal(conn: &Connection, patience: fn(i32) -> bool) {
 /// the same moment (`homing up` and its workers started together) can find it locked while
 /// one of them turns on WAL, and SQLite reports that at once rather than through the busy
 /// handler (about one open in a thousand when six threads opened one new file): such an open
-/// is tried again on [`wait_for_lock`]'s schedule.
+/// is tried again on [`wait_for_lock`]'s schedule, up to `BUSY_TIMEOUT` in all. Only a refusal
+/// that came at once is that race: an open that already waited its busy handler out (a file
+/// another process holds in exclusive locking mode) fails as it did.
 fn open_conn(path: &Path) -> rusqlite::Result<Connection> {
+    let first = std::time::Instant::now();
     let mut tries = 0;
     loop {
+        let attempt = std::time::Instant::now();
         match open_conn_once(path) {
             Err(rusqlite::Error::SqliteFailure(e, _))
-                if e.code == rusqlite::ErrorCode::DatabaseBusy && wait_for_lock(tries) =>
+                if e.code == rusqlite::ErrorCode::DatabaseBusy
+                    && attempt.elapsed() < Duration::from_millis(100)
+                    && first.elapsed() < BUSY_TIMEOUT
+                    && wait_for_lock(tries) =>
             {
                 tries += 1
             }
@@ -430,6 +447,8 @@ impl Db {
             wal_frames: AtomicI32::new(0),
             checkpointing: AtomicBool::new(false),
             checkpointer: Mutex::new(None),
+            backstop_at: AtomicI32::new(0),
+            backstop_misses: AtomicU32::new(0),
             path,
         }))
     }
@@ -454,14 +473,31 @@ impl Db {
             WAL_FRAMES.with(|f| f.set(-1));
             tx.commit().map_err(map_err)?;
             let frames = WAL_FRAMES.with(|f| f.get());
-            let before = db.wal_frames.load(Ordering::Relaxed).max(0);
-            if frames >= BACKSTOP_FRAMES && frames / BACKSTOP_EVERY > before / BACKSTOP_EVERY {
+            if frames >= 0 && frames < db.wal_frames.load(Ordering::Relaxed) {
+                // The log started over: a new one owes the backstop nothing.
+                db.backstop_misses.store(0, Ordering::Relaxed);
+                db.backstop_at.store(0, Ordering::Relaxed);
+            }
+            if frames >= BACKSTOP_FRAMES && frames >= db.backstop_at.load(Ordering::Relaxed) {
                 // The checkpoints on their own thread fell behind (a busy CPU, a slow disk):
                 // this commit's caller restarts the log itself, while this process cannot
                 // write. It first waits out this process's own checkpoint, which would
                 // otherwise hold SQLite's checkpoint lock past its patience.
-                let _own = db.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
-                restart_wal(&conn, backstop);
+                let own = db.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
+                let restarted = restart_wal(&conn, backstop);
+                drop(own);
+                // A try that failed waited on a reader (or on another process) while holding
+                // the write lock, which stalls every writer of the file: after each failure in
+                // a row the next try waits twice as long, up to 64 times the gap.
+                let misses = if restarted {
+                    db.backstop_misses.store(0, Ordering::Relaxed);
+                    0
+                } else {
+                    db.backstop_misses.fetch_add(1, Ordering::Relaxed) + 1
+                };
+                let gap = BACKSTOP_EVERY << misses.min(6);
+                db.backstop_at
+                    .store(frames.saturating_add(gap), Ordering::Relaxed);
             }
             drop(conn);
             db.after_commit(frames);

@@ -271,9 +271,12 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         let rate = (a.jobs as f64 / enqueue_s).round();
         if a.json {
             let out = serde_json::json!({ "queue": queue, "jobs": a.jobs, "enqueue_per_s": rate });
-            println!("{out}");
+            crate::output::print_line(format_args!("{out}"));
         } else {
-            println!("enqueued {} jobs on queue {queue} at {rate} jobs/s", a.jobs);
+            crate::output::print_line(format_args!(
+                "enqueued {} jobs on queue {queue} at {rate} jobs/s",
+                a.jobs
+            ));
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -369,13 +372,16 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         elapsed_s: (t0.elapsed().as_secs_f64() * 100.0).round() / 100.0,
     };
     if a.json {
-        println!("{}", serde_json::to_string(&report)?);
+        crate::output::print_line(format_args!("{}", serde_json::to_string(&report)?));
     } else {
-        println!(
+        crate::output::print_line(format_args!(
             "homing bench: {} {} jobs, {} worker processes × concurrency {}",
             report.jobs, report.work, report.workers, report.concurrency
-        );
-        println!("  broker {}  store {}", report.broker, report.store);
+        ));
+        crate::output::print_line(format_args!(
+            "  broker {}  store {}",
+            report.broker, report.store
+        ));
         output::table(
             &["measure", "value"],
             vec![
@@ -416,7 +422,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
             ],
         );
         for (k, v) in &report.settings {
-            println!("  {k}: {v}");
+            crate::output::print_line(format_args!("  {k}: {v}"));
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -85,8 +85,9 @@ pub async fn run(g: &Global, file: &str, allow_unknown_task: bool) -> anyhow::Re
                     .enqueue_batch(reqs)
                     .await
                     .map_err(|e| anyhow::anyhow!(name_line(&e.to_string(), &lines)))?;
+                // Counted before they are printed: if the ids cannot be written (the reader
+                // of a pipe went away), the report still says what was stored.
                 for i in &inserted {
-                    writeln!(out, "{}", i.id)?;
                     if i.existed {
                         done.existed += 1;
                     } else {
@@ -95,6 +96,9 @@ pub async fn run(g: &Global, file: &str, allow_unknown_task: bool) -> anyhow::Re
                 }
                 done.through_line = line_no;
                 lines.clear();
+                for i in &inserted {
+                    writeln!(out, "{}", i.id).context("cannot write the jobs' ids")?;
+                }
             }
             if eof {
                 return Ok(());
@@ -102,7 +106,8 @@ pub async fn run(g: &Global, file: &str, allow_unknown_task: bool) -> anyhow::Re
         }
     }
     .await;
-    out.flush()?;
+    let flushed = out.flush();
+    let result = result.and_then(|()| flushed.context("cannot write the jobs' ids"));
     match result {
         Ok(()) => {
             eprintln!("{}", done.summary());

@@ -98,6 +98,23 @@ impl Env {
         )
     }
 
+    /// Runs a `homing` command whose standard output has no reader (a pipe whose reading end
+    /// closed before it wrote, as when `head` has exited): its exit code and standard error.
+    pub fn run_without_reader(&self, args: &[&str]) -> (Option<i32>, String) {
+        let mut child = self
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run homing");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait for homing");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     /// Starts a long-running `homing` process; its log goes to `<dir>/<name>.log`.
     pub fn spawn(&self, name: &str, args: &[&str]) -> Proc {
         self.spawn_with_env(name, args, &[])

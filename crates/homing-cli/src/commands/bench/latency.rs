@@ -92,12 +92,15 @@ pub(super) async fn run(g: &Global, a: &BenchArgs) -> anyhow::Result<ExitCode> {
         settings: result?,
     };
     if a.json {
-        println!("{}", serde_json::to_string(&report)?);
+        crate::output::print_line(format_args!("{}", serde_json::to_string(&report)?));
     } else {
-        println!(
+        crate::output::print_line(format_args!(
             "homing bench --latency: idle enqueue→start, one no-op job at a time, from the job records"
-        );
-        println!("  broker {}  store {}", report.broker, report.store);
+        ));
+        crate::output::print_line(format_args!(
+            "  broker {}  store {}",
+            report.broker, report.store
+        ));
         output::table(
             &["setting", "samples", "p50", "p95", "p99", "max", "idle CPU"],
             report

@@ -460,11 +460,11 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         r.kept_dir = Some(dir.display().to_string());
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        crate::output::print_line(format_args!("{}", serde_json::to_string_pretty(&r)?));
     } else {
         r.print_human();
         if let Some(dir) = &r.kept_dir {
-            println!("logs and data kept in {dir}");
+            crate::output::print_line(format_args!("logs and data kept in {dir}"));
         }
     }
     Ok(if r.ok {

@@ -96,7 +96,7 @@ pub struct KeptCounts {
 
 impl Report {
     pub fn print_human(&self) {
-        println!(
+        crate::output::print_line(format_args!(
             "homing chaos: {} s, seed {}, {} {} workers × concurrency {}, heartbeat {} ms",
             self.duration_s,
             self.seed,
@@ -104,10 +104,13 @@ impl Report {
             self.worker_kind,
             self.concurrency,
             self.heartbeat_ms
-        );
-        println!("  broker {}  store {}", self.broker, self.store);
+        ));
+        crate::output::print_line(format_args!(
+            "  broker {}  store {}",
+            self.broker, self.store
+        ));
         for (k, v) in &self.settings {
-            println!("  {k}: {v}");
+            crate::output::print_line(format_args!("  {k}: {v}"));
         }
         let faults = self
             .faults
@@ -223,15 +226,15 @@ impl Report {
             ],
         );
         for v in &self.violations {
-            println!("VIOLATION: {v}");
+            crate::output::print_line(format_args!("VIOLATION: {v}"));
         }
-        println!(
+        crate::output::print_line(format_args!(
             "{}",
             if self.ok {
                 "OK: every invariant held"
             } else {
                 "FAILED"
             }
-        );
+        ));
     }
 }
