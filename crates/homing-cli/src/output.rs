@@ -3,6 +3,14 @@
 use homing::time::rfc3339;
 use homing::Job;
 
+/// `println!` for a command's output, through [`print_line`].
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::output::print_line(format_args!($($arg)*))
+    };
+}
+pub(crate) use outln;
+
 /// Prints rows as a table with a header, columns padded to their widest cell.
 pub fn table(header: &[&str], rows: Vec<Vec<String>>) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
@@ -22,7 +30,7 @@ pub fn table(header: &[&str], rows: Vec<Vec<String>>) {
                 s.push_str(&format!("{:<w$}  ", c, w = widths[i]));
             }
         }
-        print_line(format_args!("{}", s.trim_end()));
+        outln!("{}", s.trim_end());
     };
     line(header.iter().map(|h| h.to_uppercase()).collect());
     for r in rows {
@@ -77,13 +85,13 @@ pub fn job(j: &Job) {
         ("finished_at", opt_time(j.finished_at)),
     ];
     for (k, v) in fields {
-        print_line(format_args!("{k:<16} {v}"));
+        outln!("{k:<16} {v}");
     }
 }
 
 pub fn json(v: &impl serde::Serialize) {
     match serde_json::to_string_pretty(v) {
-        Ok(s) => print_line(format_args!("{s}")),
+        Ok(s) => outln!("{s}"),
         Err(e) => eprintln!("error: cannot print JSON: {e}"),
     }
 }
@@ -91,14 +99,9 @@ pub fn json(v: &impl serde::Serialize) {
 /// A job's timeline (`homing jobs history`): one line per entry, oldest first, with the error
 /// or reason (its traceback) indented below its line.
 pub fn history(j: &Job, h: &homing::history::History) {
-    print_line(format_args!(
-        "job {} ({}, {}): {}",
-        j.id, j.task, j.queue, j.state
-    ));
+    outln!("job {} ({}, {}): {}", j.id, j.task, j.queue, j.state);
     if h.truncated {
-        print_line(format_args!(
-            "(older entries between the first and the latest ones were dropped)"
-        ));
+        outln!("(older entries between the first and the latest ones were dropped)");
     }
     let rows: Vec<Vec<String>> = h
         .entries
@@ -129,14 +132,14 @@ pub fn history(j: &Job, h: &homing::history::History) {
     );
     for (i, e) in h.entries.iter().enumerate() {
         if let Some(m) = &e.message {
-            print_line(format_args!(
+            outln!(
                 "\n#{} {} (epoch {}):",
                 i + 1,
                 e.kind.as_str(),
                 e.epoch.map_or("-".into(), |n| n.to_string())
-            ));
+            );
             for line in m.lines() {
-                print_line(format_args!("    {line}"));
+                outln!("    {line}");
             }
         }
     }

@@ -473,32 +473,7 @@ impl Db {
             WAL_FRAMES.with(|f| f.set(-1));
             tx.commit().map_err(map_err)?;
             let frames = WAL_FRAMES.with(|f| f.get());
-            if frames >= 0 && frames < db.wal_frames.load(Ordering::Relaxed) {
-                // The log started over: a new one owes the backstop nothing.
-                db.backstop_misses.store(0, Ordering::Relaxed);
-                db.backstop_at.store(0, Ordering::Relaxed);
-            }
-            if frames >= BACKSTOP_FRAMES && frames >= db.backstop_at.load(Ordering::Relaxed) {
-                // The checkpoints on their own thread fell behind (a busy CPU, a slow disk):
-                // this commit's caller restarts the log itself, while this process cannot
-                // write. It first waits out this process's own checkpoint, which would
-                // otherwise hold SQLite's checkpoint lock past its patience.
-                let own = db.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
-                let restarted = restart_wal(&conn, backstop);
-                drop(own);
-                // A try that failed waited on a reader (or on another process) while holding
-                // the write lock, which stalls every writer of the file: after each failure in
-                // a row the next try waits twice as long, up to 64 times the gap.
-                let misses = if restarted {
-                    db.backstop_misses.store(0, Ordering::Relaxed);
-                    0
-                } else {
-                    db.backstop_misses.fetch_add(1, Ordering::Relaxed) + 1
-                };
-                let gap = BACKSTOP_EVERY << misses.min(6);
-                db.backstop_at
-                    .store(frames.saturating_add(gap), Ordering::Relaxed);
-            }
+            db.restart_if_behind(&conn, frames);
             drop(conn);
             db.after_commit(frames);
             Ok(out)
@@ -533,6 +508,38 @@ impl Db {
             Ok(rt) => drop(rt.spawn_blocking(run)),
             Err(_) => run(),
         }
+    }
+
+    /// The backstop ([`BACKSTOP_FRAMES`]): after a commit that left the log `frames` long, on
+    /// the writer connection the caller still holds, so no commit of this process grows the
+    /// log meanwhile.
+    fn restart_if_behind(&self, conn: &Connection, frames: i32) {
+        if frames >= 0 && frames < self.wal_frames.load(Ordering::Relaxed) {
+            // The log started over: a new one owes the backstop nothing.
+            self.backstop_misses.store(0, Ordering::Relaxed);
+            self.backstop_at.store(0, Ordering::Relaxed);
+        }
+        if frames < BACKSTOP_FRAMES || frames < self.backstop_at.load(Ordering::Relaxed) {
+            return;
+        }
+        // The checkpoints on their own thread fell behind (a busy CPU, a slow disk). This
+        // process's own checkpoint is waited out first: it would otherwise hold SQLite's
+        // checkpoint lock past the RESTART's patience.
+        let own = self.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
+        let restarted = restart_wal(conn, backstop);
+        drop(own);
+        // A try that failed waited on a reader (or on another process) while holding the write
+        // lock, which stalls every writer of the file: after each failure in a row the next try
+        // waits twice as long, up to 64 times the gap.
+        let misses = if restarted {
+            self.backstop_misses.store(0, Ordering::Relaxed);
+            0
+        } else {
+            self.backstop_misses.fetch_add(1, Ordering::Relaxed) + 1
+        };
+        let gap = BACKSTOP_EVERY << misses.min(6);
+        self.backstop_at
+            .store(frames.saturating_add(gap), Ordering::Relaxed);
     }
 
     /// One checkpoint on the checkpointing connection (opened on first use).

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::chaos::services::{Postgres, Redis, REDIS_SETTINGS};
 use crate::cli::{BenchArgs, Global};
-use crate::output;
+use crate::output::{self, outln};
 use homing::redact::redact_url;
 use homing::store::{JobFilter, WorkerStatus};
 use homing::{Backends, Client, EnqueueRequest, Job, JobState};
@@ -271,12 +271,9 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         let rate = (a.jobs as f64 / enqueue_s).round();
         if a.json {
             let out = serde_json::json!({ "queue": queue, "jobs": a.jobs, "enqueue_per_s": rate });
-            crate::output::print_line(format_args!("{out}"));
+            outln!("{out}");
         } else {
-            crate::output::print_line(format_args!(
-                "enqueued {} jobs on queue {queue} at {rate} jobs/s",
-                a.jobs
-            ));
+            outln!("enqueued {} jobs on queue {queue} at {rate} jobs/s", a.jobs);
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -372,16 +369,16 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
         elapsed_s: (t0.elapsed().as_secs_f64() * 100.0).round() / 100.0,
     };
     if a.json {
-        crate::output::print_line(format_args!("{}", serde_json::to_string(&report)?));
+        outln!("{}", serde_json::to_string(&report)?);
     } else {
-        crate::output::print_line(format_args!(
+        outln!(
             "homing bench: {} {} jobs, {} worker processes × concurrency {}",
-            report.jobs, report.work, report.workers, report.concurrency
-        ));
-        crate::output::print_line(format_args!(
-            "  broker {}  store {}",
-            report.broker, report.store
-        ));
+            report.jobs,
+            report.work,
+            report.workers,
+            report.concurrency
+        );
+        outln!("  broker {}  store {}", report.broker, report.store);
         output::table(
             &["measure", "value"],
             vec![
@@ -422,7 +419,7 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
             ],
         );
         for (k, v) in &report.settings {
-            crate::output::print_line(format_args!("  {k}: {v}"));
+            outln!("  {k}: {v}");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{CeleryWorkerArgs, EnqueueArgs, Global};
+use crate::output::outln;
 use homing::celery::{CeleryClient, CelerySend, Conn, Ingress, IngressConfig};
 use homing::redact::redact_url;
 use homing::{Backends, Registry};
@@ -121,6 +122,6 @@ pub async fn enqueue(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
         .send(send)
         .await
         .with_context(|| format!("cannot publish to the Celery broker {}", redact_url(&url)))?;
-    crate::output::print_line(format_args!("{id}"));
+    outln!("{id}");
     Ok(ExitCode::SUCCESS)
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::input::read_args;
 use super::open;
 use crate::cli::{EnqueueArgs, Global};
+use crate::output::outln;
 use crate::{output, tasks};
 use homing::{Client, EnqueueRequest, JobOptions, JobState, RetryPolicy};
 
@@ -65,7 +66,7 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
         if a.json {
             output::json(&client.get(inserted.id).await?);
         } else {
-            crate::output::print_line(format_args!("{}", inserted.id));
+            outln!("{}", inserted.id);
         }
         return Ok(ExitCode::SUCCESS);
     }

@@ -6,6 +6,7 @@ use super::{audit, open};
 use crate::cli::{
     Global, JobsCommand, OutputArgs, QueuesArgs, QueuesCommand, WorkersArgs, WorkflowsCommand,
 };
+use crate::output::outln;
 use crate::{output, tasks, views};
 use homing::store::{JobFilter, WorkerStatus};
 use homing::time::rfc3339;
@@ -39,7 +40,7 @@ fn print_workflow(w: &homing::workflow::Workflow, out: &OutputArgs) {
         output::json(w);
         return;
     }
-    crate::output::print_line(format_args!("workflow {} ({}): {}", w.id, w.name, w.state));
+    outln!("workflow {} ({}): {}", w.id, w.name, w.state);
     let rows = w
         .steps
         .iter()
@@ -111,7 +112,7 @@ pub async fn workflows(g: &Global, cmd: WorkflowsCommand) -> anyhow::Result<Exit
                     .collect();
                 output::table(&["id", "name", "state", "steps", "created"], rows);
                 if let Some(c) = page.next_cursor {
-                    crate::output::print_line(format_args!("more: --cursor {c}"));
+                    outln!("more: --cursor {c}");
                 }
             }
         }
@@ -243,11 +244,11 @@ pub async fn jobs(g: &Global, cmd: JobsCommand) -> anyhow::Result<ExitCode> {
                     rows,
                 );
                 match page.next_cursor {
-                    Some(c) => crate::output::print_line(format_args!(
-                        "next_cursor: {c} (next page: the same command with --cursor {c})"
-                    )),
+                    Some(c) => {
+                        outln!("next_cursor: {c} (next page: the same command with --cursor {c})")
+                    }
                     None => {
-                        crate::output::print_line(format_args!("next_cursor: none (last page)"))
+                        outln!("next_cursor: none (last page)")
                     }
                 }
             }
@@ -291,7 +292,7 @@ pub async fn queues(g: &Global, a: QueuesArgs) -> anyhow::Result<ExitCode> {
                 let done = client.set_queue_limits(&queue, &limits).await;
                 let target = format!("queue={queue}&limits={}", describe_limits(&limits));
                 audit::audited(&*b.store, "cli queues limit", &target, done).await?;
-                crate::output::print_line(format_args!("{queue}: {}", describe_limits(&limits)));
+                outln!("{queue}: {}", describe_limits(&limits));
                 return Ok(ExitCode::SUCCESS);
             }
         };
@@ -314,7 +315,7 @@ pub async fn queues(g: &Global, a: QueuesArgs) -> anyhow::Result<ExitCode> {
         };
         let target = format!("queue={queue}");
         audit::audited(&*b.store, action, &target, done).await?;
-        crate::output::print_line(format_args!("{word} {queue}"));
+        outln!("{word} {queue}");
         return Ok(ExitCode::SUCCESS);
     }
     let out = a.out;
@@ -556,10 +557,11 @@ async fn run_bulk(
             "skipped": done.skipped,
         }));
     } else {
-        crate::output::print_line(format_args!(
+        outln!(
             "{verb}: {} jobs ({} skipped: changed by someone else meanwhile, or workflow steps)",
-            done.count, done.skipped
-        ));
+            done.count,
+            done.skipped
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -5,6 +5,7 @@ use anyhow::Context as _;
 use std::process::ExitCode;
 
 use crate::cli::{Global, OutputArgs};
+use crate::output::outln;
 
 pub async fn run(g: &Global, out: OutputArgs) -> anyhow::Result<ExitCode> {
     let report = homing::backend::migrate_store(&g.store)
@@ -16,7 +17,7 @@ pub async fn run(g: &Global, out: OutputArgs) -> anyhow::Result<ExitCode> {
             )
         })?;
     if out.json {
-        crate::output::print_line(format_args!(
+        outln!(
             "{}",
             serde_json::json!({
                 "store": report.store,
@@ -24,10 +25,10 @@ pub async fn run(g: &Global, out: OutputArgs) -> anyhow::Result<ExitCode> {
                 "version": report.version,
                 "latest": report.latest,
             })
-        ));
+        );
     } else {
         for line in report.lines() {
-            crate::output::print_line(format_args!("{line}"));
+            outln!("{line}");
         }
     }
     Ok(ExitCode::SUCCESS)

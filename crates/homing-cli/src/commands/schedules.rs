@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use super::audit::{audited, NotFound};
 use super::open;
 use crate::cli::{Global, ScheduleSetArgs, SchedulesCommand};
-use crate::output;
+use crate::output::{self, outln};
 use homing::schedule::{ScheduleDef, ScheduleView, Spec};
 use homing::time::{now, rfc3339};
 use homing::JobOptions;
@@ -28,7 +28,7 @@ pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> 
             if json {
                 output::json(&ScheduleView::from(s));
             } else {
-                crate::output::print_line(format_args!("{}", s.def.name));
+                outln!("{}", s.def.name);
             }
         }
         SchedulesCommand::List(out) => {
@@ -58,7 +58,7 @@ pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> 
                 done,
             )
             .await?;
-            crate::output::print_line(format_args!("paused {name}"));
+            outln!("paused {name}");
         }
         SchedulesCommand::Resume { name } => {
             let done = found(store.pause_schedule(&name, false, now()).await, &name);
@@ -69,7 +69,7 @@ pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> 
                 done,
             )
             .await?;
-            crate::output::print_line(format_args!("resumed {name}"));
+            outln!("resumed {name}");
         }
         SchedulesCommand::Delete { name } => {
             let done = found(
@@ -83,7 +83,7 @@ pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> 
                 done,
             )
             .await?;
-            crate::output::print_line(format_args!("deleted {name}"));
+            outln!("deleted {name}");
         }
     }
     Ok(ExitCode::SUCCESS)

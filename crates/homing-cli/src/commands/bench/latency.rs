@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use super::super::chaos::services::{Postgres, Redis};
 use crate::cli::{BenchArgs, Global};
-use crate::output;
+use crate::output::{self, outln};
 use homing::redact::redact_url;
 use homing::store::WorkerStatus;
 use homing::{Backends, Client, EnqueueRequest, JobId, JobState};
@@ -92,15 +92,12 @@ pub(super) async fn run(g: &Global, a: &BenchArgs) -> anyhow::Result<ExitCode> {
         settings: result?,
     };
     if a.json {
-        crate::output::print_line(format_args!("{}", serde_json::to_string(&report)?));
+        outln!("{}", serde_json::to_string(&report)?);
     } else {
-        crate::output::print_line(format_args!(
+        outln!(
             "homing bench --latency: idle enqueue→start, one no-op job at a time, from the job records"
-        ));
-        crate::output::print_line(format_args!(
-            "  broker {}  store {}",
-            report.broker, report.store
-        ));
+        );
+        outln!("  broker {}  store {}", report.broker, report.store);
         output::table(
             &["setting", "samples", "p50", "p95", "p99", "max", "idle CPU"],
             report

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{ChaosArgs, Global};
+use crate::output::outln;
 use deployment::{BrokerChoice, Deployment, Plan, StoreChoice, Workers};
 use homing::redact::redact_url;
 use homing::store::JobFilter;
@@ -460,11 +461,11 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         r.kept_dir = Some(dir.display().to_string());
     }
     if a.json {
-        crate::output::print_line(format_args!("{}", serde_json::to_string_pretty(&r)?));
+        outln!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         r.print_human();
         if let Some(dir) = &r.kept_dir {
-            crate::output::print_line(format_args!("logs and data kept in {dir}"));
+            outln!("logs and data kept in {dir}");
         }
     }
     Ok(if r.ok {

@@ -5,7 +5,7 @@
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-use crate::output;
+use crate::output::{self, outln};
 
 #[derive(Debug, Serialize)]
 pub struct Summary {
@@ -96,7 +96,7 @@ pub struct KeptCounts {
 
 impl Report {
     pub fn print_human(&self) {
-        crate::output::print_line(format_args!(
+        outln!(
             "homing chaos: {} s, seed {}, {} {} workers × concurrency {}, heartbeat {} ms",
             self.duration_s,
             self.seed,
@@ -104,13 +104,10 @@ impl Report {
             self.worker_kind,
             self.concurrency,
             self.heartbeat_ms
-        ));
-        crate::output::print_line(format_args!(
-            "  broker {}  store {}",
-            self.broker, self.store
-        ));
+        );
+        outln!("  broker {}  store {}", self.broker, self.store);
         for (k, v) in &self.settings {
-            crate::output::print_line(format_args!("  {k}: {v}"));
+            outln!("  {k}: {v}");
         }
         let faults = self
             .faults
@@ -226,15 +223,15 @@ impl Report {
             ],
         );
         for v in &self.violations {
-            crate::output::print_line(format_args!("VIOLATION: {v}"));
+            outln!("VIOLATION: {v}");
         }
-        crate::output::print_line(format_args!(
+        outln!(
             "{}",
             if self.ok {
                 "OK: every invariant held"
             } else {
                 "FAILED"
             }
-        ));
+        );
     }
 }
