@@ -287,6 +287,85 @@ async fn a_job_the_store_fails_on_does_not_stop_the_reconciler() {
     );
 }
 
+/// A late `mark_dispatched` cannot strand a limited queue's job. Job P's first message is taken
+/// and P parked (its queue full) while P's producer is still to mark it dispatched; the worker
+/// holding the slot is lost and its rescue unparks P; the producer's mark lands only then. The
+/// outbox no longer has P, so the rescuer must have published P itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_mark_cannot_strand_a_job_unparked_by_a_rescue() {
+    use homing::limit::QueueLimits;
+    use homing::maintenance::rescuer;
+    use homing::store::{StartOutcome, ToPublish};
+    use std::time::Duration;
+
+    let store = SqliteStore::new(fresh_db());
+    let b = SqliteBroker::new(fresh_db());
+    let q = homing::conformance::unique_queue("late-mark");
+    let one = QueueLimits {
+        concurrency: Some(1),
+        ..Default::default()
+    };
+    store
+        .set_limits(&q, &one, homing::time::now())
+        .await
+        .unwrap();
+    let (rj, pj) = (
+        homing::conformance::new_job(&q, "t"),
+        homing::conformance::new_job(&q, "t"),
+    );
+    let (r, p) = (rj.id, pj.id);
+    store.insert(vec![rj, pj]).await.unwrap();
+    let publish = |id: JobId| ToPublish {
+        id,
+        queue: q.clone(),
+        priority: 0,
+    };
+    let queues = std::slice::from_ref(&q);
+    let wait = Duration::from_millis(500);
+    // w1 takes R and holds the only slot; its heartbeat will lapse.
+    b.publish(&[publish(r)]).await.unwrap();
+    store.mark_dispatched(&[r]).await.unwrap();
+    b.register("w1", Duration::from_millis(200)).await.unwrap();
+    assert_eq!(b.reserve("w1", queues, 1, wait).await.unwrap().len(), 1);
+    let started = store.start(&[r], "w1", homing::time::now()).await.unwrap();
+    assert!(matches!(started[0], StartOutcome::Run(_)), "{started:?}");
+    // P is published, but its producer stalls before marking it; w2 takes it, parks it (the
+    // queue is full) and acknowledges the message, as a worker does.
+    b.publish(&[publish(p)]).await.unwrap();
+    b.register("w2", Duration::from_secs(30)).await.unwrap();
+    let got = b.reserve("w2", queues, 1, wait).await.unwrap();
+    assert_eq!(got.len(), 1);
+    let parked = store.start(&[p], "w2", homing::time::now()).await.unwrap();
+    assert_eq!(parked, vec![StartOutcome::Parked]);
+    b.ack(&got).await.unwrap();
+    // w1 is lost: its rescue requeues R and frees the slot, which unparks P.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let report = rescuer::sweep(&b, &store).await.expect("sweep");
+    assert_eq!(report.requeued, 1, "{report:?}");
+    // The producer's late mark.
+    store.mark_dispatched(&[p]).await.unwrap();
+    assert!(
+        store
+            .undispatched(homing::time::now() + 3_600_000_000, 100)
+            .await
+            .unwrap()
+            .iter()
+            .all(|d| d.id != p),
+        "the late mark took P out of the outbox"
+    );
+    let mut delivered: Vec<JobId> = b
+        .reserve("w2", queues, 10, wait)
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|d| d.job.clone().ok())
+        .collect();
+    delivered.sort();
+    let mut want = vec![r, p];
+    want.sort();
+    assert_eq!(delivered, want, "both R (requeued) and P have a message");
+}
+
 /// The embedded broker reserves the highest priority first and is FIFO within one priority; a
 /// requeued message keeps its place. (Redis Streams do not order by priority: docs/limits.md.)
 #[tokio::test]

@@ -238,7 +238,8 @@ async fn start_one_at(s: &dyn Store, id: JobId, at: crate::time::Micros) -> Star
 }
 
 /// A worker that dies holding the only slot: the rescue that reclaims its job frees the slot
-/// and unparks the held job in the same transaction (the reconciler publishes it).
+/// and unparks the held job in the same transaction, and hands it to the rescuer to publish
+/// (the outbox has it too, should the rescuer die first).
 pub async fn a_rescue_frees_the_slot(s: Arc<dyn Store>) {
     let q = unique_queue("rescue");
     s.set_limits(&q, &concurrency(1), now()).await.unwrap();
@@ -246,8 +247,19 @@ pub async fn a_rescue_frees_the_slot(s: Arc<dyn Store>) {
     let b = enqueue(&*s, &q, serde_json::json!({"n": 2})).await;
     ran(&start_one(&*s, a).await);
     assert_eq!(start_one(&*s, b).await, StartOutcome::Parked);
-    assert_eq!(s.mark_lost(a, "w1", now()).await.unwrap(), Lost::Requeued);
+    let (lost, unparked) = s.mark_lost_unparking(a, "w1", now()).await.unwrap();
+    assert_eq!(lost, Lost::Requeued);
+    assert_eq!(
+        unparked.map(|p| p.id),
+        Some(b),
+        "the rescue hands back the held job"
+    );
     assert!(outbox_has(&*s, b).await, "the rescue unparked the held job");
+    // A second rescue of the same run decides nothing and unparks nothing.
+    assert_eq!(
+        s.mark_lost_unparking(a, "w1", now()).await.unwrap(),
+        (Lost::NotOwned(JobState::Queued), None)
+    );
     // One slot: whichever starts first runs, the other is parked.
     let out = s.start(&[b, a], "w2", now()).await.unwrap();
     ran(&out[0]);

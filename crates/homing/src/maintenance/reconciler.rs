@@ -68,6 +68,7 @@ pub async fn pass(
         }
     }
     let mut orphans = Vec::new();
+    let mut freed = Vec::new();
     for (id, worker, _started) in store.running(BATCH).await? {
         if worker.is_empty() || broker.is_alive(&worker).await? {
             continue;
@@ -76,8 +77,8 @@ pub async fn pass(
         if !broker.pending(&worker, 1).await?.is_empty() {
             continue;
         }
-        let lost = match store.mark_lost(id, &worker, now()).await {
-            Ok(lost) => lost,
+        let (lost, unparked) = match store.mark_lost_unparking(id, &worker, now()).await {
+            Ok(decided) => decided,
             Err(e) if e.is_transient() => return Err(e),
             Err(e) => {
                 // One job the store fails on must not stop the outbox below for everyone.
@@ -85,6 +86,8 @@ pub async fn pass(
                 continue;
             }
         };
+        // The job its freed slot unparked, published here rather than by the outbox below.
+        freed.extend(unparked);
         if let Lost::Requeued = lost {
             tracing::warn!(event = "job.reclaimed", job = %id, %worker, "reclaimed a running job whose worker and message are gone");
             if let Some(job) = store.get(id).await? {
@@ -98,6 +101,7 @@ pub async fn pass(
         }
     }
     report.orphans_requeued = orphans.len();
+    orphans.append(&mut freed);
     publish(broker, store, &orphans).await?;
     let before = now() - micros(config.dispatch_grace);
     loop {

@@ -68,8 +68,8 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
                         continue;
                     }
                 };
-                let lost = match store.mark_lost(id, &consumer, now()).await {
-                    Ok(lost) => lost,
+                let (lost, unparked) = match store.mark_lost_unparking(id, &consumer, now()).await {
+                    Ok(decided) => decided,
                     Err(e) if e.is_transient() => return Err(e),
                     Err(e) => {
                         tracing::error!(job = %id, worker = %consumer, error = %e, "cannot reclaim a lost worker's job; leaving its message for the next sweep");
@@ -77,6 +77,9 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
                         continue;
                     }
                 };
+                if let Some(next) = unparked {
+                    crate::client::publish(broker, store, &[next]).await?;
+                }
                 let task = || async {
                     match store.get(id).await {
                         Ok(Some(j)) => j.task,

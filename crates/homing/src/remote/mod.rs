@@ -375,7 +375,10 @@ impl Gateway {
         }
         let pending = self.broker.pending(session, MAX_HELD).await?;
         for id in lost {
-            let outcome = self.store.mark_lost(id, session, now()).await?;
+            let (outcome, unparked) = self.store.mark_lost_unparking(id, session, now()).await?;
+            if let Some(next) = unparked {
+                crate::client::publish(&*self.broker, &*self.store, &[next]).await?;
+            }
             let ds: Vec<Delivery> = pending
                 .iter()
                 .filter(|d| d.job.as_ref().ok() == Some(&id))

@@ -635,7 +635,25 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// Crash contract: one transaction; conditional on the owner, so concurrent rescuers count
     /// each crash once (and record its reclaim once).
-    async fn mark_lost(&self, id: JobId, worker: &str, now: Micros) -> Result<Lost>;
+    ///
+    /// The job's slot of a concurrency-limited queue is freed in the same transaction and the
+    /// next parked job unparked; [`Store::mark_lost_unparking`] returns it for the caller to
+    /// publish, this one leaves it to the reconciler.
+    async fn mark_lost(&self, id: JobId, worker: &str, now: Micros) -> Result<Lost> {
+        Ok(self.mark_lost_unparking(id, worker, now).await?.0)
+    }
+
+    /// [`Store::mark_lost`], also returning the job it unparked (stamped `now`, so the
+    /// reconciler publishes it only if the caller dies before it does). The rescuers publish it
+    /// themselves because the outbox alone can lose it: an older message of that job, taken and
+    /// parked while its producer's `mark_dispatched` was still on its way, lets that late mark
+    /// set `dispatched` on the unparked job, which then has no message and leaves the outbox.
+    async fn mark_lost_unparking(
+        &self,
+        id: JobId,
+        worker: &str,
+        now: Micros,
+    ) -> Result<(Lost, Option<ToPublish>)>;
 
     /// Moves scheduled jobs whose time has come to `queued` (undispatched) and returns them.
     ///

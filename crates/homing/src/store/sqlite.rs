@@ -1650,26 +1650,30 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn mark_lost(&self, id: JobId, worker: &str, now: Micros) -> Result<Lost> {
+    async fn mark_lost_unparking(
+        &self,
+        id: JobId,
+        worker: &str,
+        now: Micros,
+    ) -> Result<(Lost, Option<ToPublish>)> {
         let w = worker.to_string();
         let decided = self
             .db
             .write(move |tx| {
                 let sid = id.to_string();
                 let Some(job) = get_job(tx, &sid)? else {
-                    return Ok(Lost::Missing);
+                    return Ok((Lost::Missing, None));
                 };
                 match transition::lost(&job, &w) {
-                    transition::Lost::NotOwned(state) => Ok(Lost::NotOwned(state)),
+                    transition::Lost::NotOwned(state) => Ok((Lost::NotOwned(state), None)),
                     transition::Lost::Crashed(change) => {
                         let cause = Cause::Lost { worker: &w };
                         transit(tx, &sid, Guard::Any, &change, (cause, Some(&w)), now)?;
-                        // Its slot is free. `Lost` carries nothing to publish, so the unparked
-                        // job is stamped as old: the reconciler's next pass publishes it.
-                        super::limits::sqlite::unpark_after_release(tx, &sid, 0)?;
+                        // Its slot is free: the next parked job goes to the caller to publish.
+                        let unparked = super::limits::sqlite::unpark_after_release(tx, &sid, now)?;
                         let outcome = ReclaimOutcome::after(change.state);
                         record_reclaim(tx, &w, &sid, job.epoch, outcome, now)?;
-                        Ok(lost_as(change.state))
+                        Ok((lost_as(change.state), unparked))
                     }
                 }
             })
@@ -1696,12 +1700,15 @@ impl Store for SqliteStore {
                                     now,
                                 )?;
                             }
-                            return Ok(Lost::Dead);
+                            return Ok((Lost::Dead, None));
                         }
-                        Ok(match get_state(tx, &sid)? {
-                            Some(state) => Lost::NotOwned(state),
-                            None => Lost::Missing,
-                        })
+                        Ok((
+                            match get_state(tx, &sid)? {
+                                Some(state) => Lost::NotOwned(state),
+                                None => Lost::Missing,
+                            },
+                            None,
+                        ))
                     })
                     .await
             }

@@ -1639,25 +1639,32 @@ async fn complete_tx(
     Ok(out)
 }
 
-async fn mark_lost_tx(pool: &PgPool, id: JobId, worker: &str, now: Micros) -> sqlx::Result<Lost> {
+async fn mark_lost_tx(
+    pool: &PgPool,
+    id: JobId,
+    worker: &str,
+    now: Micros,
+) -> sqlx::Result<(Lost, Option<ToPublish>)> {
     let mut tx = pool.begin().await?;
     lock_workflows_of(&mut tx, &[id]).await?;
     let limited = super::limits::postgres::lock_limited(&mut tx, &[id]).await?;
     // The row lock is what makes concurrent rescuers count one crash: the second one waits here
     // and then sees the job no longer running under `worker`.
     let Some(job) = get_job(&mut tx, id, true).await? else {
-        return Ok(Lost::Missing);
+        return Ok((Lost::Missing, None));
     };
     let lost = match transition::lost(&job, worker) {
-        transition::Lost::NotOwned(state) => return Ok(Lost::NotOwned(state)),
+        transition::Lost::NotOwned(state) => return Ok((Lost::NotOwned(state), None)),
         transition::Lost::Crashed(change) => {
             transit(&mut tx, &job, &change, Cause::Lost { worker }, now).await?;
-            if let Some(l) = limited.get(&job.queue) {
-                // Its slot is free. `Lost` carries nothing to publish, so the unparked job is
-                // stamped as old: the reconciler's next pass publishes it.
-                super::limits::postgres::unpark_after_release(&mut tx, id, &job.queue, l, 0)
-                    .await?;
-            }
+            // Its slot is free: the next parked job goes to the caller to publish.
+            let unparked = match limited.get(&job.queue) {
+                Some(l) => {
+                    super::limits::postgres::unpark_after_release(&mut tx, id, &job.queue, l, now)
+                        .await?
+                }
+                None => None,
+            };
             sqlx::query(
                 "INSERT INTO homing_worker_reclaims (worker, job, epoch, outcome, at) \
                  VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
@@ -1669,11 +1676,12 @@ async fn mark_lost_tx(pool: &PgPool, id: JobId, worker: &str, now: Micros) -> sq
             .bind(now)
             .execute(&mut *tx)
             .await?;
-            match change.state {
+            let lost = match change.state {
                 JobState::Dead => Lost::Dead,
                 JobState::Cancelled => Lost::Cancelled,
                 _ => Lost::Requeued,
-            }
+            };
+            (lost, unparked)
         }
     };
     tx.commit().await?;
@@ -1998,7 +2006,12 @@ impl Store for PgStore {
         .await
     }
 
-    async fn mark_lost(&self, id: JobId, worker: &str, now: Micros) -> Result<Lost> {
+    async fn mark_lost_unparking(
+        &self,
+        id: JobId,
+        worker: &str,
+        now: Micros,
+    ) -> Result<(Lost, Option<ToPublish>)> {
         match self.call(mark_lost_tx(&self.pool, id, worker, now)).await {
             Err(e) if !e.is_transient() => {
                 // The last resort, as for a start: a job whose new state cannot be written
@@ -2009,12 +2022,13 @@ impl Store for PgStore {
                     .call(bury(&self.pool, id, BuryIf::Owner(worker), &reason, now))
                     .await?
                 {
-                    return Ok(Lost::Dead);
+                    return Ok((Lost::Dead, None));
                 }
-                Ok(match self.state_of(id).await? {
+                let lost = match self.state_of(id).await? {
                     Some(state) => Lost::NotOwned(state),
                     None => Lost::Missing,
-                })
+                };
+                Ok((lost, None))
             }
             other => other,
         }
