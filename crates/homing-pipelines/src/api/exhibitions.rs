@@ -150,6 +150,18 @@ pub async fn get(
         .exhibition(&id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no exhibition {id}")))?;
+    // The ready step itself giving up (it refuses to mark an exhibition missing a track) fails
+    // the exhibition too. A pruned workflow was long finished; its exhibition says so itself.
+    // Read before the tracks' jobs: a failed step is stored before the workflow cancels its
+    // dependents, so a cancelled ready step read first means the failed track's job is seen
+    // failed below; read after, the view could say "failed" with every track still working.
+    let ready_step = match e.workflow.as_deref().and_then(|w| w.parse().ok()) {
+        Some(w) => match st.client.store().workflow(w).await? {
+            Some(wf) => wf.steps.get(READY_STEP).map(|s| s.state),
+            None => None,
+        },
+        None => None,
+    };
     let mut failed = false;
     let mut out = Vec::with_capacity(tracks.len());
     for t in tracks {
@@ -182,15 +194,6 @@ pub async fn get(
             "generations": { "started": t.generations_started, "completed": t.generations_finished },
         }));
     }
-    // The ready step itself giving up (it refuses to mark an exhibition missing a track) fails
-    // the exhibition too. A pruned workflow was long finished; its exhibition says so itself.
-    let ready_step = match e.workflow.as_deref().and_then(|w| w.parse().ok()) {
-        Some(w) => match st.client.store().workflow(w).await? {
-            Some(wf) => wf.steps.get(READY_STEP).map(|s| s.state),
-            None => None,
-        },
-        None => None,
-    };
     let state = if e.state == "ready" {
         "ready"
     } else if failed || given_up(ready_step) {
