@@ -145,6 +145,14 @@ pub async fn get(
         },
         None => st.client.store().get_by_key(&ocr_key(&id)).await?,
     };
+    // Read the document again after its job: the OCR handler stores the text before the job's
+    // success is recorded, so text read now is at least as new as the state shown; from the
+    // first read alone a view could say "succeeded" with no text.
+    let doc = s
+        .state
+        .document(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no document {id}")))?;
     let notifications: Vec<_> = s
         .state
         .notifications(&id)
