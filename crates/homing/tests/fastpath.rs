@@ -431,17 +431,29 @@ async fn embedded_enqueue_publishes_every_job_and_marks_it_dispatched() {
 /// transaction, every job; the reader here looks for it continuously while 100 jobs go one by
 /// one into the idle worker. (A job started before is left out: on a starved machine the
 /// rescuer may presume the worker lost and put its job back to `queued` a moment before its
-/// message.) The fast path gives way to the ordinary one when its write is refused or fails
-/// (docs/fastpath.md); in one CI run, with this binary's tests side by side on two cores, it did
-/// so for 1 of the 100 jobs, for a reason not found (the fallback on a transient error is not
-/// logged). So the test allows 3 of the 100 jobs to be seen that way; with the fast path off,
-/// 87 of the 100 were seen when this was written.
+/// message.) With the fast path off, 87 of the 100 jobs were seen that way when this was
+/// written. The fetcher says why it gives way (trace and debug events, printed with a failure);
+/// one job is allowed for a cause not yet seen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_embedded_worker_reserves_and_starts_in_one_write() {
+    // Global, because the worker's tasks run on the runtime's threads; the test harness keeps
+    // what they print with this test's output.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("homing::worker::fetcher=trace")
+        .with_ansi(false)
+        .with_test_writer()
+        .try_init();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("homing.db");
     let url = format!("sqlite://{}", path.display());
     let b = homing::Backends::open(&url, &url).await.unwrap();
+    // On a new file the worker's first reconciler pass finds no broker marker and publishes
+    // every queued job again: a second message for the first job, harmless (its delivery finds
+    // the job done) but taken by the committer's round just after the fetcher saw it ready, so
+    // the fetcher gave way for the next job (the only fallback seen in a hundred runs beside
+    // busy loops, and likely the one a CI run once counted). Set the marker first, as an
+    // installation that ran before has it.
+    b.broker.check_marker().await.unwrap();
     let q = unique_queue("take-at-once");
     let mut tasks = Registry::new();
     tasks.register_fn(
@@ -498,7 +510,7 @@ async fn an_idle_embedded_worker_reserves_and_starts_in_one_write() {
     running.await.unwrap().unwrap();
     assert!(looks >= 100);
     assert!(
-        jobs_seen <= 3,
+        jobs_seen <= 1,
         "in {looks} looks, a reserved message's job was still queued {seen} times, \
          in {jobs_seen} of the 100 jobs"
     );

@@ -87,7 +87,12 @@ async fn take_at_once(
     match s.broker.wait_ready(&s.config.queues, RESERVE_WAIT).await {
         Ok(true) => {}
         Ok(false) => return None,
-        Err(_) => return Some(permits),
+        Err(e) => {
+            // The ordinary reservation reports what persists; this only says why the fast
+            // path was skipped (`HOMING_LOG=homing=debug`).
+            tracing::debug!(error = %e, "looking for a ready message failed; taking the ordinary way");
+            return Some(permits);
+        }
     }
     if s.stopping.is_cancelled() || s.lost.is_cancelled() {
         return None;
@@ -100,6 +105,7 @@ async fn take_at_once(
         }
     }
     if slots.is_empty() {
+        tracing::trace!("no handler slot free; the message waits the ordinary way");
         return Some(permits);
     }
     // The reservations beyond the free slots go back now; the next turn reserves for them the
@@ -119,9 +125,16 @@ async fn take_at_once(
             executor::take_started(s, taken, permits, slots, gate).await;
             None
         }
-        Ok(_) => Some(permits),
+        Ok(_) => {
+            tracing::trace!("another consumer took the message first");
+            Some(permits)
+        }
         Err(e) => {
-            if !e.is_transient() {
+            if e.is_transient() {
+                // Said, though quietly: a file that keeps failing here loses the fast path,
+                // and nothing else would show it.
+                tracing::debug!(error = %e, "reserving and starting in one write failed; taking the ordinary way");
+            } else {
                 tracing::warn!(error = %e, "reserving and starting in one write was refused; taking the ordinary way");
             }
             Some(permits)
