@@ -149,11 +149,15 @@ pub fn history(j: &Job, h: &homing::history::History) {
 /// gone (`homing jobs list | head -1`). Then the command ends quietly with the status a death by
 /// SIGPIPE gives (141), as other command-line tools do. The process keeps ignoring SIGPIPE:
 /// restoring it would also let a server that closes the connection mid-request (a body over its
-/// limit) kill a client silently instead of letting it report the refusal.
+/// limit) kill a client silently instead of letting it report the refusal. What the command did
+/// before stands (`homing enqueue` stored its jobs), so its buffered trace spans are exported
+/// first: the exit skips the drop that would export them.
 pub fn print_line(args: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
+        drop(out);
+        homing::otel::flush();
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(141);
         }

@@ -533,3 +533,46 @@ async fn the_server_records_a_remote_workers_runs_in_the_jobs_trace() {
         assert_eq!(run.attr("homing.queue"), "py");
     }
 }
+
+/// `homing enqueue | head -c0`: the job is stored, the output's reader is gone, and the command
+/// ends with 141 at once (`std::process::exit`, which skips the drop that exports buffered
+/// spans). The enqueue span is still exported: with a batch delay of a minute here, only the
+/// flush before that exit can have sent it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_whose_reader_went_away_still_exports_its_span() {
+    let (endpoint, spans) = start_receiver().await;
+    let env = Env::sqlite();
+    let (code, _, err) = env.run(&["migrate"]);
+    assert_eq!(code, 0, "{err}");
+    let mut o = otel_env(&endpoint);
+    o.retain(|(k, _)| *k != "OTEL_BSP_SCHEDULE_DELAY");
+    o.push(("OTEL_BSP_SCHEDULE_DELAY", "60000".into()));
+    let mut cmd = env.command(&["enqueue", "builtin.noop"]);
+    cmd.envs(o.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = tokio::task::spawn_blocking(move || {
+        let mut child = cmd.spawn().expect("run homing");
+        drop(child.stdout.take());
+        child.wait_with_output().expect("wait for homing")
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{err}");
+    let (code, listed, err) = env.run(&["jobs", "list", "--task", "builtin.noop"]);
+    assert_eq!(code, 0, "{err}");
+    let id = listed
+        .split_whitespace()
+        .find(|w| w.len() == 36 && w.matches('-').count() == 4)
+        .unwrap_or_else(|| panic!("the job was stored: {listed}"))
+        .to_string();
+    // The process has exited: whatever reached the receiver is all there will be.
+    let s = spans.lock().unwrap().clone();
+    let enqueue = s
+        .iter()
+        .find(|x| x.name == "enqueue builtin.noop")
+        .unwrap_or_else(|| panic!("no enqueue span was exported: {s:#?}"));
+    assert_eq!(enqueue.attr("homing.job_id"), id);
+    assert_eq!(enqueue.service, "homing-under-test");
+}

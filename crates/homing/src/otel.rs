@@ -45,6 +45,9 @@ mod imp {
     use std::time::{Duration, SystemTime};
 
     static TRACER: OnceLock<SdkTracer> = OnceLock::new();
+    /// The provider again, for [`flush`]: a process that must end at once (`std::process::exit`
+    /// skips the [`Guard`]'s drop) still exports what it buffered.
+    static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 
     /// Keeps the exporter alive; dropping it exports what is still buffered. Drop it outside
     /// any async runtime (the exporter's HTTP client is a blocking one).
@@ -85,11 +88,23 @@ mod imp {
             .with_resource(resource.build())
             .build();
         let _ = TRACER.set(provider.tracer("homing"));
+        let _ = PROVIDER.set(provider.clone());
         Ok(Some(Guard(provider)))
     }
 
     pub fn enabled() -> bool {
         TRACER.get().is_some()
+    }
+
+    /// Exports the spans still buffered, waiting for the exporter; for a process about to call
+    /// `std::process::exit`. Blocks the calling thread (the export runs on the exporter's own
+    /// thread, so a runtime's thread may call it). Does nothing when traces are off.
+    pub fn flush() {
+        if let Some(p) = PROVIDER.get() {
+            if let Err(e) = p.force_flush() {
+                tracing::warn!(error = %e, "could not export the last spans");
+            }
+        }
     }
 
     fn format(sc: &SpanContext) -> String {
@@ -257,6 +272,8 @@ mod imp {
     pub fn enabled() -> bool {
         false
     }
+
+    pub fn flush() {}
 
     pub enum EnqueueSpan {}
 
