@@ -139,6 +139,11 @@ pub enum Command {
         command: SchedulesCommand,
     },
     /// Measure throughput and latency: enqueue N no-op jobs and drain them with W worker processes.
+    #[command(
+        long_about = "Measure throughput and latency: enqueue N no-op jobs and drain them with W worker processes.\n\n\
+            The worker processes (and, with --backends, the redis-server and PostgreSQL) it starts \
+            die with it, also when it is killed with -9."
+    )]
     Bench(BenchArgs),
     /// Prove the guarantees: run a real deployment under load, inject faults, check every invariant.
     #[command(long_about = CHAOS_ABOUT)]

@@ -205,26 +205,27 @@ pub async fn run(g: &Global, a: BenchArgs) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().context("cannot find the homing executable")?;
     let hb = format!("{}ms", a.heartbeat_interval.as_millis());
     let spawn_worker = || {
-        tokio::process::Command::new(&exe)
-            .args([
-                "worker",
-                "--queue",
-                &queue,
-                "--concurrency",
-                &a.concurrency.to_string(),
-                "--heartbeat-interval",
-                &hb,
-            ])
-            .args(["--broker", &broker_url, "--store", &store_url])
-            .env(
-                "HOMING_LOG",
-                std::env::var("HOMING_LOG").unwrap_or_else(|_| "error".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .context("cannot start a worker process")
+        let mut cmd = tokio::process::Command::new(&exe);
+        super::chaos::child::dies_with_bench(&mut cmd);
+        cmd.args([
+            "worker",
+            "--queue",
+            &queue,
+            "--concurrency",
+            &a.concurrency.to_string(),
+            "--heartbeat-interval",
+            &hb,
+        ])
+        .args(["--broker", &broker_url, "--store", &store_url])
+        .env(
+            "HOMING_LOG",
+            std::env::var("HOMING_LOG").unwrap_or_else(|_| "error".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("cannot start a worker process")
     };
     let mut children = Vec::new();
     let workers = if a.enqueue_only { 0 } else { a.workers };

@@ -128,8 +128,9 @@ async fn measure(a: &BenchArgs, broker: &str, store: &str) -> anyhow::Result<Vec
     let exe = std::env::current_exe().context("cannot find the homing executable")?;
     let log = std::env::var("HOMING_LOG").unwrap_or_else(|_| "error".into());
     let spawn = |args: Vec<String>| {
-        tokio::process::Command::new(&exe)
-            .args(args)
+        let mut cmd = tokio::process::Command::new(&exe);
+        super::super::chaos::child::dies_with_bench(&mut cmd);
+        cmd.args(args)
             .args(["--broker", broker, "--store", store])
             .env("HOMING_LOG", &log)
             .env_remove("HOMING_API_TOKEN")

@@ -24,16 +24,37 @@ pub fn signal(pid: u32, sig: libc::c_int) -> std::io::Result<()> {
 #[allow(unsafe_code)]
 fn die_with_parent(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
-    // SAFETY: between fork and exec only async-signal-safe calls are allowed; prctl(2) is one.
+    // SAFETY: between fork and exec only async-signal-safe calls are allowed; see
+    // [`kill_me_with_parent`].
     unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+        cmd.pre_exec(kill_me_with_parent);
     }
     cmd.process_group(0);
+}
+
+/// Makes a child of `homing bench` receive SIGKILL when the thread that spawned it exits, so a
+/// bench killed with -9 leaves no worker behind (`kill_on_drop` covers every other end). The
+/// bench spawns from its runtime's own threads (the main thread's `block_on`, or a worker
+/// thread), which live as long as the process, unlike the blocking pool's that [`keeper`] is
+/// for. Its children keep the bench's process group: a terminal's Ctrl-C stops them with it.
+#[allow(unsafe_code)]
+pub(crate) fn dies_with_bench(cmd: &mut tokio::process::Command) {
+    // SAFETY: between fork and exec only async-signal-safe calls are allowed; see
+    // [`kill_me_with_parent`].
+    unsafe {
+        cmd.pre_exec(kill_me_with_parent);
+    }
+}
+
+/// Run in a forked child before its exec: asks for SIGKILL when the forking thread exits.
+/// Async-signal-safe: prctl(2) and reading errno, nothing that allocates or locks.
+#[allow(unsafe_code)]
+fn kill_me_with_parent() -> std::io::Result<()> {
+    // SAFETY: prctl(2) with integer arguments has no memory-safety preconditions.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 type SpawnRequest = (Command, std::sync::mpsc::Sender<std::io::Result<Child>>);

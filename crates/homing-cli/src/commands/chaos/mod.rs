@@ -10,7 +10,7 @@
 //! (the witness), [`load`], [`hostile`] (refused input beside the load), [`faults`],
 //! [`invariants`], [`rollups`] (the charts' rollups against the jobs), [`report`].
 
-mod child;
+pub(crate) mod child;
 mod counter;
 mod counts;
 mod deployment;
