@@ -684,22 +684,10 @@ async fn the_shared_server_dies_with_the_test_binary_even_after_a_failure() {
         .parse()
         .unwrap();
     assert!(pid > 0);
-    // Gone, or a zombie waiting for a parent that no longer exists (a container's pid 1 may
-    // not reap): anything else is a process still running.
-    let running = || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit_once(") ")
-                    .map(|(_, rest)| rest.starts_with('Z'))
-                    .map(|z| !z)
-            })
-            .unwrap_or(false)
-    };
     eventually(
         Duration::from_secs(20),
         "the probe's server to be gone",
-        || async { (!running()).then_some(()) },
+        || async { (!process_running(pid)).then_some(()) },
     )
     .await;
 }

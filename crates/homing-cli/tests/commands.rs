@@ -294,38 +294,6 @@ fn bench_enqueue_only_leaves_a_backlog_and_refuses_a_throwaway_database() {
     );
 }
 
-/// The children of a process, from /proc (each `/proc/PID/stat` names its parent).
-fn children_of(parent: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // The command name is in parentheses and may hold spaces; the parent is the second
-        // field after it.
-        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        if fields.get(1).and_then(|p| p.parse::<u32>().ok()) == Some(parent) {
-            out.push(pid);
-        }
-    }
-    out
-}
-
-/// Whether `pid` still runs (a zombie waiting to be reaped does not).
-fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-        !matches!(
-            after.split_whitespace().next(),
-            Some("Z") | Some("X") | None
-        )
-    })
-}
-
 /// `homing bench` killed with -9 takes its worker processes with it: they would otherwise go
 /// on polling a benchmark nobody reads (and, on its throwaway database, one already deleted).
 #[test]
@@ -365,13 +333,9 @@ fn a_bench_killed_with_9_leaves_no_worker_behind() {
     bench.kill().expect("kill -9 the bench");
     bench.wait().expect("reap the bench");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while workers.iter().any(|&w| running(w)) {
+    while workers.iter().any(|&w| process_running(w)) {
         if std::time::Instant::now() > deadline {
-            for &w in &workers {
-                let _ = std::process::Command::new("kill")
-                    .args(["-9", &w.to_string()])
-                    .status();
-            }
+            workers.iter().for_each(|&w| kill9_pid(w));
             panic!("the bench's workers {workers:?} outlived it by 10 s");
         }
         std::thread::sleep(Duration::from_millis(50));

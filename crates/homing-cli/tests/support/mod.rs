@@ -633,6 +633,43 @@ pub async fn wait_progress(env: &Env, ids: &[homing::JobId], done: usize) {
     .await;
 }
 
+/// The fields of `/proc/PID/stat` after the command name (which is in parentheses and may hold
+/// spaces): the state first, then the parent's pid. `None`: no such process.
+fn proc_stat(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// Whether `pid` still runs: gone, or a zombie waiting for a parent that no longer exists (a
+/// container's pid 1 may not reap), does not.
+pub fn process_running(pid: u32) -> bool {
+    proc_stat(pid).is_some_and(|f| !matches!(f.first().map(String::as_str), Some("Z" | "X") | None))
+}
+
+/// The processes whose parent is `parent`.
+pub fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|&pid| {
+            proc_stat(pid).and_then(|f| f.get(1).and_then(|p| p.parse::<u32>().ok()))
+                == Some(parent)
+        })
+        .collect()
+}
+
+/// SIGKILL to `pid`, for a process this test did not spawn itself (a child's child).
+#[allow(unsafe_code)]
+pub fn kill9_pid(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        // SAFETY: kill(2) takes plain integers and has no memory-safety preconditions.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -126,7 +126,9 @@ async fn take_at_once(
             None
         }
         Ok(_) => {
-            tracing::trace!("another consumer took the message first");
+            // Another worker, or this worker's own committer round, reserved it between the
+            // read and the write.
+            tracing::trace!("the message was taken first; taking the ordinary way");
             Some(permits)
         }
         Err(e) => {

@@ -1,7 +1,8 @@
 //! Child processes the chaos tool owns. Each one dies with the tool however the tool ends: a
 //! parent-death signal covers `kill -9` of the tool itself, `Drop` covers errors and Ctrl-C, and
 //! every child gets its own process group so a terminal's Ctrl-C reaches only the tool, which
-//! then tears the deployment down in order.
+//! then tears the deployment down in order. `homing bench` takes its parent-death signal from
+//! here too ([`dies_with_bench`]), as it takes its throwaway servers from `services`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
