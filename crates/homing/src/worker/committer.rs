@@ -5,15 +5,17 @@
 //!
 //! Batches come from time and load, not from the number of slots (docs/fastpath.md): the
 //! committer takes whatever has arrived, and while handlers of this session are still running it
-//! yields for a few scheduler turns (at most [`LINGER`]) so that jobs finishing together commit
-//! together. A store that overlaps transactions well (PostgreSQL, whose commit waits for its WAL
-//! flush) gets several batches in flight at once, each on its own connection; the next batch
-//! gathers meanwhile. When the broker lives in the store's own SQLite file, the acknowledgement
-//! is written in the commit's transaction, and so are the next batch's reservation and start,
-//! which reuse the acknowledged messages' reservations ([`carry_over`]): one write per round.
-//! Elsewhere a batch's reservations are given back together, after
-//! its acknowledgement, so the fetcher reserves one batch, not one message at a time.
+//! waits for them (at most [`LINGER`]) so that jobs finishing together commit together. A store
+//! that overlaps transactions well (PostgreSQL, whose commit waits for its WAL flush) gets
+//! several batches in flight at once, each on its own connection; the next batch gathers
+//! meanwhile. When the broker lives in the store's own SQLite file, the acknowledgement is
+//! written in the commit's transaction, and so are the next batch's reservation and start, which
+//! reuse the acknowledged messages' reservations ([`carry_over`]): one write per round.
+//! Elsewhere a batch's reservations are given back together, after its acknowledgement, and the
+//! fetcher waits for those on their way ([`Returning`]), so it reserves one batch, not one
+//! message at a time.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -30,21 +32,51 @@ use crate::time::now;
 /// Most completions committed in one transaction.
 const MAX_BATCH: usize = 512;
 
-/// Longest a batch waits for handlers still running to finish and join it.
-const LINGER: Duration = Duration::from_micros(200);
-
-/// Most scheduler turns a batch yields for while it lingers.
-const LINGER_TURNS: u32 = 8;
+/// Longest a batch waits for handlers still running to finish and join it. The runtime's timer
+/// counts whole milliseconds, so this is the shortest bound that means what it says.
+const LINGER: Duration = Duration::from_millis(1);
 
 /// One delivery to finish: commit its completion (if any), then acknowledge its message.
 pub(crate) struct Item {
     pub delivery: Delivery,
     pub completion: Option<Completion>,
     pub task: String,
-    /// Held, never read: dropped only after the ack, so reserved-but-unacknowledged messages
-    /// never exceed prefetch.
-    #[allow(dead_code)]
-    pub reservation: Option<OwnedSemaphorePermit>,
+    /// Given back only after the ack, so reserved-but-unacknowledged messages never exceed
+    /// prefetch.
+    pub reservation: Option<Returning>,
+}
+
+/// A reservation on its way back to the fetcher through the committer, counted in
+/// `Session::returning` meanwhile: a fetcher that finds reservations about to come back waits
+/// for them and reserves one batch instead of several small ones (`fetcher::settle`). The count
+/// drops before the reservation is given back, so a fetcher woken by it never waits for a
+/// reservation already returned.
+pub(crate) struct Returning {
+    permit: Option<OwnedSemaphorePermit>,
+    count: Arc<AtomicUsize>,
+}
+
+impl Returning {
+    pub fn new(permit: OwnedSemaphorePermit, count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Returning {
+            permit: Some(permit),
+            count: count.clone(),
+        }
+    }
+
+    /// The reservation itself, for a caller that gives it back (or passes it on) once this,
+    /// now dropped, has left the count.
+    fn into_permit(mut self) -> Option<OwnedSemaphorePermit> {
+        self.permit.take()
+    }
+}
+
+impl Drop for Returning {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        // The permit field drops after this: given back once it has left the count.
+    }
 }
 
 pub(crate) async fn run(s: Arc<Session>, mut rx: mpsc::Receiver<Item>, done: CancellationToken) {
@@ -83,27 +115,37 @@ fn top_up(rx: &mut mpsc::Receiver<Item>, batch: &mut Vec<Item>) {
     }
 }
 
-/// Grows a batch with what arrives while handlers of this session are still running, for a
-/// few scheduler turns and at most [`LINGER`]: jobs that end together commit together, and a
-/// long job costs the batch no more than that.
+/// Grows a batch with what arrives while handlers of this session are still running, or have
+/// ended and their outcomes are on the way, for at most [`LINGER`]: jobs that end together
+/// commit together, and a long job costs the batch no more than that. It sleeps on the channel
+/// rather than yielding in a loop: a yielding committer keeps its scheduler thread busy, so the
+/// handlers queued there wait for the other thread, and a round of eight no-op jobs used to
+/// split into a batch of one and a batch of seven (two commits, and two starts after them).
 async fn gather(s: &Session, rx: &mut mpsc::Receiver<Item>, batch: &mut Vec<Item>) {
-    let since = std::time::Instant::now();
-    let mut turns = 0;
+    let until = tokio::time::Instant::now() + LINGER;
     loop {
         top_up(rx, batch);
-        if batch.len() >= MAX_BATCH || turns >= LINGER_TURNS || since.elapsed() >= LINGER {
+        if batch.len() >= MAX_BATCH {
             return;
         }
-        let running = !s
+        // A handler that has just ended no longer counts as running, but its outcome may not
+        // have arrived yet: without waiting for it, a batch would often leave its last job to
+        // a commit of its own.
+        let busy = !s
             .running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .is_empty();
-        if !running {
+            .is_empty()
+            || s.ending.load(Ordering::Acquire) > 0;
+        if !busy {
+            // What was sent between the top-up above and that look is in the channel now.
+            top_up(rx, batch);
             return;
         }
-        tokio::task::yield_now().await;
-        turns += 1;
+        match tokio::time::timeout_at(until, rx.recv()).await {
+            Ok(Some(x)) => batch.push(x),
+            _ => return,
+        }
     }
 }
 
@@ -283,7 +325,7 @@ fn carry_over(
         let Ok(slot) = s.slots.clone().try_acquire_owned() else {
             break;
         };
-        if let Some(r) = item.reservation.take() {
+        if let Some(r) = item.reservation.take().and_then(Returning::into_permit) {
             reservations.push(r);
             slots.push(slot);
         }
@@ -296,7 +338,7 @@ fn carry_over(
 fn release_together(batch: Vec<Item>) {
     let mut held: Option<OwnedSemaphorePermit> = None;
     for item in batch {
-        if let Some(p) = item.reservation {
+        if let Some(p) = item.reservation.and_then(Returning::into_permit) {
             match held.as_mut() {
                 Some(h) => h.merge(p),
                 None => held = Some(p),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
-use super::committer::Item;
+use super::committer::{Item, Returning};
 use super::{RunningJob, Session, StopReason};
 use crate::broker::Delivery;
 use crate::job::{Job, JobId, JobState};
@@ -374,7 +374,7 @@ async fn ack_only(s: &Arc<Session>, r: Reserved) {
         delivery: r.delivery,
         completion: None,
         task: String::new(),
-        reservation: Some(r.reservation),
+        reservation: Some(Returning::new(r.reservation, &s.returning)),
     };
     let _ = s.commits.send(item).await;
 }
@@ -440,6 +440,7 @@ async fn run(
             s.id,
             s.registry.names().join(", ")
         );
+        let _ending = Ending::new(&s);
         committing(&s, job.id, true);
         unclaim(&s, job.id, &running);
         drop(slot);
@@ -477,6 +478,7 @@ async fn run(
     }
     // Marked as committing before it stops counting as running, so that a duplicate delivery
     // arriving before the commit is skipped, never run again (`started_by_lost_answer`).
+    let _ending = Ending::new(&s);
     committing(&s, job.id, true);
     unclaim(&s, job.id, &running);
     drop(slot);
@@ -532,6 +534,23 @@ async fn run(
     commit(&s, r, &job, outcome).await;
 }
 
+/// Counts a handler that has ended (it no longer counts as running) until its outcome reaches
+/// the committer, which gathers a batch while any is on its way (`committer::gather`).
+struct Ending<'a>(&'a Session);
+
+impl<'a> Ending<'a> {
+    fn new(s: &'a Session) -> Self {
+        s.ending.fetch_add(1, Ordering::AcqRel);
+        Ending(s)
+    }
+}
+
+impl Drop for Ending<'_> {
+    fn drop(&mut self) {
+        self.0.ending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Marks (or unmarks) a job whose outcome is on its way to the committer, which unmarks it once
 /// the store has answered.
 fn committing(s: &Session, id: JobId, on: bool) {
@@ -553,7 +572,7 @@ async fn commit(s: &Arc<Session>, r: Reserved, job: &Job, outcome: Outcome) {
             outcome: bounded(outcome),
         }),
         task: job.task.clone(),
-        reservation: Some(r.reservation),
+        reservation: Some(Returning::new(r.reservation, &s.returning)),
     };
     let _ = s.commits.send(item).await;
 }

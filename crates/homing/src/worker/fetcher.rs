@@ -1,6 +1,7 @@
 //! Responsible for reserving messages: never more than the free reservations (prefetch), so a
 //! crash puts at risk only what this worker holds (docs/design.md section 1, guarantee 8).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,6 +9,10 @@ use super::{executor, Session};
 
 /// How long one reservation call may wait for a message before the loop looks around again.
 const RESERVE_WAIT: Duration = Duration::from_millis(500);
+
+/// Longest the fetcher waits for reservations on their way back before it reserves with what it
+/// has ([`settle`]): a few commits' time, so a slow store holds back no start for long.
+const SETTLE: Duration = Duration::from_millis(5);
 
 pub(crate) async fn run(s: Arc<Session>) {
     let mut backoff = Duration::from_millis(50);
@@ -31,6 +36,7 @@ pub(crate) async fn run(s: Arc<Session>) {
                 None => continue,
             }
         }
+        settle(&s, &mut permits).await;
         // Not cancelled mid-call: a reservation that completes after its caller went away would
         // leave messages owned by a worker that no longer waits for them.
         let reserved = s
@@ -63,6 +69,28 @@ pub(crate) async fn run(s: Arc<Session>) {
                 }
                 executor::start_batch(&s, deliveries, permits).await;
             }
+        }
+    }
+}
+
+/// Waits, at most [`SETTLE`], for the reservations the committer is about to give back, so that
+/// under load the fetcher reserves one batch rather than several small ones. Without it a round
+/// whose jobs commit in two batches gives its reservations back in two steps, the fetcher
+/// reserves (and the store starts) two smaller batches, and the split never heals: at the
+/// default concurrency most rounds ended up with one to three jobs, each costing a start and a
+/// commit transaction. A reservation comes back right after its commit and acknowledgement, so
+/// the wait is about one commit; it is skipped when nothing is on its way back (an idle worker,
+/// or one whose other reservations belong to jobs still running).
+async fn settle(s: &Session, permits: &mut Vec<tokio::sync::OwnedSemaphorePermit>) {
+    let want = s.config.prefetch();
+    let until = tokio::time::Instant::now() + SETTLE;
+    while permits.len() < want && s.returning.load(Ordering::Acquire) > 0 {
+        match tokio::time::timeout_at(until, s.reservations.clone().acquire_owned()).await {
+            Ok(Ok(p)) => permits.push(p),
+            _ => return,
+        }
+        while let Ok(p) = s.reservations.clone().try_acquire_owned() {
+            permits.push(p);
         }
     }
 }
