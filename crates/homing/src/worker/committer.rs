@@ -4,13 +4,13 @@
 //! cheap.
 //!
 //! Batches come from time and load, not from the number of slots (docs/fastpath.md): the
-//! committer takes whatever has arrived, and while handlers of this session are still running it
-//! waits for them (at most [`LINGER`]) so that jobs finishing together commit together. A store
-//! that overlaps transactions well (PostgreSQL, whose commit waits for its WAL flush) gets
-//! several batches in flight at once, each on its own connection; the next batch gathers
-//! meanwhile. When the broker lives in the store's own SQLite file, the acknowledgement is
-//! written in the commit's transaction, and so are the next batch's reservation and start, which
-//! reuse the acknowledged messages' reservations ([`carry_over`]): one write per round.
+//! committer takes whatever has arrived, and while jobs started together with those are still
+//! running it waits for them (at most [`LINGER`]) so that jobs finishing together commit
+//! together. A store that overlaps transactions well (PostgreSQL, whose commit waits for its WAL
+//! flush) gets several batches in flight at once, each on its own connection; the next batch
+//! gathers meanwhile. When the broker lives in the store's own SQLite file, the acknowledgement
+//! is written in the commit's transaction, and so are the next batch's reservation and start,
+//! which reuse the acknowledged messages' reservations ([`carry_over`]): one write per round.
 //! Elsewhere a batch's reservations are given back together, after its acknowledgement, and the
 //! fetcher waits for those on their way ([`Returning`]), so it reserves one batch, not one
 //! message at a time.
@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::executor::Round;
 use super::Session;
 use crate::broker::Delivery;
 use crate::client::publish;
@@ -32,8 +33,8 @@ use crate::time::now;
 /// Most completions committed in one transaction.
 const MAX_BATCH: usize = 512;
 
-/// Longest a batch waits for handlers still running to finish and join it. The runtime's timer
-/// counts whole milliseconds, so this is the shortest bound that means what it says.
+/// Longest a batch waits for jobs started with its own. The runtime's timer counts whole
+/// milliseconds and rounds a deadline up, so the wait is 1–2 ms at most.
 const LINGER: Duration = Duration::from_millis(1);
 
 /// One delivery to finish: commit its completion (if any), then acknowledge its message.
@@ -44,6 +45,8 @@ pub(crate) struct Item {
     /// Given back only after the ack, so reserved-but-unacknowledged messages never exceed
     /// prefetch.
     pub reservation: Option<Returning>,
+    /// The jobs started with this one, whose outcomes the batch waits for.
+    pub round: Option<Arc<Round>>,
 }
 
 /// A reservation on its way back to the fetcher through the committer, counted in
@@ -89,7 +92,7 @@ pub(crate) async fn run(s: Arc<Session>, mut rx: mpsc::Receiver<Item>, done: Can
             _ = done.cancelled() => match rx.try_recv() { Ok(x) => x, Err(_) => break },
         };
         let mut batch = vec![first];
-        gather(&s, &mut rx, &mut batch).await;
+        gather(&mut rx, &mut batch).await;
         // Waiting for a free commit lets the batch grow meanwhile.
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             break;
@@ -115,30 +118,26 @@ fn top_up(rx: &mut mpsc::Receiver<Item>, batch: &mut Vec<Item>) {
     }
 }
 
-/// Grows a batch with what arrives while handlers of this session are still running, or have
-/// ended and their outcomes are on the way, for at most [`LINGER`]: jobs that end together
-/// commit together, and a long job costs the batch no more than that. It sleeps on the channel
-/// rather than yielding in a loop: a yielding committer keeps its scheduler thread busy, so the
-/// handlers queued there wait for the other thread, and a round of eight no-op jobs used to
-/// split into a batch of one and a batch of seven (two commits, and two starts after them).
-async fn gather(s: &Session, rx: &mut mpsc::Receiver<Item>, batch: &mut Vec<Item>) {
+/// Grows a batch with the outcomes of jobs started together with those in it ([`Round`]),
+/// while any of them is still running or on its way, for at most [`LINGER`]: jobs that end
+/// together commit together, and a long job costs a batch no more than that (and none at all
+/// once it runs alone). It sleeps on the channel rather than yielding in a loop: a yielding
+/// committer keeps its scheduler thread busy, so the handlers queued there wait for the other
+/// thread, and a round of eight no-op jobs used to split into a batch of one and a batch of
+/// seven (two commits, and two starts after them).
+async fn gather(rx: &mut mpsc::Receiver<Item>, batch: &mut Vec<Item>) {
     let until = tokio::time::Instant::now() + LINGER;
     loop {
         top_up(rx, batch);
         if batch.len() >= MAX_BATCH {
             return;
         }
-        // A handler that has just ended no longer counts as running, but its outcome may not
-        // have arrived yet: without waiting for it, a batch would often leave its last job to
-        // a commit of its own.
-        let busy = !s
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
-            || s.ending.load(Ordering::Acquire) > 0;
-        if !busy {
-            // What was sent between the top-up above and that look is in the channel now.
+        let waiting = batch
+            .iter()
+            .any(|i| i.round.as_ref().is_some_and(|r| r.pending()));
+        if !waiting {
+            // A job leaves its round after its outcome is sent: what was sent before that
+            // look is in the channel now.
             top_up(rx, batch);
             return;
         }
@@ -195,9 +194,12 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
     // transaction, and so do the next round's reservation and start, which reuse the
     // acknowledged messages' reservations: one write per round instead of three. A batch the
     // combined write refuses for its data takes the ordinary path below, which isolates the
-    // culprit; its reservations then go back to the fetcher.
+    // culprit; its reservations then go back to the fetcher after its acknowledgement.
     let mut acked = false;
     let mut early: Option<Vec<Committed>> = None;
+    // Reservations carried over for a round that was then refused: still those of this batch's
+    // messages, so they go back only after the acknowledgement below.
+    let mut carried_back: Vec<OwnedSemaphorePermit> = Vec::new();
     #[cfg(feature = "sqlite")]
     if let Some(db) = super::shared_db(s) {
         // Held until the jobs it takes are spawned, so a shutdown waiting for the executors
@@ -239,7 +241,7 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
                 early = Some(r);
                 super::executor::take_started(s, taken, reservations, slots, gate).await;
             }
-            Some(None) => {}
+            Some(None) => carried_back = reservations,
         }
     }
     if !completions.is_empty() {
@@ -300,6 +302,7 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
         })
         .await;
     }
+    drop(carried_back);
     release_together(batch);
 }
 

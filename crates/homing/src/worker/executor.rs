@@ -2,7 +2,7 @@
 //! its time limit and cancellation, and turning how it ended into a fenced outcome for the
 //! committer (docs/design.md section 4, steps 2–4).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
@@ -220,6 +220,7 @@ async fn take_outcomes(
         })
         .collect();
     drop(gate);
+    let round = Round::of(claims.iter().flatten().count());
     for (((r, slot), outcome), claimed) in items.into_iter().zip(outcomes).zip(claims) {
         match outcome {
             StartOutcome::Run(job) => {
@@ -234,7 +235,8 @@ async fn take_outcomes(
                 );
                 let s2 = s.clone();
                 let claimed = claimed.expect("every started job is claimed");
-                s.executors.spawn(run(s2, r, *job, slot, claimed));
+                let place = InRound(round.clone());
+                s.executors.spawn(run(s2, r, *job, slot, claimed, place));
             }
             // Running under this very worker with no handler here: a start that committed
             // although its caller saw an error (an answer lost in a retried call, or an earlier
@@ -243,7 +245,8 @@ async fn take_outcomes(
                 Ok(Some((job, claimed))) => {
                     tracing::warn!(job = %r.id, "an earlier start committed but its answer was lost: running the job");
                     let s2 = s.clone();
-                    s.executors.spawn(run(s2, r, job, slot, claimed));
+                    let place = InRound(Round::of(1));
+                    s.executors.spawn(run(s2, r, job, slot, claimed, place));
                 }
                 Ok(None) => ack_only(s, r).await,
                 Err(e) => {
@@ -375,6 +378,7 @@ async fn ack_only(s: &Arc<Session>, r: Reserved) {
         completion: None,
         task: String::new(),
         reservation: Some(Returning::new(r.reservation, &s.returning)),
+        round: None,
     };
     let _ = s.commits.send(item).await;
 }
@@ -432,6 +436,7 @@ async fn run(
     job: Job,
     slot: OwnedSemaphorePermit,
     running: Arc<RunningJob>,
+    round: InRound,
 ) {
     let Some(handler) = s.registry.get(&job.task).cloned() else {
         let reason = format!(
@@ -440,11 +445,10 @@ async fn run(
             s.id,
             s.registry.names().join(", ")
         );
-        let _ending = Ending::new(&s);
         committing(&s, job.id, true);
         unclaim(&s, job.id, &running);
         drop(slot);
-        commit(&s, r, &job, Outcome::Dead { reason }).await;
+        commit(&s, r, &job, Outcome::Dead { reason }, &round).await;
         return;
     };
     let defaults = handler.defaults();
@@ -478,7 +482,6 @@ async fn run(
     }
     // Marked as committing before it stops counting as running, so that a duplicate delivery
     // arriving before the commit is skipped, never run again (`started_by_lost_answer`).
-    let _ending = Ending::new(&s);
     committing(&s, job.id, true);
     unclaim(&s, job.id, &running);
     drop(slot);
@@ -531,23 +534,34 @@ async fn run(
     if let Some(span) = span {
         span.end(crate::otel::outcome_name(&outcome));
     }
-    commit(&s, r, &job, outcome).await;
+    commit(&s, r, &job, outcome, &round).await;
 }
 
-/// Counts a handler that has ended (it no longer counts as running) until its outcome reaches
-/// the committer, which gathers a batch while any is on its way (`committer::gather`).
-struct Ending<'a>(&'a Session);
+/// The jobs one start call began that have not yet handed their outcomes to the committer. Jobs
+/// started together usually end together, so the committer waits for a batch's round-mates
+/// (`committer::gather`), and for nothing else: a long job started earlier holds up no batch.
+#[derive(Default)]
+pub(crate) struct Round(AtomicUsize);
 
-impl<'a> Ending<'a> {
-    fn new(s: &'a Session) -> Self {
-        s.ending.fetch_add(1, Ordering::AcqRel);
-        Ending(s)
+impl Round {
+    /// A round of `n` jobs, each of which gets one [`InRound`].
+    fn of(n: usize) -> Arc<Round> {
+        Arc::new(Round(AtomicUsize::new(n)))
+    }
+
+    /// Whether some of its jobs have not yet handed over their outcomes.
+    pub fn pending(&self) -> bool {
+        self.0.load(Ordering::Acquire) > 0
     }
 }
 
-impl Drop for Ending<'_> {
+/// One job's place in its round, left when its run ends on any path: after its outcome reached
+/// the committer's channel, or when it ends with nothing to commit.
+pub(crate) struct InRound(Arc<Round>);
+
+impl Drop for InRound {
     fn drop(&mut self) {
-        self.0.ending.fetch_sub(1, Ordering::AcqRel);
+        self.0 .0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -562,7 +576,7 @@ fn committing(s: &Session, id: JobId, on: bool) {
     }
 }
 
-async fn commit(s: &Arc<Session>, r: Reserved, job: &Job, outcome: Outcome) {
+async fn commit(s: &Arc<Session>, r: Reserved, job: &Job, outcome: Outcome, round: &InRound) {
     committing(s, job.id, true);
     let item = Item {
         delivery: r.delivery,
@@ -573,6 +587,7 @@ async fn commit(s: &Arc<Session>, r: Reserved, job: &Job, outcome: Outcome) {
         }),
         task: job.task.clone(),
         reservation: Some(Returning::new(r.reservation, &s.returning)),
+        round: Some(round.0.clone()),
     };
     let _ = s.commits.send(item).await;
 }

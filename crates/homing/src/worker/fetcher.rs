@@ -37,6 +37,9 @@ pub(crate) async fn run(s: Arc<Session>) {
             }
         }
         settle(&s, &mut permits).await;
+        if s.stopping.is_cancelled() || s.lost.is_cancelled() {
+            return;
+        }
         // Not cancelled mid-call: a reservation that completes after its caller went away would
         // leave messages owned by a worker that no longer waits for them.
         let reserved = s

@@ -144,9 +144,6 @@ pub(crate) struct Session {
     /// Reservations held by the committer until their messages are acknowledged
     /// (`committer::Returning`).
     pub returning: Arc<std::sync::atomic::AtomicUsize>,
-    /// Handlers that have ended and whose outcomes are not yet with the committer
-    /// (`executor::Ending`).
-    pub ending: std::sync::atomic::AtomicUsize,
     /// Cancelled when this session learns it was presumed dead.
     pub lost: CancellationToken,
     /// Cancelled when the worker should stop reserving (shutdown requested).
@@ -323,7 +320,6 @@ impl Worker {
             slots: Arc::new(Semaphore::new(self.config.concurrency.max(1))),
             reservations: Arc::new(Semaphore::new(self.config.prefetch())),
             returning: Arc::default(),
-            ending: Default::default(),
             lost: CancellationToken::new(),
             stopping: shutdown.child_token(),
             commits: tx,
