@@ -540,7 +540,6 @@ async fn run(
 /// The jobs one start call began that have not yet handed their outcomes to the committer. Jobs
 /// started together usually end together, so the committer waits for a batch's round-mates
 /// (`committer::gather`), and for nothing else: a long job started earlier holds up no batch.
-#[derive(Default)]
 pub(crate) struct Round(AtomicUsize);
 
 impl Round {
