@@ -94,6 +94,30 @@ pub trait Broker: Send + Sync + 'static {
     /// Crash contract: idempotent; acknowledging twice is harmless.
     async fn ack(&self, deliveries: &[Delivery]) -> Result<()>;
 
+    /// Acknowledges `acks` (as [`Broker::ack`]) and only then reserves up to `max` ready messages
+    /// of `queues` for `consumer` without waiting (as [`Broker::reserve`] with no wait): a
+    /// worker's round hands its acknowledged messages' reservations to their successors in one
+    /// call, one round trip where the broker can do both at once. Because the reservation
+    /// follows the acknowledgement, a consumer that asks for no more than it acknowledges never
+    /// holds more messages than it did before the call.
+    ///
+    /// Crash contract: as an ack followed by a reservation. On an error the caller cannot tell
+    /// whether the ack happened (acknowledging again is harmless); a reservation whose answer was
+    /// lost leaves its messages owned by `consumer`, as a lost answer to `reserve` does.
+    async fn ack_and_reserve(
+        &self,
+        acks: &[Delivery],
+        consumer: &str,
+        queues: &[String],
+        max: usize,
+    ) -> Result<Vec<Delivery>> {
+        self.ack(acks).await?;
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        self.reserve(consumer, queues, max, Duration::ZERO).await
+    }
+
     /// Puts messages reserved by `consumer` back to ready, and returns how many were still owned
     /// by `consumer` (only those are put back, so concurrent rescuers requeue each message once).
     ///

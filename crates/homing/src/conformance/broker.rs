@@ -20,7 +20,8 @@ macro_rules! broker_conformance {
             dead_letter_moves_message, marker_detects_loss, several_queues, concurrent_reserve_is_exclusive,
             reserve_waits_for_a_publish, dead_letters_are_purged_by_age,
             higher_priority_is_reserved_first, requeued_message_keeps_its_priority,
-            prioritised_messages_ack_wait_and_dead_letter, depths_follow_every_transition
+            prioritised_messages_ack_wait_and_dead_letter, depths_follow_every_transition,
+            ack_and_reserve_hands_reservations_on
         );
     };
 }
@@ -572,4 +573,70 @@ pub async fn depths_follow_every_transition(b: Arc<dyn Broker>) {
         .unwrap();
     b.ack(&rest).await.unwrap();
     assert_eq!(depth(b.clone(), q1.clone()).await, (0, 0, 0), "drained");
+}
+
+/// A worker's round acknowledges its messages and reserves their successors in one call
+/// (`ack_and_reserve`): the acknowledged messages are gone, the new ones are owned by the
+/// consumer, higher priority first, never more than asked for, queues in the order given; a stale
+/// delivery in the acknowledgement removes nothing, an empty queue gives nothing (at once), and
+/// asking for none only acknowledges.
+pub async fn ack_and_reserve_hands_reservations_on(b: Arc<dyn Broker>) {
+    let q = unique_queue("handon");
+    let other = unique_queue("handon-other");
+    let msgs = prioritised(&q, &[0, 0, 0, 0, 50, 0]);
+    b.publish(&msgs[..4]).await.unwrap();
+    let first = b
+        .reserve("c", std::slice::from_ref(&q), 2, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(ids(&first), vec![msgs[0].id, msgs[1].id]);
+    b.publish(&msgs[4..]).await.unwrap();
+    let queues = [q.clone(), other.clone()];
+    let next = b.ack_and_reserve(&first, "c", &queues, 2).await.unwrap();
+    assert_eq!(
+        ids(&next),
+        vec![msgs[4].id, msgs[2].id],
+        "the higher priority first, then the oldest"
+    );
+    let pending: HashSet<JobId> = ids(&b.pending("c", 10).await.unwrap())
+        .into_iter()
+        .collect();
+    assert_eq!(
+        pending,
+        ids(&next).into_iter().collect(),
+        "the acknowledged messages are gone, the new ones are the consumer's"
+    );
+
+    // A stale delivery (already acknowledged) beside a live one: only the live one goes.
+    b.publish(&dispatches(&other, 3)).await.unwrap();
+    let mut acks = next.clone();
+    acks.extend(first.clone());
+    let more = b.ack_and_reserve(&acks, "c", &queues, 3).await.unwrap();
+    assert_eq!(more.len(), 3, "within the asked count: {more:?}");
+    assert_eq!(
+        ids(&more)[..2],
+        [msgs[3].id, msgs[5].id],
+        "the first queue's messages first"
+    );
+    assert_eq!(more[2].queue, other, "then the next queue's");
+    assert_eq!(b.pending("c", 10).await.unwrap().len(), 3);
+
+    // Asking for none only acknowledges.
+    let none = b
+        .ack_and_reserve(&more[..1], "c", &queues, 0)
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    assert_eq!(b.pending("c", 10).await.unwrap().len(), 2);
+    let rest = b
+        .ack_and_reserve(&more[1..], "c", &queues, 5)
+        .await
+        .unwrap();
+    assert_eq!(rest.len(), 2, "the other queue's last two");
+    b.ack(&rest).await.unwrap();
+
+    // Nothing ready: nothing reserved, and no wait for a publish.
+    let empty = b.ack_and_reserve(&[], "c", &queues, 4).await.unwrap();
+    assert!(empty.is_empty());
+    assert!(b.pending("c", 10).await.unwrap().is_empty());
 }

@@ -57,6 +57,57 @@ pub(crate) async fn start_batch(
     }
 }
 
+/// Starts the messages a committer round reserved with its acknowledgement
+/// (`Broker::ack_and_reserve`): each came with a reservation carried over from an acknowledged
+/// message and a slot taken before the reservation, so all of them start at once (one store
+/// transaction). What is left of `reservations` and `slots` (fewer messages than asked for) is
+/// given back when they drop. Reserved just as shutdown began, they are handed straight back,
+/// as the fetcher's are.
+pub(crate) async fn start_carried(
+    s: &Arc<Session>,
+    deliveries: Vec<Delivery>,
+    reservations: Vec<OwnedSemaphorePermit>,
+    slots: Vec<OwnedSemaphorePermit>,
+) {
+    if s.stopping.is_cancelled() {
+        if let Err(e) = s.broker.requeue(&s.id, &deliveries).await {
+            tracing::warn!(error = %e, "could not hand back messages; the rescuer will");
+        }
+        return;
+    }
+    let mut ready = Vec::with_capacity(deliveries.len());
+    let (mut reservations, mut slots) = (reservations.into_iter(), slots.into_iter());
+    for delivery in deliveries {
+        let (Some(reservation), Some(slot)) = (reservations.next(), slots.next()) else {
+            // Never more messages than reservations; should a broker return more, they stay
+            // reserved for the rescuer rather than be run beyond the promise.
+            tracing::error!(tag = %delivery.tag, "a round reserved more messages than it had reservations for");
+            continue;
+        };
+        match &delivery.job {
+            Ok(id) => {
+                let id = *id;
+                ready.push((
+                    Reserved {
+                        delivery,
+                        id,
+                        reservation,
+                    },
+                    slot,
+                ));
+            }
+            Err(reason) => {
+                dead_letter(s, &delivery, reason).await;
+                drop((reservation, slot));
+            }
+        }
+    }
+    drop((reservations, slots));
+    if !ready.is_empty() {
+        start_ready(s, ready).await;
+    }
+}
+
 async fn dead_letter(s: &Arc<Session>, d: &Delivery, reason: &str) {
     tracing::error!(event = "message.dead_lettered", queue = %d.queue, tag = %d.tag, reason, "dead-lettered a message");
     if let Err(e) = s.broker.dead_letter(d, reason).await {

@@ -158,6 +158,23 @@ fn millis(d: Duration) -> u64 {
     (d.as_millis() as u64).max(1)
 }
 
+/// The deliveries a `RESERVE` (or `ACK_THEN` + `RESERVE`) call answered for `queue`; `None`
+/// when a stream of it had no group.
+fn reserved(queue: &str, v: Value) -> Result<Option<Vec<Delivery>>> {
+    if int(&v) == Some(-1) {
+        return Ok(None);
+    }
+    entry::indexed_entries(v)
+        .map_err(shape)?
+        .into_iter()
+        .map(|(k, e)| match k.checked_sub(1).and_then(|i| BANDS.get(i)) {
+            Some(band) => Ok(e.into_delivery(queue, *band)),
+            None => Err(shape(format!("RESERVE answered for key number {k}"))),
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
 /// Why one `XREADGROUP` failed.
 enum ReadFail {
     /// A stream or its group is missing (first use, or Redis lost its data).
@@ -576,21 +593,14 @@ impl RedisBroker {
                 .invoke_async(&mut c)
                 .await
                 .map_err(err)?;
-            if int(&v) == Some(-1) {
-                if attempt == 0 {
+            match reserved(queue, v)? {
+                Some(got) => return Ok(got),
+                None if attempt == 0 => {
                     self.recreate_groups(std::slice::from_ref(&queue.to_string()))
-                        .await?;
+                        .await?
                 }
-                continue;
+                None => {}
             }
-            return entry::indexed_entries(v)
-                .map_err(shape)?
-                .into_iter()
-                .map(|(k, e)| match k.checked_sub(1).and_then(|i| BANDS.get(i)) {
-                    Some(band) => Ok(e.into_delivery(queue, *band)),
-                    None => Err(shape(format!("RESERVE answered for key number {k}"))),
-                })
-                .collect();
         }
         Err(Error::backend(
             BACKEND,
@@ -736,6 +746,50 @@ impl Broker for RedisBroker {
             })
             .collect();
         self.eval_each(&self.scripts.ack, &calls).await.map(|_| ())
+    }
+
+    /// One script call when every acknowledged delivery belongs to the first queue served (a
+    /// worker of one queue, the common case): the acknowledgement and the reservation run
+    /// together in the queue's hash tag, the ack first (`ACK_THEN`). Otherwise, or when the
+    /// first queue has fewer ready messages than asked for, the rest goes the ordinary way.
+    async fn ack_and_reserve(
+        &self,
+        acks: &[Delivery],
+        consumer: &str,
+        queues: &[String],
+        max: usize,
+    ) -> Result<Vec<Delivery>> {
+        let Some(first) = queues.first() else {
+            return self.ack(acks).await.map(|_| Vec::new());
+        };
+        let one_queue = acks.iter().all(|d| d.queue == *first);
+        if !one_queue || max == 0 || consumer == REQUEUED {
+            self.ack(acks).await?;
+            if max == 0 {
+                return Ok(Vec::new());
+            }
+            return self.reserve(consumer, queues, max, Duration::ZERO).await;
+        }
+        self.ensure_groups(queues).await?;
+        let mut call = self.scripts.ack_reserve.key(self.keys.streams(first));
+        call.arg(GROUP).arg(REQUEUED).arg(consumer).arg(max);
+        // Tags this broker did not make name nothing here, as in `ack`.
+        for t in acks.iter().filter_map(|d| Tag::parse(&d.tag)) {
+            let k = BANDS.iter().position(|b| *b == t.band).unwrap_or(0) + 1;
+            call.arg(k).arg(&t.id).arg(t.count);
+        }
+        let mut c = self.manager().await?;
+        let v: Value = call.invoke_async(&mut c).await.map_err(err)?;
+        // No group: the acknowledgements ran (they need none); the ordinary reservation creates
+        // the groups and reserves.
+        let mut got = reserved(first, v)?.unwrap_or_default();
+        if got.len() < max && queues.len() > 1 {
+            got.extend(
+                self.reserve(consumer, &queues[1..], max - got.len(), Duration::ZERO)
+                    .await?,
+            );
+        }
+        Ok(got)
     }
 
     async fn requeue(&self, consumer: &str, deliveries: &[Delivery]) -> Result<usize> {

@@ -71,6 +71,25 @@ end
 return out
 "#;
 
+/// [`RESERVE`] after acknowledging deliveries of the same queue, as [`ACK`] would: a worker's
+/// round hands its acknowledged messages' reservations to their successors in one call. The
+/// acknowledgement runs first, inside the same script, so the consumer never holds more
+/// entries than before the call when it asks for no more than it acknowledges.
+///
+/// KEYS and ARGV\[1..4\] as for [`RESERVE`]. ARGV\[5..\]: triples of key index (into KEYS),
+/// entry id and delivery count, to acknowledge. Returns what [`RESERVE`] returns (`-1`, no
+/// group, only after the acknowledgements).
+const ACK_THEN: &str = r#"
+for i = 5, #ARGV, 3 do
+  local key, id = KEYS[tonumber(ARGV[i])], ARGV[i + 1]
+  local p = redis.pcall('XPENDING', key, ARGV[1], id, id, 1)
+  if p.err == nil and #p == 1 and p[1][4] == tonumber(ARGV[i + 2]) then
+    redis.call('XACK', key, ARGV[1], id)
+    redis.call('XDEL', key, id)
+  end
+end
+"#;
+
 /// Create the consumer group (starting at `0`, so messages published before any worker came are
 /// delivered) on each of a queue's band streams, creating the streams too; an existing group is
 /// left alone. One round trip for all bands.
@@ -271,6 +290,8 @@ return 1
 #[derive(Debug)]
 pub struct Scripts {
     pub reserve: Script,
+    /// [`ACK_THEN`] followed by [`RESERVE`].
+    pub ack_reserve: Script,
     pub ensure_groups: Script,
     pub ack: Script,
     pub requeue: Script,
@@ -287,6 +308,7 @@ impl Scripts {
     pub fn new() -> Self {
         Self {
             reserve: Script::new(RESERVE),
+            ack_reserve: Script::new(&format!("{ACK_THEN}{RESERVE}")),
             ensure_groups: Script::new(ENSURE_GROUPS),
             ack: Script::new(ACK),
             requeue: Script::new(REQUEUE),
