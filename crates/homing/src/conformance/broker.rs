@@ -635,8 +635,30 @@ pub async fn ack_and_reserve_hands_reservations_on(b: Arc<dyn Broker>) {
     assert_eq!(rest.len(), 2, "the other queue's last two");
     b.ack(&rest).await.unwrap();
 
-    // Nothing ready: nothing reserved, and no wait for a publish.
+    // Nothing ready: nothing reserved.
     let empty = b.ack_and_reserve(&[], "c", &queues, 4).await.unwrap();
     assert!(empty.is_empty());
     assert!(b.pending("c", 10).await.unwrap().is_empty());
+
+    // An old delivery of a message that was put back and delivered again (a zombie's) removes
+    // nothing: the message stays with its new delivery.
+    b.publish(&dispatches(&q, 1)).await.unwrap();
+    let old = b
+        .reserve("c", std::slice::from_ref(&q), 1, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(b.requeue("c", &old).await.unwrap(), 1);
+    let again = b
+        .reserve("c", std::slice::from_ref(&q), 1, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(ids(&again), ids(&old));
+    let none = b.ack_and_reserve(&old, "c", &queues, 1).await.unwrap();
+    assert!(none.is_empty(), "nothing else is ready");
+    assert_eq!(
+        ids(&b.pending("c", 10).await.unwrap()),
+        ids(&again),
+        "an old delivery's acknowledgement leaves the new one"
+    );
+    b.ack(&again).await.unwrap();
 }

@@ -243,7 +243,7 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
                 early = Some(r);
                 super::executor::take_started(s, taken, reservations, slots, gate).await;
             }
-            Some(None) => carried_back = reservations,
+            Some(None) => carried_back.extend(reservations),
         }
     }
     if !completions.is_empty() {
@@ -299,43 +299,50 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
     }
     if !acked {
         let deliveries: Vec<Delivery> = all.into_iter().filter(|d| !unstored.contains(d)).collect();
-        // Elsewhere the acknowledgement reserves the next round's messages in the same broker
-        // call where it can (one round trip on Redis), with the acknowledged messages'
-        // reservations: the fetcher has nothing to wait for, and the start goes ahead at once.
-        let (reservations, slots) = carry_over(s, &mut batch, done, &unstored);
-        if reservations.len() < s.config.prefetch() {
-            // Only a whole round carries over. A partial one (the queue ran short, or a round
-            // split) gives its reservations back after the ack, and the fetcher gathers them
-            // into one batch (`fetcher::settle`). Carried over, a part of a split round keeps
-            // its size, each part paying whole transactions, until the committer happens to
-            // gather the parts into one batch: with every round carrying over, 3 of 8 bench
-            // runs on Redis + PostgreSQL fell to a third to a half of the throughput at up to
-            // three times the CPU.
-            carried_back = reservations;
-            drop(slots);
-        } else {
-            // Held until the start is spawned, so a shutdown waiting for the executors cannot
-            // miss it.
+        // Elsewhere a whole round's acknowledgement reserves the next round's messages in the
+        // same broker call where it can (one round trip on Redis), with the acknowledged
+        // messages' reservations: the fetcher has nothing to wait for, and the start goes ahead
+        // at once.
+        //
+        // Only a whole round carries over, and that is decided before any reservation leaves
+        // the `Returning` count, so a fetcher waiting for a partial round's reservations keeps
+        // waiting for them. A partial one (the queue ran short, or a round split) gives its
+        // reservations back after the ack, and the fetcher gathers them into one batch
+        // (`fetcher::settle`). Carried over, a part of a split round keeps its size, each part
+        // paying whole transactions, until the committer happens to gather the parts into one
+        // batch: with every round carrying over, 2 of 8 bench runs on Redis + PostgreSQL fell
+        // to a third and a half of the throughput, at two and three times the CPU
+        // (BENCHMARKS.md).
+        if whole_round(s, &batch, &unstored) {
+            // Held from before the stop check in `carry_over` until the start is spawned, so a
+            // shutdown waiting for the executors cannot miss it.
             let spawning = s.executors.token();
-            let queues = &s.config.queues;
+            let (reservations, slots) = carry_over(s, &mut batch, done, &unstored);
             let max = reservations.len();
-            match s
-                .broker
-                .ack_and_reserve(&deliveries, &s.id, queues, max)
-                .await
-            {
-                Ok(next) => {
+            let queues = &s.config.queues;
+            let combined = match max {
+                0 => None,
+                _ => Some(
+                    s.broker
+                        .ack_and_reserve(&deliveries, &s.id, queues, max)
+                        .await,
+                ),
+            };
+            match combined {
+                Some(Ok(next)) => {
                     acked = true;
                     let s2 = s.clone();
                     s.executors.spawn(async move {
                         super::executor::start_carried(&s2, next, reservations, slots).await;
                     });
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     // Acknowledged below, the ordinary way; the reservations go back after that.
                     tracing::debug!(error = %e, "acknowledging and reserving in one call failed; acknowledging the ordinary way");
-                    carried_back = reservations;
+                    carried_back.extend(reservations);
                 }
+                // Stopping, or no slot free after all: the ordinary way.
+                None => carried_back.extend(reservations),
             }
             drop(spawning);
         }
@@ -350,12 +357,13 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
     release_together(batch);
 }
 
-/// The reservations (and free slots) a round on the embedded file carries over from its
-/// acknowledged messages to the messages it reserves in the same transaction: one per item, as
-/// long as a slot is free, and none once the session is stopping or lost. A reservation moves
-/// from a message to its successor inside one transaction, so the messages this worker holds
-/// never exceed its prefetch; a slot is taken only if free, so jobs waiting for one (prefetch
-/// above concurrency) go first.
+/// The reservations (and free slots) a round carries over from its acknowledged messages to the
+/// messages it reserves in the same transaction (embedded file) or the same broker call
+/// (`Broker::ack_and_reserve`): one per item not handed back, as long as a slot is free, and
+/// none once the session is stopping or lost. A reservation moves from a message to its
+/// successor inside one transaction or script, after the acknowledgement, so the messages this
+/// worker holds never exceed its prefetch; a slot is taken only if free, so jobs waiting for one
+/// (prefetch above concurrency) go first.
 fn carry_over(
     s: &Session,
     batch: &mut [Item],
@@ -379,6 +387,18 @@ fn carry_over(
         }
     }
     (reservations, slots)
+}
+
+/// Whether a batch (outside the embedded file) is a whole round that may carry its reservations
+/// over: it holds every reservation of the worker (its prefetch), none of them for a message
+/// handed back, and a slot is free for each. With a prefetch above the concurrency that never
+/// happens (some reservations wait for slots), and every round takes the ordinary way.
+fn whole_round(s: &Session, batch: &[Item], handed_back: &[Delivery]) -> bool {
+    let held = batch
+        .iter()
+        .filter(|i| i.reservation.is_some() && !handed_back.contains(&i.delivery))
+        .count();
+    held >= s.config.prefetch() && s.slots.available_permits() >= held
 }
 
 /// Gives a batch's reservations back in one step: one by one, the fetcher (woken by the first)

@@ -62,13 +62,19 @@ pub(crate) async fn start_batch(
 /// message and a slot taken before the reservation, so all of them start at once (one store
 /// transaction). What is left of `reservations` and `slots` (fewer messages than asked for) is
 /// given back when they drop. Reserved just as shutdown began, they are handed straight back,
-/// as the fetcher's are.
+/// as the fetcher's are; reserved as the session was presumed dead, they are left to the
+/// rescuer.
 pub(crate) async fn start_carried(
     s: &Arc<Session>,
     deliveries: Vec<Delivery>,
     reservations: Vec<OwnedSemaphorePermit>,
     slots: Vec<OwnedSemaphorePermit>,
 ) {
+    if deliveries.is_empty() || s.lost.is_cancelled() {
+        // Presumed dead: this session starts nothing more, and the rescuer puts back what it
+        // holds.
+        return;
+    }
     if s.stopping.is_cancelled() {
         if let Err(e) = s.broker.requeue(&s.id, &deliveries).await {
             tracing::warn!(error = %e, "could not hand back messages; the rescuer will");

@@ -780,14 +780,20 @@ impl Broker for RedisBroker {
         }
         let mut c = self.manager().await?;
         let v: Value = call.invoke_async(&mut c).await.map_err(err)?;
-        // No group: the acknowledgements ran (they need none); the ordinary reservation creates
-        // the groups and reserves.
+        // No group (`None`): the acknowledgements ran (they need none) and nothing was reserved
+        // from this queue; the fetcher's next reservation creates the groups.
         let mut got = reserved(first, v)?.unwrap_or_default();
         if got.len() < max && queues.len() > 1 {
-            got.extend(
-                self.reserve(consumer, &queues[1..], max - got.len(), Duration::ZERO)
-                    .await?,
-            );
+            // What the script reserved is this consumer's now: an error here must not lose it.
+            match self
+                .reserve(consumer, &queues[1..], max - got.len(), Duration::ZERO)
+                .await
+            {
+                Ok(more) => got.extend(more),
+                Err(e) => {
+                    tracing::warn!(error = %e, "reserving from the other queues failed; keeping what the first gave")
+                }
+            }
         }
         Ok(got)
     }
