@@ -111,11 +111,7 @@ pub trait Broker: Send + Sync + 'static {
         queues: &[String],
         max: usize,
     ) -> Result<Vec<Delivery>> {
-        self.ack(acks).await?;
-        if max == 0 {
-            return Ok(Vec::new());
-        }
-        self.reserve(consumer, queues, max, Duration::ZERO).await
+        ack_then_reserve(self, acks, consumer, queues, max).await
     }
 
     /// Puts messages reserved by `consumer` back to ready, and returns how many were still owned
@@ -195,4 +191,20 @@ pub trait Broker: Send + Sync + 'static {
     ///
     /// Crash contract: a crash may leave some of them; calling again is harmless.
     async fn purge_dead_letters(&self, before: crate::time::Micros) -> Result<u64>;
+}
+
+/// [`Broker::ack_and_reserve`] as two calls, an acknowledgement and then a reservation that does
+/// not wait: for a broker (or a case) that cannot do both in one.
+pub(crate) async fn ack_then_reserve<B: Broker + ?Sized>(
+    broker: &B,
+    acks: &[Delivery],
+    consumer: &str,
+    queues: &[String],
+    max: usize,
+) -> Result<Vec<Delivery>> {
+    broker.ack(acks).await?;
+    if max == 0 {
+        return Ok(Vec::new());
+    }
+    broker.reserve(consumer, queues, max, Duration::ZERO).await
 }

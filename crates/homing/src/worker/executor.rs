@@ -32,17 +32,8 @@ pub(crate) async fn start_batch(
 ) {
     let mut ready = Vec::new();
     for (delivery, reservation) in deliveries.into_iter().zip(permits) {
-        let id = match &delivery.job {
-            Ok(id) => *id,
-            Err(reason) => {
-                dead_letter(s, &delivery, reason).await;
-                continue;
-            }
-        };
-        let r = Reserved {
-            delivery,
-            id,
-            reservation,
+        let Some(r) = decoded(s, delivery, reservation).await else {
+            continue;
         };
         match s.slots.clone().try_acquire_owned() {
             Ok(slot) => ready.push((r, slot)),
@@ -90,27 +81,34 @@ pub(crate) async fn start_carried(
             tracing::error!(tag = %delivery.tag, "a round reserved more messages than it had reservations for");
             continue;
         };
-        match &delivery.job {
-            Ok(id) => {
-                let id = *id;
-                ready.push((
-                    Reserved {
-                        delivery,
-                        id,
-                        reservation,
-                    },
-                    slot,
-                ));
-            }
-            Err(reason) => {
-                dead_letter(s, &delivery, reason).await;
-                drop((reservation, slot));
-            }
+        if let Some(r) = decoded(s, delivery, reservation).await {
+            ready.push((r, slot));
         }
     }
     drop((reservations, slots));
     if !ready.is_empty() {
         start_ready(s, ready).await;
+    }
+}
+
+/// A reserved message and the job it names; `None` once a message that names no job (garbage
+/// in the broker) is dead-lettered, its reservation given back after that.
+async fn decoded(
+    s: &Arc<Session>,
+    delivery: Delivery,
+    reservation: OwnedSemaphorePermit,
+) -> Option<Reserved> {
+    match &delivery.job {
+        Ok(id) => Some(Reserved {
+            id: *id,
+            delivery,
+            reservation,
+        }),
+        Err(reason) => {
+            dead_letter(s, &delivery, reason).await;
+            drop(reservation);
+            None
+        }
     }
 }
 

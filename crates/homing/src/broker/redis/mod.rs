@@ -759,17 +759,12 @@ impl Broker for RedisBroker {
         queues: &[String],
         max: usize,
     ) -> Result<Vec<Delivery>> {
-        let Some(first) = queues.first() else {
-            return self.ack(acks).await.map(|_| Vec::new());
+        let one_queue = queues
+            .first()
+            .filter(|first| acks.iter().all(|d| d.queue == **first));
+        let Some(first) = one_queue.filter(|_| max > 0 && consumer != REQUEUED) else {
+            return ack_then_reserve(self, acks, consumer, queues, max).await;
         };
-        let one_queue = acks.iter().all(|d| d.queue == *first);
-        if !one_queue || max == 0 || consumer == REQUEUED {
-            self.ack(acks).await?;
-            if max == 0 {
-                return Ok(Vec::new());
-            }
-            return self.reserve(consumer, queues, max, Duration::ZERO).await;
-        }
         self.ensure_groups(queues).await?;
         let mut call = self.scripts.ack_reserve.key(self.keys.streams(first));
         call.arg(GROUP).arg(REQUEUED).arg(consumer).arg(max);
