@@ -760,3 +760,64 @@ async fn band_streams_lost_with_their_groups_are_recreated() {
     b.ack(&got).await.unwrap();
     assert_eq!(server.cli(&["XLEN", &b.keys().band_stream(&q, -2)]), "0");
 }
+
+/// A reservation that ran on the server but whose answer never reached the worker (the
+/// connection broke after the script) leaves its message reserved under the worker's name,
+/// unknown to the worker. Its sweep (`worker::orphans`) puts the message back; before it, the
+/// job stayed queued until the worker stopped, which for a long-lived worker is never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_reserved_under_a_live_worker_without_its_knowledge_is_put_back() {
+    let server = shared();
+    let b = open(&server.url(&unique_prefix("orphan"))).await;
+    let store = sqlite_store();
+    let q = unique_queue("orphan");
+    let client = Client::new(b.clone(), store.clone());
+    let config = WorkerConfig {
+        queues: vec![q.clone()],
+        concurrency: 1,
+        // A sweep every second.
+        heartbeat_interval: Duration::from_millis(100),
+        // No reconciler here: its first pass would publish the job a second time, and that copy
+        // would run it whatever the sweep does.
+        maintenance: false,
+        ..WorkerConfig::default()
+    };
+    let (stop, running) = run_builtin_worker(&b, &store, config);
+    // The worker's one slot and one reservation go to a job that sleeps.
+    let mut req = EnqueueRequest::new("builtin.sleep", serde_json::json!({ "ms": 1500 }));
+    req.options.queue = Some(q.clone());
+    let busy = client.enqueue(req).await.unwrap().id;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let worker = loop {
+        let job = client.get(busy).await.unwrap();
+        if job.state == JobState::Running {
+            break job.worker.expect("a running job names its worker");
+        }
+        assert!(Instant::now() < deadline, "the sleeping job never started");
+        tokio::time::sleep(SHORT).await;
+    };
+    // The next job's message is taken under the worker's name while the worker cannot reserve,
+    // as a reservation whose answer was lost leaves it.
+    let orphan = enqueue_noops(&client, &q, 1).await[0];
+    let took = server.cli(&[
+        "XREADGROUP",
+        "GROUP",
+        homing::broker::redis::keys::GROUP,
+        &worker,
+        "COUNT",
+        "1",
+        "STREAMS",
+        &b.keys().stream(&q),
+        ">",
+    ]);
+    assert!(
+        took.contains(&orphan.to_string()),
+        "the test reserved the job's message: {took}"
+    );
+    let job = client.wait(orphan, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
+    assert_eq!(job.worker.as_deref(), Some(worker.as_str()));
+    assert_eq!(client.get(busy).await.unwrap().state, JobState::Succeeded);
+    stop.cancel();
+    running.await.unwrap().unwrap();
+}

@@ -131,6 +131,20 @@ pub trait Broker: Send + Sync + 'static {
     /// Messages reserved by `consumer`, at most `limit`.
     async fn pending(&self, consumer: &str, limit: usize) -> Result<Vec<Delivery>>;
 
+    /// Messages reserved by `consumer` in `queues`, at most `limit`: what a live worker looks at
+    /// to find messages it holds without knowing it (`worker::orphans`). A broker that reads
+    /// every queue at once for [`Broker::pending`] keeps this default.
+    async fn pending_in(
+        &self,
+        consumer: &str,
+        queues: &[String],
+        limit: usize,
+    ) -> Result<Vec<Delivery>> {
+        let mut all = self.pending(consumer, limit).await?;
+        all.retain(|d| queues.contains(&d.queue));
+        Ok(all)
+    }
+
     /// Starts (or refreshes) a worker's liveness with time-to-live `ttl`.
     ///
     /// Crash contract: one write; a worker that crashes after it simply lets the TTL expire.

@@ -15,6 +15,7 @@ mod committer;
 mod executor;
 mod fetcher;
 mod heartbeater;
+mod orphans;
 
 /// The retry rule of a handler error, shared with remote workers ([`crate::remote`]).
 pub(crate) use executor::outcome_for_error;
@@ -330,6 +331,7 @@ impl Worker {
         let committer = tokio::spawn(committer::run(session.clone(), rx, committer_done.clone()));
         let hb_stop = CancellationToken::new();
         let heartbeater = tokio::spawn(heartbeater::run(session.clone(), hb_stop.clone()));
+        let sweeper = tokio::spawn(orphans::run(session.clone(), hb_stop.clone()));
 
         fetcher::run(session.clone()).await;
 
@@ -362,6 +364,7 @@ impl Worker {
         hb_stop.cancel();
         committer_done.cancel();
         let _ = heartbeater.await;
+        let _ = sweeper.await;
         let _ = committer.await;
         Ok(self.finish(end, &id).await)
     }

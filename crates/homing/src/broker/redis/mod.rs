@@ -833,13 +833,23 @@ impl Broker for RedisBroker {
     }
 
     async fn pending(&self, consumer: &str, limit: usize) -> Result<Vec<Delivery>> {
+        let queues = self.known_queues().await?;
+        self.pending_in(consumer, &queues, limit).await
+    }
+
+    /// One script call per band stream of `queues` only: a worker's sweep need not read every
+    /// queue the broker knows.
+    async fn pending_in(
+        &self,
+        consumer: &str,
+        queues: &[String],
+        limit: usize,
+    ) -> Result<Vec<Delivery>> {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let streams: Vec<(String, i8)> = self
-            .known_queues()
-            .await?
-            .into_iter()
+        let streams: Vec<(String, i8)> = queues
+            .iter()
             .flat_map(|q| BANDS.map(|b| (q.clone(), b)))
             .collect();
         let calls: Vec<_> = streams
