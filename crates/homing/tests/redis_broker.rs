@@ -763,7 +763,7 @@ async fn band_streams_lost_with_their_groups_are_recreated() {
 
 /// A reservation that ran on the server but whose answer never reached the worker (the
 /// connection broke after the script) leaves its message reserved under the worker's name,
-/// unknown to the worker. Its sweep (`worker::orphans`) puts the message back; before it, the
+/// unknown to the worker. Its sweep (`worker::strays`) puts the message back; before it, the
 /// job stayed queued until the worker stopped, which for a long-lived worker is never.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_reserved_under_a_live_worker_without_its_knowledge_is_put_back() {

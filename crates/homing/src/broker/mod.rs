@@ -132,7 +132,7 @@ pub trait Broker: Send + Sync + 'static {
     async fn pending(&self, consumer: &str, limit: usize) -> Result<Vec<Delivery>>;
 
     /// Messages reserved by `consumer` in `queues`, at most `limit`: what a live worker looks at
-    /// to find messages it holds without knowing it (`worker::orphans`). A broker that reads
+    /// to find messages it holds without knowing it (`worker::strays`). A broker that reads
     /// every queue at once for [`Broker::pending`] keeps this default.
     async fn pending_in(
         &self,

@@ -15,7 +15,7 @@ mod committer;
 mod executor;
 mod fetcher;
 mod heartbeater;
-mod orphans;
+mod strays;
 
 /// The retry rule of a handler error, shared with remote workers ([`crate::remote`]).
 pub(crate) use executor::outcome_for_error;
@@ -331,7 +331,7 @@ impl Worker {
         let committer = tokio::spawn(committer::run(session.clone(), rx, committer_done.clone()));
         let hb_stop = CancellationToken::new();
         let heartbeater = tokio::spawn(heartbeater::run(session.clone(), hb_stop.clone()));
-        let sweeper = tokio::spawn(orphans::run(session.clone(), hb_stop.clone()));
+        let sweeper = tokio::spawn(strays::run(session.clone(), hb_stop.clone()));
 
         fetcher::run(session.clone()).await;
 

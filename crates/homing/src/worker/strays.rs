@@ -1,4 +1,5 @@
-//! Puts back messages this worker holds in the broker without knowing it.
+//! Puts back stray messages: messages this worker holds in the broker without knowing it. (Not
+//! the reconciler's orphans, which are jobs left running under a worker that is gone.)
 //!
 //! A reservation that ran on the server but whose answer never reached the worker (a Redis
 //! connection that broke after the script ran, for the fetcher's reservation or a round's
@@ -74,13 +75,13 @@ async fn sweep(s: &Session, before: &HashSet<String>) -> crate::error::Result<Ha
         // reserved here was never seen by this worker.
         Err(_) => false,
     };
-    let orphans: Vec<_> = pending
+    let strays: Vec<_> = pending
         .iter()
         .filter(|d| before.contains(&d.tag) && !held(d))
         .cloned()
         .collect();
-    if !orphans.is_empty() && !s.lost.is_cancelled() {
-        let n = s.broker.requeue(&s.id, &orphans).await?;
+    if !strays.is_empty() && !s.lost.is_cancelled() {
+        let n = s.broker.requeue(&s.id, &strays).await?;
         if n > 0 {
             tracing::warn!(
                 count = n,
@@ -91,7 +92,7 @@ async fn sweep(s: &Session, before: &HashSet<String>) -> crate::error::Result<Ha
     }
     Ok(pending
         .into_iter()
-        .filter(|d| !orphans.iter().any(|o| o.tag == d.tag))
+        .filter(|d| !strays.iter().any(|o| o.tag == d.tag))
         .map(|d| d.tag)
         .collect())
 }
