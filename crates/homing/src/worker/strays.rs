@@ -84,6 +84,7 @@ async fn sweep(s: &Session, before: &HashSet<String>) -> crate::error::Result<Ha
         let n = s.broker.requeue(&s.id, &strays).await?;
         if n > 0 {
             tracing::warn!(
+                event = "worker.strays_put_back",
                 count = n,
                 worker = %s.id,
                 "put back messages reserved under this worker's name that it did not know it held (a reservation whose answer was lost)"

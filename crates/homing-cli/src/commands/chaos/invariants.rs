@@ -28,6 +28,8 @@ pub struct LogFacts {
     pub zombie_rejected: u64,
     pub reclaimed: u64,
     pub broker_data_lost: u64,
+    /// Messages workers found reserved under their names without holding them, put back.
+    pub strays_put_back: u64,
     pub presumed_dead: Vec<Micros>,
 }
 
@@ -62,6 +64,9 @@ pub fn read_logs(paths: &[impl AsRef<Path>]) -> LogFacts {
                 ("job.zombie_write_rejected", _) => f.zombie_rejected += 1,
                 ("job.reclaimed", _) => f.reclaimed += 1,
                 ("broker.data_lost", _) => f.broker_data_lost += 1,
+                ("worker.strays_put_back", _) => {
+                    f.strays_put_back += v.get("count").and_then(|c| c.as_u64()).unwrap_or(0)
+                }
                 ("worker.presumed_dead", _) => {
                     if let Some(t) = parse_rfc3339(s("timestamp")) {
                         f.presumed_dead.push(t);

@@ -447,6 +447,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         counter_calls: counter.total(),
         reclaimed: facts.reclaimed,
         broker_data_lost_events: facts.broker_data_lost,
+        strays_put_back: facts.strays_put_back,
         presumed_dead_events: facts.presumed_dead.len(),
         recovery_s: report::summary(f.recovery.iter().map(|(_, s)| *s).collect()),
         drain_s: (drain_s * 10.0).round() / 10.0,

@@ -67,6 +67,9 @@ pub struct Report {
     pub counter_calls: usize,
     pub reclaimed: u64,
     pub broker_data_lost_events: u64,
+    /// Messages a live worker held without knowing it (a reservation whose answer was lost)
+    /// and its sweep put back; without the sweep they would keep the drain from finishing.
+    pub strays_put_back: u64,
     pub presumed_dead_events: usize,
     pub recovery_s: Summary,
     pub drain_s: f64,
@@ -215,6 +218,10 @@ impl Report {
                 vec![
                     "broker data loss detected".into(),
                     self.broker_data_lost_events.to_string(),
+                ],
+                vec![
+                    "stray messages put back by their worker".into(),
+                    self.strays_put_back.to_string(),
                 ],
                 vec![
                     "workers presumed dead".into(),
