@@ -821,3 +821,74 @@ async fn a_message_reserved_under_a_live_worker_without_its_knowledge_is_put_bac
     stop.cancel();
     running.await.unwrap().unwrap();
 }
+
+/// The sweep for strays never touches a message the worker did receive, however long it waits:
+/// with a prefetch above the concurrency, a message reserved behind a long job waits for the slot
+/// through several sweeps and is still this worker's, delivered once, when the slot frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_received_message_waiting_for_a_slot_is_not_put_back() {
+    let server = shared();
+    let b = open(&server.url(&unique_prefix("waiting"))).await;
+    let store = sqlite_store();
+    let q = unique_queue("waiting");
+    let client = Client::new(b.clone(), store.clone());
+    let config = WorkerConfig {
+        queues: vec![q.clone()],
+        concurrency: 1,
+        prefetch: Some(2),
+        // A sweep every second: the long job spans three.
+        heartbeat_interval: Duration::from_millis(100),
+        maintenance: false,
+        ..WorkerConfig::default()
+    };
+    let mut req = EnqueueRequest::new("builtin.sleep", serde_json::json!({ "ms": 3500 }));
+    req.options.queue = Some(q.clone());
+    let long = client.enqueue(req).await.unwrap().id;
+    let waiting = enqueue_noops(&client, &q, 1).await[0];
+    let (stop, running) = run_builtin_worker(&b, &store, config);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let worker = loop {
+        let job = client.get(long).await.unwrap();
+        if job.state == JobState::Running {
+            break job.worker.expect("a running job names its worker");
+        }
+        assert!(Instant::now() < deadline, "the long job never started");
+        tokio::time::sleep(SHORT).await;
+    };
+    // Two sweeps and more while the long job runs. Both messages must still be this worker's,
+    // each delivered once: put back, a message leaves the worker's pending list and comes back,
+    // if ever, with a higher delivery count. `XPENDING` lists id, consumer, idle and count.
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    assert_eq!(
+        client.get(long).await.unwrap().state,
+        JobState::Running,
+        "the long job still runs"
+    );
+    let pending = server.cli(&[
+        "XPENDING",
+        &b.keys().stream(&q),
+        homing::broker::redis::keys::GROUP,
+        "-",
+        "+",
+        "10",
+        &worker,
+    ]);
+    let fields: Vec<&str> = pending.lines().collect();
+    assert_eq!(fields.len(), 8, "both messages reserved here: {pending}");
+    assert_eq!(
+        (fields[3], fields[7]),
+        ("1", "1"),
+        "each delivered once: {pending}"
+    );
+    let job = client.wait(waiting, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(job.state, JobState::Succeeded, "{job:?}");
+    let long = client.get(long).await.unwrap();
+    assert_eq!(long.state, JobState::Succeeded, "{long:?}");
+    // The slot frees when the long handler returns, a moment before its outcome is stamped.
+    assert!(
+        job.started_at.unwrap() >= long.started_at.unwrap() + 3_000_000,
+        "the waiting job waited for the long one's slot: {job:?} {long:?}"
+    );
+    stop.cancel();
+    running.await.unwrap().unwrap();
+}

@@ -330,6 +330,7 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
             };
             match combined {
                 Some(Ok(next)) => {
+                    s.received.note(&next);
                     acked = true;
                     let s2 = s.clone();
                     s.executors.spawn(async move {

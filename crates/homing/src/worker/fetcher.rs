@@ -58,6 +58,7 @@ pub(crate) async fn run(s: Arc<Session>) {
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
             Ok(deliveries) => {
+                s.received.note(&deliveries);
                 backoff = Duration::from_millis(50);
                 permits.truncate(deliveries.len());
                 if deliveries.is_empty() {

@@ -153,6 +153,8 @@ pub(crate) struct Session {
     pub executors: TaskTracker,
     /// Store `start` calls that failed in a row: how long the executor pauses before the next.
     pub start_failures: std::sync::atomic::AtomicU32,
+    /// The delivery tags the broker has handed this session (`strays`).
+    pub received: strays::Received,
 }
 
 impl Session {
@@ -326,6 +328,7 @@ impl Worker {
             commits: tx,
             executors: TaskTracker::new(),
             start_failures: std::sync::atomic::AtomicU32::new(0),
+            received: strays::Received::default(),
         });
         let committer_done = CancellationToken::new();
         let committer = tokio::spawn(committer::run(session.clone(), rx, committer_done.clone()));
