@@ -761,6 +761,19 @@ async fn band_streams_lost_with_their_groups_are_recreated() {
     assert_eq!(server.cli(&["XLEN", &b.keys().band_stream(&q, -2)]), "0");
 }
 
+/// Waits (at most 20 s) for job `id` to run; returns the worker that runs it.
+async fn worker_running(client: &Client, id: JobId) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let job = client.get(id).await.unwrap();
+        if job.state == JobState::Running {
+            return job.worker.expect("a running job names its worker");
+        }
+        assert!(Instant::now() < deadline, "job {id} never started: {job:?}");
+        tokio::time::sleep(SHORT).await;
+    }
+}
+
 /// A reservation that ran on the server but whose answer never reached the worker (the
 /// connection broke after the script) leaves its message reserved under the worker's name,
 /// unknown to the worker. Its sweep (`worker::strays`) puts the message back; before it, the
@@ -768,9 +781,9 @@ async fn band_streams_lost_with_their_groups_are_recreated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_reserved_under_a_live_worker_without_its_knowledge_is_put_back() {
     let server = shared();
-    let b = open(&server.url(&unique_prefix("orphan"))).await;
+    let b = open(&server.url(&unique_prefix("stray"))).await;
     let store = sqlite_store();
-    let q = unique_queue("orphan");
+    let q = unique_queue("stray");
     let client = Client::new(b.clone(), store.clone());
     let config = WorkerConfig {
         queues: vec![q.clone()],
@@ -787,15 +800,7 @@ async fn a_message_reserved_under_a_live_worker_without_its_knowledge_is_put_bac
     let mut req = EnqueueRequest::new("builtin.sleep", serde_json::json!({ "ms": 1500 }));
     req.options.queue = Some(q.clone());
     let busy = client.enqueue(req).await.unwrap().id;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let worker = loop {
-        let job = client.get(busy).await.unwrap();
-        if job.state == JobState::Running {
-            break job.worker.expect("a running job names its worker");
-        }
-        assert!(Instant::now() < deadline, "the sleeping job never started");
-        tokio::time::sleep(SHORT).await;
-    };
+    let worker = worker_running(&client, busy).await;
     // The next job's message is taken under the worker's name while the worker cannot reserve,
     // as a reservation whose answer was lost leaves it.
     let orphan = enqueue_noops(&client, &q, 1).await[0];
@@ -846,15 +851,7 @@ async fn a_received_message_waiting_for_a_slot_is_not_put_back() {
     let long = client.enqueue(req).await.unwrap().id;
     let waiting = enqueue_noops(&client, &q, 1).await[0];
     let (stop, running) = run_builtin_worker(&b, &store, config);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let worker = loop {
-        let job = client.get(long).await.unwrap();
-        if job.state == JobState::Running {
-            break job.worker.expect("a running job names its worker");
-        }
-        assert!(Instant::now() < deadline, "the long job never started");
-        tokio::time::sleep(SHORT).await;
-    };
+    let worker = worker_running(&client, long).await;
     // Two sweeps and more while the long job runs. Both messages must still be this worker's,
     // each delivered once: put back, a message leaves the worker's pending list and comes back,
     // if ever, with a higher delivery count. `XPENDING` lists id, consumer, idle and count.
