@@ -829,7 +829,7 @@ async fn a_message_reserved_under_a_live_worker_without_its_knowledge_is_put_bac
 
 /// The sweep for strays never touches a message the worker did receive, however long it waits:
 /// with a prefetch above the concurrency, a message reserved behind a long job waits for the slot
-/// through several sweeps and is still this worker's, delivered once, when the slot frees.
+/// through two sweeps and is still this worker's, delivered once, when the slot frees.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_received_message_waiting_for_a_slot_is_not_put_back() {
     let server = shared();
@@ -841,7 +841,7 @@ async fn a_received_message_waiting_for_a_slot_is_not_put_back() {
         queues: vec![q.clone()],
         concurrency: 1,
         prefetch: Some(2),
-        // A sweep every second: the long job spans three.
+        // A sweep every second: two run before the check, while the long job runs.
         heartbeat_interval: Duration::from_millis(100),
         maintenance: false,
         ..WorkerConfig::default()

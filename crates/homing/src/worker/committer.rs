@@ -293,8 +293,8 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
         }
     }
     if !unstored.is_empty() {
-        if let Err(e) = s.broker.requeue(&s.id, &unstored).await {
-            tracing::warn!(error = %e, "could not hand back a message; the rescuer will");
+        if let Err(e) = s.hand_back(&unstored).await {
+            tracing::warn!(error = %e, "could not hand back a message; the stray sweep or the rescuer will");
         }
     }
     if !acked {

@@ -67,8 +67,8 @@ pub(crate) async fn start_carried(
         return;
     }
     if s.stopping.is_cancelled() {
-        if let Err(e) = s.broker.requeue(&s.id, &deliveries).await {
-            tracing::warn!(error = %e, "could not hand back messages; the rescuer will");
+        if let Err(e) = s.hand_back(&deliveries).await {
+            tracing::warn!(error = %e, "could not hand back messages; the stray sweep or the rescuer will");
         }
         return;
     }
@@ -114,8 +114,9 @@ async fn decoded(
 
 async fn dead_letter(s: &Arc<Session>, d: &Delivery, reason: &str) {
     tracing::error!(event = "message.dead_lettered", queue = %d.queue, tag = %d.tag, reason, "dead-lettered a message");
+    s.received.forget(std::slice::from_ref(d));
     if let Err(e) = s.broker.dead_letter(d, reason).await {
-        tracing::warn!(error = %e, "could not dead-letter the message; the rescuer will find it again");
+        tracing::warn!(error = %e, "could not dead-letter the message; the stray sweep or the rescuer will find it again");
     }
 }
 
@@ -126,8 +127,8 @@ async fn wait_and_start(s: Arc<Session>, r: Reserved) {
         biased;
         _ = s.stopping.cancelled() => {
             // Prefetched but never started: hand it back untouched.
-            if let Err(e) = s.broker.requeue(&s.id, std::slice::from_ref(&r.delivery)).await {
-                tracing::warn!(error = %e, "could not hand back a message; the rescuer will");
+            if let Err(e) = s.hand_back(std::slice::from_ref(&r.delivery)).await {
+                tracing::warn!(error = %e, "could not hand back a message; the stray sweep or the rescuer will");
             }
             return;
         }
@@ -170,7 +171,7 @@ async fn start_ready(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermi
                 tracing::error!(error = %e, failures, retry_in = ?nap, "cannot start jobs; handing their messages back after a pause");
                 pause(s, nap).await;
                 let ds: Vec<Delivery> = items.iter().map(|(r, _)| r.delivery.clone()).collect();
-                let _ = s.broker.requeue(&s.id, &ds).await;
+                let _ = s.hand_back(&ds).await;
                 return;
             }
         }
@@ -227,10 +228,7 @@ pub(crate) async fn take_started(
     }
     for (delivery, reservation, slot) in unstarted {
         // Not started: hand it back like a start that could not be made.
-        let _ = s
-            .broker
-            .requeue(&s.id, std::slice::from_ref(&delivery))
-            .await;
+        let _ = s.hand_back(std::slice::from_ref(&delivery)).await;
         drop((reservation, slot));
     }
 }
@@ -308,12 +306,8 @@ async fn take_outcomes(
                     // Acknowledged, a job started by a lost answer would stay `running` under a
                     // live worker; handed back, the check runs again on the next delivery.
                     tracing::warn!(job = %r.id, error = %e, "cannot read a job that runs under this worker; handing its message back");
-                    if let Err(e) = s
-                        .broker
-                        .requeue(&s.id, std::slice::from_ref(&r.delivery))
-                        .await
-                    {
-                        tracing::warn!(error = %e, "could not hand back a message; the rescuer will");
+                    if let Err(e) = s.hand_back(std::slice::from_ref(&r.delivery)).await {
+                        tracing::warn!(error = %e, "could not hand back a message; the stray sweep or the rescuer will");
                     }
                     drop((r, slot));
                 }
@@ -353,8 +347,8 @@ async fn take_outcomes(
                 let s2 = s.clone();
                 s.executors.spawn(async move {
                     pause(&s2, nap).await;
-                    if let Err(e) = s2.broker.requeue(&s2.id, std::slice::from_ref(&r.delivery)).await {
-                        tracing::warn!(error = %e, "could not hand back a message; the rescuer will");
+                    if let Err(e) = s2.hand_back(std::slice::from_ref(&r.delivery)).await {
+                        tracing::warn!(error = %e, "could not hand back a message; the stray sweep or the rescuer will");
                     }
                     drop((r, slot));
                 });

@@ -66,8 +66,8 @@ pub(crate) async fn run(s: Arc<Session>) {
                 }
                 if s.stopping.is_cancelled() {
                     // Reserved just as shutdown began: hand them straight back.
-                    if let Err(e) = s.broker.requeue(&s.id, &deliveries).await {
-                        tracing::warn!(error = %e, "could not hand back messages; the rescuer will");
+                    if let Err(e) = s.hand_back(&deliveries).await {
+                        tracing::warn!(error = %e, "could not hand back messages; the stray sweep or the rescuer will");
                     }
                     return;
                 }

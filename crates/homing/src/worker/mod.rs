@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::broker::Broker;
+use crate::broker::{Broker, Delivery};
 use crate::error::Result;
 use crate::events::{NewEvent, WORKER_READY, WORKER_SHUTDOWN};
 use crate::job::JobId;
@@ -163,6 +163,14 @@ impl Session {
         for r in running.values() {
             r.stop(reason);
         }
+    }
+
+    /// Hands messages back to the broker. They stop being this session's before the call, so
+    /// that should it fail, the stray sweep puts them back instead of leaving them reserved here
+    /// until the worker is gone.
+    pub async fn hand_back(&self, deliveries: &[Delivery]) -> crate::error::Result<usize> {
+        self.received.forget(deliveries);
+        self.broker.requeue(&self.id, deliveries).await
     }
 
     pub fn running_ids(&self) -> Vec<JobId> {

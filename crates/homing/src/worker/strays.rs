@@ -8,13 +8,15 @@
 //! name. The rescuer puts a worker's messages back only once the worker is gone, so for a
 //! long-lived worker those jobs would wait for ever, queued, with nobody running them.
 //!
-//! The session notes the tag of every delivery a reservation hands it ([`Received`]), before it
-//! does anything else with it. Every sweep lists the messages reserved under this worker's name
-//! in its queues and puts back each one whose tag the session never received and that was
-//! already there at the previous sweep (a reservation's answer is noted microseconds after it
-//! arrives, so a second sighting is never a message on its way in). A message the worker did
-//! receive is never touched, however long it waits: for a free slot behind long jobs (a prefetch
-//! above the concurrency), behind a store that is down, or in a pause before it is handed back.
+//! The session notes every delivery a reservation hands it ([`Received`]), before it does
+//! anything else with it, and forgets one when it hands it back or dead-letters it. Every sweep
+//! lists the messages reserved under this worker's name in its queues and puts back each one the
+//! session does not hold and that was already there at the previous sweep (a reservation's
+//! answer is noted microseconds after it arrives, so a second sighting is never a message on its
+//! way in). A message the worker holds is never touched, however long it waits: for a free slot
+//! behind long jobs (a prefetch above the concurrency), behind a store that is down, or in a
+//! pause before it is handed back. One it tried to hand back or dead-letter, but whose call
+//! failed, is a stray like any other.
 //! Putting back a stray is one more delivery of its job, which the start answers like any
 //! duplicate (docs/design.md), so even a wrong guess could not run a job twice.
 //!
@@ -33,18 +35,28 @@ use crate::broker::Delivery;
 /// A sweep runs every this many heartbeat intervals (20 s at the default 2 s).
 const SWEEP_EVERY_HEARTBEATS: u32 = 10;
 
-/// Messages looked at per sweep; more wait for the next one.
-const SWEEP_LIMIT: usize = 1000;
+/// Strays looked at per sweep beyond what the worker may hold (its prefetch); more wait for the
+/// next one.
+const SWEEP_EXTRA: usize = 1000;
 
 /// Failed sweeps in a row after which each further failure is a warning, not a debug line.
 const QUIET_FAILURES: u32 = 3;
 
-/// The delivery tags the broker has handed this session, each with the number of the sweep
-/// during which it arrived. A tag is forgotten once a sweep that began after it arrived no
-/// longer finds it reserved (acknowledged, handed back or dead-lettered by then), so the set
-/// stays about as large as what the worker holds.
+/// A delivery as the sweep knows it: its queue and its tag (a tag alone is not unique: two
+/// queues' streams can give the same entry id in the same millisecond).
+type Key = (String, String);
+
+fn key(d: &Delivery) -> Key {
+    (d.queue.clone(), d.tag.clone())
+}
+
+/// The deliveries the broker has handed this session and it still holds, each with the number
+/// of the sweep during which it arrived. A delivery is forgotten when the worker hands it back
+/// or dead-letters it (whether or not that call succeeds: if it fails, the message is a stray
+/// the sweep puts back), and once a sweep that began after it arrived no longer finds it
+/// reserved (acknowledged by then), so the set stays about as large as what the worker holds.
 #[derive(Default)]
-pub(crate) struct Received(Mutex<(u64, HashMap<String, u64>)>);
+pub(crate) struct Received(Mutex<(u64, HashMap<Key, u64>)>);
 
 impl Received {
     /// Called with every delivery a reservation hands the session, before anything else.
@@ -52,7 +64,15 @@ impl Received {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let sweep = g.0;
         for d in deliveries {
-            g.1.insert(d.tag.clone(), sweep);
+            g.1.insert(key(d), sweep);
+        }
+    }
+
+    /// Called with every delivery the worker lets go of other than by an acknowledgement.
+    pub(crate) fn forget(&self, deliveries: &[Delivery]) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        for d in deliveries {
+            g.1.remove(&key(d));
         }
     }
 
@@ -64,23 +84,40 @@ impl Received {
     }
 
     /// Forgets the tags noted before sweep `sweep` began that it did not find reserved.
-    fn forget_gone(&self, reserved: &HashSet<&str>, sweep: u64) {
+    fn forget_gone(&self, reserved: &HashSet<Key>, sweep: u64) {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        g.1.retain(|tag, noted| *noted >= sweep || reserved.contains(tag.as_str()));
+        g.1.retain(|k, noted| *noted >= sweep || reserved.contains(k));
     }
 
-    fn knows(&self, tag: &str) -> bool {
+    /// The deliveries of `listed` this session never received (or has let go of).
+    fn unknown(&self, listed: Vec<Delivery>) -> Vec<Delivery> {
         let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        g.1.contains_key(tag)
+        listed
+            .into_iter()
+            .filter(|d| !g.1.contains_key(&key(d)))
+            .collect()
+    }
+}
+
+/// Whether the broker lives in this process, and so answers every call it makes.
+fn in_process(s: &Session) -> bool {
+    #[cfg(feature = "sqlite")]
+    {
+        s.broker.embedded_db().is_some()
+    }
+    #[cfg(not(feature = "sqlite"))]
+    {
+        let _ = s;
+        false
     }
 }
 
 pub(crate) async fn run(s: Arc<Session>, stop: CancellationToken) {
-    if s.broker.embedded_db().is_some() {
+    if in_process(&s) {
         return;
     }
     let every = sweep_interval(s.config.heartbeat_interval);
-    let mut seen: HashSet<String> = HashSet::new();
+    let mut seen: HashSet<Key> = HashSet::new();
     let mut failures = 0u32;
     loop {
         tokio::select! {
@@ -107,23 +144,22 @@ pub(crate) async fn run(s: Arc<Session>, stop: CancellationToken) {
 
 /// Puts back the strays seen at the previous sweep too; returns the strays seen this time that
 /// are still reserved here (put back next time if they still are).
-async fn sweep(s: &Session, before: &HashSet<String>) -> crate::error::Result<HashSet<String>> {
+async fn sweep(s: &Session, before: &HashSet<Key>) -> crate::error::Result<HashSet<Key>> {
     let sweep = s.received.begin();
-    let pending = s
-        .broker
-        .pending_in(&s.id, &s.config.queues, SWEEP_LIMIT)
-        .await?;
+    let limit = s.config.prefetch().saturating_add(SWEEP_EXTRA);
+    let pending = s.broker.pending_in(&s.id, &s.config.queues, limit).await?;
     // A listing cut at the limit does not show everything reserved here, so nothing is
     // forgotten from it.
-    if pending.len() < SWEEP_LIMIT {
-        let reserved: HashSet<&str> = pending.iter().map(|d| d.tag.as_str()).collect();
+    if pending.len() < limit {
+        let reserved: HashSet<Key> = pending.iter().map(key).collect();
         s.received.forget_gone(&reserved, sweep);
     }
-    let (again, first): (Vec<Delivery>, Vec<Delivery>) = pending
+    let (again, first): (Vec<Delivery>, Vec<Delivery>) = s
+        .received
+        .unknown(pending)
         .into_iter()
-        .filter(|d| !s.received.knows(&d.tag))
-        .partition(|d| before.contains(&d.tag));
-    let mut still: HashSet<String> = first.into_iter().map(|d| d.tag).collect();
+        .partition(|d| before.contains(&key(d)));
+    let mut still: HashSet<Key> = first.iter().map(key).collect();
     if !again.is_empty() && !s.lost.is_cancelled() {
         match s.broker.requeue(&s.id, &again).await {
             Ok(n) if n > 0 => tracing::warn!(
@@ -136,7 +172,7 @@ async fn sweep(s: &Session, before: &HashSet<String>) -> crate::error::Result<Ha
             // Seen again next time, and put back then.
             Err(e) => {
                 tracing::warn!(error = %e, "could not put back stray messages; trying again at the next sweep");
-                still.extend(again.into_iter().map(|d| d.tag));
+                still.extend(again.iter().map(key));
             }
         }
     }
@@ -146,4 +182,60 @@ async fn sweep(s: &Session, before: &HashSet<String>) -> crate::error::Result<Ha
 /// How often a worker with heartbeat interval `heartbeat` sweeps.
 pub(crate) fn sweep_interval(heartbeat: Duration) -> Duration {
     heartbeat * SWEEP_EVERY_HEARTBEATS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(queue: &str, tag: &str) -> Delivery {
+        Delivery {
+            tag: tag.into(),
+            queue: queue.into(),
+            job: Err("not needed".into()),
+        }
+    }
+
+    fn queues(v: Vec<Delivery>) -> Vec<String> {
+        v.into_iter().map(|d| d.queue).collect()
+    }
+
+    #[test]
+    fn a_tag_is_known_only_in_its_queue() {
+        let r = Received::default();
+        r.note(&[d("a", "1700000000000-0.1")]);
+        let unknown = r.unknown(vec![
+            d("a", "1700000000000-0.1"),
+            d("b", "1700000000000-0.1"),
+        ]);
+        assert_eq!(queues(unknown), ["b"]);
+    }
+
+    #[test]
+    fn a_delivery_let_go_of_is_no_longer_held() {
+        let r = Received::default();
+        r.note(&[d("a", "1-0.1"), d("a", "2-0.1")]);
+        r.forget(&[d("a", "1-0.1")]);
+        let unknown = r.unknown(vec![d("a", "1-0.1"), d("a", "2-0.1")]);
+        assert_eq!(unknown.len(), 1);
+        assert_eq!(unknown[0].tag, "1-0.1");
+    }
+
+    #[test]
+    fn a_sweep_forgets_only_what_arrived_before_it_and_is_gone() {
+        let r = Received::default();
+        r.note(&[d("a", "gone-0.1"), d("a", "kept-0.1")]);
+        let sweep = r.begin();
+        // Arrives while the sweep lists: not in its listing, and must not be forgotten.
+        r.note(&[d("a", "late-0.1")]);
+        let listed: HashSet<Key> = [("a".to_string(), "kept-0.1".to_string())].into();
+        r.forget_gone(&listed, sweep);
+        let unknown = r.unknown(vec![
+            d("a", "gone-0.1"),
+            d("a", "kept-0.1"),
+            d("a", "late-0.1"),
+        ]);
+        assert_eq!(unknown.len(), 1);
+        assert_eq!(unknown[0].tag, "gone-0.1");
+    }
 }
