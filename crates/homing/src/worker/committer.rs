@@ -293,9 +293,7 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
         }
     }
     if !unstored.is_empty() {
-        if let Err(e) = s.hand_back(&unstored).await {
-            tracing::warn!(error = %e, "could not hand back a message; the stray sweep or the rescuer will");
-        }
+        s.hand_back_or_log(&unstored).await;
     }
     if !acked {
         let deliveries: Vec<Delivery> = all.into_iter().filter(|d| !unstored.contains(d)).collect();

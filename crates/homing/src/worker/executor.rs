@@ -67,9 +67,7 @@ pub(crate) async fn start_carried(
         return;
     }
     if s.stopping.is_cancelled() {
-        if let Err(e) = s.hand_back(&deliveries).await {
-            tracing::warn!(error = %e, "could not hand back messages; the stray sweep or the rescuer will");
-        }
+        s.hand_back_or_log(&deliveries).await;
         return;
     }
     let mut ready = Vec::with_capacity(deliveries.len());
@@ -127,9 +125,7 @@ async fn wait_and_start(s: Arc<Session>, r: Reserved) {
         biased;
         _ = s.stopping.cancelled() => {
             // Prefetched but never started: hand it back untouched.
-            if let Err(e) = s.hand_back(std::slice::from_ref(&r.delivery)).await {
-                tracing::warn!(error = %e, "could not hand back a message; the stray sweep or the rescuer will");
-            }
+            s.hand_back_or_log(std::slice::from_ref(&r.delivery)).await;
             return;
         }
         _ = s.lost.cancelled() => return,
@@ -306,9 +302,7 @@ async fn take_outcomes(
                     // Acknowledged, a job started by a lost answer would stay `running` under a
                     // live worker; handed back, the check runs again on the next delivery.
                     tracing::warn!(job = %r.id, error = %e, "cannot read a job that runs under this worker; handing its message back");
-                    if let Err(e) = s.hand_back(std::slice::from_ref(&r.delivery)).await {
-                        tracing::warn!(error = %e, "could not hand back a message; the stray sweep or the rescuer will");
-                    }
+                    s.hand_back_or_log(std::slice::from_ref(&r.delivery)).await;
                     drop((r, slot));
                 }
             },
@@ -347,9 +341,7 @@ async fn take_outcomes(
                 let s2 = s.clone();
                 s.executors.spawn(async move {
                     pause(&s2, nap).await;
-                    if let Err(e) = s2.hand_back(std::slice::from_ref(&r.delivery)).await {
-                        tracing::warn!(error = %e, "could not hand back a message; the stray sweep or the rescuer will");
-                    }
+                    s2.hand_back_or_log(std::slice::from_ref(&r.delivery)).await;
                     drop((r, slot));
                 });
             }

@@ -66,9 +66,7 @@ pub(crate) async fn run(s: Arc<Session>) {
                 }
                 if s.stopping.is_cancelled() {
                     // Reserved just as shutdown began: hand them straight back.
-                    if let Err(e) = s.hand_back(&deliveries).await {
-                        tracing::warn!(error = %e, "could not hand back messages; the stray sweep or the rescuer will");
-                    }
+                    s.hand_back_or_log(&deliveries).await;
                     return;
                 }
                 executor::start_batch(&s, deliveries, permits).await;

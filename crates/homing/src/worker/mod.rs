@@ -153,7 +153,7 @@ pub(crate) struct Session {
     pub executors: TaskTracker,
     /// Store `start` calls that failed in a row: how long the executor pauses before the next.
     pub start_failures: std::sync::atomic::AtomicU32,
-    /// The delivery tags the broker has handed this session (`strays`).
+    /// The deliveries this session holds, for the sweep for strays (`strays`).
     pub received: strays::Received,
 }
 
@@ -171,6 +171,14 @@ impl Session {
     pub async fn hand_back(&self, deliveries: &[Delivery]) -> crate::error::Result<usize> {
         self.received.forget(deliveries);
         self.broker.requeue(&self.id, deliveries).await
+    }
+
+    /// [`Session::hand_back`], with a failure logged: the messages are not lost, the stray sweep
+    /// (or, once the worker is gone, the rescuer) puts them back.
+    pub async fn hand_back_or_log(&self, deliveries: &[Delivery]) {
+        if let Err(e) = self.hand_back(deliveries).await {
+            tracing::warn!(error = %e, count = deliveries.len(), "could not hand back messages; the stray sweep or the rescuer will");
+        }
     }
 
     pub fn running_ids(&self) -> Vec<JobId> {

@@ -25,7 +25,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -116,7 +115,7 @@ pub(crate) async fn run(s: Arc<Session>, stop: CancellationToken) {
     if in_process(&s) {
         return;
     }
-    let every = sweep_interval(s.config.heartbeat_interval);
+    let every = s.config.heartbeat_interval * SWEEP_EVERY_HEARTBEATS;
     let mut seen: HashSet<Key> = HashSet::new();
     let mut failures = 0u32;
     loop {
@@ -177,11 +176,6 @@ async fn sweep(s: &Session, before: &HashSet<Key>) -> crate::error::Result<HashS
         }
     }
     Ok(still)
-}
-
-/// How often a worker with heartbeat interval `heartbeat` sweeps.
-pub(crate) fn sweep_interval(heartbeat: Duration) -> Duration {
-    heartbeat * SWEEP_EVERY_HEARTBEATS
 }
 
 #[cfg(test)]
