@@ -344,7 +344,7 @@ impl Worker {
             commits: tx,
             executors: TaskTracker::new(),
             start_failures: std::sync::atomic::AtomicU32::new(0),
-            received: strays::Received::default(),
+            received: strays::Received::for_broker(self.broker.as_ref()),
         });
         let committer_done = CancellationToken::new();
         let committer = tokio::spawn(committer::run(session.clone(), rx, committer_done.clone()));

@@ -54,13 +54,28 @@ fn key(d: &Delivery) -> Key {
 /// or dead-letters it (whether or not that call succeeds: if it fails, the message is a stray
 /// the sweep puts back), and once a sweep that began after it arrived no longer finds it
 /// reserved (acknowledged by then), so the set stays about as large as what the worker holds.
+/// Kept only where a sweep runs, which prunes it: with an in-process broker it stays empty.
 #[derive(Default)]
-pub(crate) struct Received(Mutex<(u64, HashMap<Key, u64>)>);
+pub(crate) struct Received {
+    kept: bool,
+    held: Mutex<(u64, HashMap<Key, u64>)>,
+}
 
 impl Received {
+    /// What a session on `broker` keeps.
+    pub(crate) fn for_broker(broker: &dyn crate::broker::Broker) -> Self {
+        Self {
+            kept: !in_process(broker),
+            held: Mutex::default(),
+        }
+    }
+
     /// Called with every delivery a reservation hands the session, before anything else.
     pub(crate) fn note(&self, deliveries: &[Delivery]) {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.kept {
+            return;
+        }
+        let mut g = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let sweep = g.0;
         for d in deliveries {
             g.1.insert(key(d), sweep);
@@ -69,7 +84,7 @@ impl Received {
 
     /// Called with every delivery the worker lets go of other than by an acknowledgement.
     pub(crate) fn forget(&self, deliveries: &[Delivery]) {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.held.lock().unwrap_or_else(|p| p.into_inner());
         for d in deliveries {
             g.1.remove(&key(d));
         }
@@ -77,20 +92,20 @@ impl Received {
 
     /// Starts a sweep: tags noted from now on carry its number.
     fn begin(&self) -> u64 {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.held.lock().unwrap_or_else(|p| p.into_inner());
         g.0 += 1;
         g.0
     }
 
     /// Forgets the tags noted before sweep `sweep` began that it did not find reserved.
     fn forget_gone(&self, reserved: &HashSet<Key>, sweep: u64) {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.held.lock().unwrap_or_else(|p| p.into_inner());
         g.1.retain(|k, noted| *noted >= sweep || reserved.contains(k));
     }
 
     /// The deliveries of `listed` this session never received (or has let go of).
     fn unknown(&self, listed: Vec<Delivery>) -> Vec<Delivery> {
-        let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let g = self.held.lock().unwrap_or_else(|p| p.into_inner());
         listed
             .into_iter()
             .filter(|d| !g.1.contains_key(&key(d)))
@@ -99,20 +114,20 @@ impl Received {
 }
 
 /// Whether the broker lives in this process, and so answers every call it makes.
-fn in_process(s: &Session) -> bool {
+fn in_process(broker: &dyn crate::broker::Broker) -> bool {
     #[cfg(feature = "sqlite")]
     {
-        s.broker.embedded_db().is_some()
+        broker.embedded_db().is_some()
     }
     #[cfg(not(feature = "sqlite"))]
     {
-        let _ = s;
+        let _ = broker;
         false
     }
 }
 
 pub(crate) async fn run(s: Arc<Session>, stop: CancellationToken) {
-    if in_process(&s) {
+    if !s.received.kept {
         return;
     }
     let every = s.config.heartbeat_interval * SWEEP_EVERY_HEARTBEATS;
@@ -182,6 +197,13 @@ async fn sweep(s: &Session, before: &HashSet<Key>) -> crate::error::Result<HashS
 mod tests {
     use super::*;
 
+    fn kept() -> Received {
+        Received {
+            kept: true,
+            held: Mutex::default(),
+        }
+    }
+
     fn d(queue: &str, tag: &str) -> Delivery {
         Delivery {
             tag: tag.into(),
@@ -196,7 +218,7 @@ mod tests {
 
     #[test]
     fn a_tag_is_known_only_in_its_queue() {
-        let r = Received::default();
+        let r = kept();
         r.note(&[d("a", "1700000000000-0.1")]);
         let unknown = r.unknown(vec![
             d("a", "1700000000000-0.1"),
@@ -207,7 +229,7 @@ mod tests {
 
     #[test]
     fn a_delivery_let_go_of_is_no_longer_held() {
-        let r = Received::default();
+        let r = kept();
         r.note(&[d("a", "1-0.1"), d("a", "2-0.1")]);
         r.forget(&[d("a", "1-0.1")]);
         let unknown = r.unknown(vec![d("a", "1-0.1"), d("a", "2-0.1")]);
@@ -217,7 +239,7 @@ mod tests {
 
     #[test]
     fn a_sweep_forgets_only_what_arrived_before_it_and_is_gone() {
-        let r = Received::default();
+        let r = kept();
         r.note(&[d("a", "gone-0.1"), d("a", "kept-0.1")]);
         let sweep = r.begin();
         // Arrives while the sweep lists: not in its listing, and must not be forgotten.
@@ -231,5 +253,23 @@ mod tests {
         ]);
         assert_eq!(unknown.len(), 1);
         assert_eq!(unknown[0].tag, "gone-0.1");
+    }
+}
+
+#[cfg(test)]
+mod unkept {
+    use super::*;
+
+    /// With an in-process broker no sweep prunes the set, so nothing may go into it.
+    #[test]
+    fn a_session_without_a_sweep_keeps_nothing() {
+        let r = Received::default();
+        let d = Delivery {
+            tag: "1-0.1".into(),
+            queue: "a".into(),
+            job: Err("not needed".into()),
+        };
+        r.note(std::slice::from_ref(&d));
+        assert!(r.held.lock().unwrap().1.is_empty());
     }
 }
