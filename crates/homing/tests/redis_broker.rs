@@ -774,6 +774,36 @@ async fn worker_running(client: &Client, id: JobId) -> String {
     }
 }
 
+/// Takes the next message of `q`'s default band under `consumer`'s name, as a reservation
+/// whose answer was lost leaves it; answers what `XREADGROUP` printed.
+fn take_one_under(server: &RedisServer, b: &RedisBroker, q: &str, consumer: &str) -> String {
+    server.cli(&[
+        "XREADGROUP",
+        "GROUP",
+        homing::broker::redis::keys::GROUP,
+        consumer,
+        "COUNT",
+        "1",
+        "STREAMS",
+        &b.keys().stream(q),
+        ">",
+    ])
+}
+
+/// The messages of `q`'s default band reserved under `consumer`: `XPENDING` prints id,
+/// consumer, idle time and delivery count, a line each.
+fn pending_under(server: &RedisServer, b: &RedisBroker, q: &str, consumer: &str) -> String {
+    server.cli(&[
+        "XPENDING",
+        &b.keys().stream(q),
+        homing::broker::redis::keys::GROUP,
+        "-",
+        "+",
+        "10",
+        consumer,
+    ])
+}
+
 /// A reservation that ran on the server but whose answer never reached the worker (the
 /// connection broke after the script) leaves its message reserved under the worker's name,
 /// unknown to the worker. Its sweep (`worker::strays`) puts the message back; before it, the
@@ -804,17 +834,7 @@ async fn a_message_reserved_under_a_live_worker_without_its_knowledge_is_put_bac
     // The next job's message is taken under the worker's name while the worker cannot reserve,
     // as a reservation whose answer was lost leaves it.
     let orphan = enqueue_noops(&client, &q, 1).await[0];
-    let took = server.cli(&[
-        "XREADGROUP",
-        "GROUP",
-        homing::broker::redis::keys::GROUP,
-        &worker,
-        "COUNT",
-        "1",
-        "STREAMS",
-        &b.keys().stream(&q),
-        ">",
-    ]);
+    let took = take_one_under(server, &b, &q, &worker);
     assert!(
         took.contains(&orphan.to_string()),
         "the test reserved the job's message: {took}"
@@ -861,15 +881,7 @@ async fn a_received_message_waiting_for_a_slot_is_not_put_back() {
         JobState::Running,
         "the long job still runs"
     );
-    let pending = server.cli(&[
-        "XPENDING",
-        &b.keys().stream(&q),
-        homing::broker::redis::keys::GROUP,
-        "-",
-        "+",
-        "10",
-        &worker,
-    ]);
+    let pending = pending_under(server, &b, &q, &worker);
     let fields: Vec<&str> = pending.lines().collect();
     assert_eq!(fields.len(), 8, "both messages reserved here: {pending}");
     assert_eq!(
@@ -888,4 +900,89 @@ async fn a_received_message_waiting_for_a_slot_is_not_put_back() {
     );
     stop.cancel();
     running.await.unwrap().unwrap();
+}
+
+/// A remote session (the HTTP gateway, docs/remote-workers.md) whose reservation's answer was
+/// lost, or whose server died before starting what it reserved, holds a message it never
+/// received: its heartbeats' sweep puts it back, and the session reserves the job. A message
+/// whose job runs under the session is its lease and is never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_reserved_under_a_remote_session_without_its_knowledge_is_put_back() {
+    use homing::remote::{strays::Sightings, Gateway, Held, Registration};
+    let server = shared();
+    let b = open(&server.url(&unique_prefix("remote-stray"))).await;
+    let store = sqlite_store();
+    let q = unique_queue("remote-stray");
+    let client = Client::new(b.clone(), store.clone());
+    let gateway = Gateway::new(b.clone(), store.clone(), Arc::new(Sightings::default()));
+    let session = gateway
+        .register(Registration {
+            queues: vec![q.clone()],
+            concurrency: 4,
+            // The shortest interval: a sweep every 2 s.
+            heartbeat_interval_ms: 200,
+            host: None,
+            pid: None,
+            version: None,
+            tasks: Vec::new(),
+        })
+        .await
+        .unwrap()
+        .session;
+    let held_id = enqueue_noops(&client, &q, 1).await[0];
+    let held = gateway
+        .reserve(&session, 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].job_id, held_id);
+    let beat = Held {
+        job_id: held_id,
+        epoch: held[0].epoch,
+    };
+    let stray = enqueue_noops(&client, &q, 1).await[0];
+    let took = take_one_under(server, &b, &q, &session);
+    assert!(
+        took.contains(&stray.to_string()),
+        "the test reserved the job's message: {took}"
+    );
+    let began = Instant::now();
+    let got = loop {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "the stray message was never put back: job {stray} is {:?}",
+            client.get(stray).await.unwrap().state
+        );
+        gateway.heartbeat(&session, &[beat]).await.unwrap();
+        let r = gateway
+            .reserve(&session, 1, Duration::from_millis(200))
+            .await
+            .unwrap();
+        if let Some(j) = r.into_iter().next() {
+            break j;
+        }
+    };
+    assert_eq!(got.job_id, stray);
+    assert_eq!(got.epoch, 1, "started once, by this reservation");
+    // Put back no sooner than the second sweep, 2 s after the first.
+    assert!(
+        began.elapsed() >= Duration::from_millis(1900),
+        "{:?}",
+        began.elapsed()
+    );
+    // The held job went through the same sweeps: still running under the session, its message
+    // still this session's and delivered once. `XPENDING` lists id, consumer, idle and count.
+    let job = client.get(held_id).await.unwrap();
+    assert_eq!(job.state, JobState::Running, "{job:?}");
+    assert_eq!(job.epoch, 1, "{job:?}");
+    let pending = pending_under(server, &b, &q, &session);
+    let fields: Vec<&str> = pending.lines().collect();
+    assert_eq!(fields.len(), 8, "both messages reserved here: {pending}");
+    // A tag is the entry id and its band.
+    let tag = held[0].lease.split('@').next().unwrap();
+    assert!(
+        tag.starts_with(&format!("{}.", fields[0])) && fields[3] == "1",
+        "the held one ({tag}) first, delivered once: {pending}"
+    );
+    gateway.end(&session).await.unwrap();
 }

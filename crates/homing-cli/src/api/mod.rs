@@ -73,6 +73,8 @@ pub struct AppState {
     /// How long one call of a bulk action works before it answers what it did and where to go
     /// on (docs/bulk.md); well inside the request timeout.
     pub bulk_budget: std::time::Duration,
+    /// What this server's sweeps for remote sessions' stray messages saw (`homing::remote::strays`).
+    pub remote_sightings: Arc<homing::remote::strays::Sightings>,
 }
 
 impl AppState {
@@ -87,6 +89,7 @@ impl AppState {
             metrics: None,
             unhealthy_after: DEFAULT_UNHEALTHY_AFTER,
             bulk_budget: std::time::Duration::from_secs(10),
+            remote_sightings: Arc::default(),
         }
     }
 }

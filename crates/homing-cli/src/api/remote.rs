@@ -42,7 +42,11 @@ pub fn router() -> Router<AppState> {
 }
 
 fn gateway(state: &AppState) -> Gateway {
-    Gateway::new(state.backends.broker.clone(), state.backends.store.clone())
+    Gateway::new(
+        state.backends.broker.clone(),
+        state.backends.store.clone(),
+        state.remote_sightings.clone(),
+    )
 }
 
 fn api_error(e: RemoteError) -> ApiError {

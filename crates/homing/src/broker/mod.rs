@@ -10,6 +10,7 @@
 pub mod redis;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+pub(crate) mod strays;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};

@@ -1,7 +1,8 @@
 //! The remote worker gateway (docs/remote-workers.md): what `homing server` does for a worker in
 //! another language that speaks the HTTP protocol, with the guarantees of a Rust worker.
 //!
-//! It keeps nothing in memory. A session is a broker consumer (its heartbeat and the messages it
+//! It keeps nothing in memory but the sweep's hint ([`strays::Sightings`], whose loss only
+//! delays a put-back). A session is a broker consumer (its heartbeat and the messages it
 //! reserved) plus a worker row in the store (its queues and declared task defaults), so any
 //! server can answer any call, and a server may die between any two steps: what it leaves behind
 //! is what a Rust worker dying there leaves, and the rescuer, the reconciler and the heartbeat's
@@ -9,6 +10,7 @@
 //! decision is here or, when pure, in [`decide`].
 
 pub mod decide;
+pub mod strays;
 
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -231,11 +233,22 @@ fn invalid(m: impl Into<String>) -> RemoteError {
 pub struct Gateway {
     broker: Arc<dyn Broker>,
     store: Arc<dyn Store>,
+    sightings: Arc<strays::Sightings>,
 }
 
 impl Gateway {
-    pub fn new(broker: Arc<dyn Broker>, store: Arc<dyn Store>) -> Self {
-        Self { broker, store }
+    /// `sightings` must outlive the call: the server keeps one for all its gateways, so a
+    /// session's sweep for strays ([`strays`]) remembers what the previous one saw.
+    pub fn new(
+        broker: Arc<dyn Broker>,
+        store: Arc<dyn Store>,
+        sightings: Arc<strays::Sightings>,
+    ) -> Self {
+        Self {
+            broker,
+            store,
+            sightings,
+        }
     }
 
     /// Starts a session: the broker consumer with its heartbeat, the worker row (with the
@@ -313,7 +326,7 @@ impl Gateway {
                 held.len()
             )));
         }
-        let (_, remote) = self.session(session).await?;
+        let (info, remote) = self.session(session).await?;
         let ttl = remote.ttl();
         if !self.broker.heartbeat(session, ttl).await? {
             return Err(Self::expired(session));
@@ -329,7 +342,13 @@ impl Gateway {
         };
         // The heartbeat itself is done: a failure here is tried again at the next one.
         match self
-            .housekeeping(session, &remote, &ids.into_iter().collect(), ttl)
+            .housekeeping(
+                session,
+                &info.queues,
+                &remote,
+                &ids.into_iter().collect(),
+                ttl,
+            )
             .await
         {
             // Runs the server stopped at their time limit: the worker stops them too.
@@ -357,10 +376,12 @@ impl Gateway {
     ///
     /// Held jobs past their time limit plus a TTL of grace are ended as a Rust worker ends a
     /// handler at its limit ([`Gateway::stop_over_limit`]); their ids are returned, for the
-    /// heartbeat to tell the worker to stop them.
+    /// heartbeat to tell the worker to stop them. Messages reserved under the session whose job
+    /// it never started are put back ([`strays`]).
     async fn housekeeping(
         &self,
         session: &str,
+        queues: &[String],
         remote: &RemoteWorker,
         held: &HashSet<JobId>,
         ttl: Duration,
@@ -370,6 +391,23 @@ impl Gateway {
         let stopped = self
             .stop_over_limit(session, remote, &running, held, ttl)
             .await?;
+        // A listing cut at its limit cannot tell which messages are held.
+        if running.len() < MAX_HELD {
+            let running: HashSet<JobId> = running.iter().map(|r| r.id).collect();
+            let interval = Duration::from_millis(remote.heartbeat_interval_ms);
+            if let Err(e) = strays::sweep(
+                &self.sightings,
+                &*self.broker,
+                session,
+                queues,
+                interval,
+                &running,
+            )
+            .await
+            {
+                tracing::warn!(error = %e, worker = %session, "cannot look for stray messages reserved under a remote session's name; the next sweep tries again");
+            }
+        }
         if lost.is_empty() {
             return Ok(stopped);
         }
@@ -804,6 +842,7 @@ impl Gateway {
     pub async fn end(&self, session: &str) -> Result<()> {
         self.session(session).await?;
         self.broker.unregister(session).await?;
+        self.sightings.forget(session);
         let ev = NewEvent::worker(
             WORKER_SHUTDOWN,
             session,

@@ -16,9 +16,8 @@
 //! way in). A message the worker holds is never touched, however long it waits: for a free slot
 //! behind long jobs (a prefetch above the concurrency), behind a store that is down, or in a
 //! pause before it is handed back. One it tried to hand back or dead-letter, but whose call
-//! failed, is a stray like any other.
-//! Putting back a stray is one more delivery of its job, which the start answers like any
-//! duplicate (docs/design.md), so even a wrong guess could not run a job twice.
+//! failed, is a stray like any other. The rule for putting back is shared with the remote
+//! gateway's sessions (`broker::strays`).
 //!
 //! An in-process broker (the embedded SQLite file) answers every call it made, so no sweep runs
 //! there.
@@ -29,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 use super::Session;
+use crate::broker::strays::{key, Key};
 use crate::broker::Delivery;
 
 /// A sweep runs every this many heartbeat intervals (20 s at the default 2 s).
@@ -40,14 +40,6 @@ const SWEEP_EXTRA: usize = 1000;
 
 /// Failed sweeps in a row after which each further failure is a warning, not a debug line.
 const QUIET_FAILURES: u32 = 3;
-
-/// A delivery as the sweep knows it: its queue and its tag (a tag alone is not unique: two
-/// queues' streams can give the same entry id in the same millisecond).
-type Key = (String, String);
-
-fn key(d: &Delivery) -> Key {
-    (d.queue.clone(), d.tag.clone())
-}
 
 /// The deliveries the broker has handed this session and it still holds, each with the number
 /// of the sweep during which it arrived. A delivery is forgotten when the worker hands it back
@@ -168,29 +160,12 @@ async fn sweep(s: &Session, before: &HashSet<Key>) -> crate::error::Result<HashS
         let reserved: HashSet<Key> = pending.iter().map(key).collect();
         s.received.forget_gone(&reserved, sweep);
     }
-    let (again, first): (Vec<Delivery>, Vec<Delivery>) = s
-        .received
-        .unknown(pending)
-        .into_iter()
-        .partition(|d| before.contains(&key(d)));
-    let mut still: HashSet<Key> = first.iter().map(key).collect();
-    if !again.is_empty() && !s.lost.is_cancelled() {
-        match s.broker.requeue(&s.id, &again).await {
-            Ok(n) if n > 0 => tracing::warn!(
-                event = "worker.strays_put_back",
-                count = n,
-                worker = %s.id,
-                "put back messages reserved under this worker's name that it never received (a reservation whose answer was lost)"
-            ),
-            Ok(_) => {}
-            // Seen again next time, and put back then.
-            Err(e) => {
-                tracing::warn!(error = %e, "could not put back stray messages; trying again at the next sweep");
-                still.extend(again.iter().map(key));
-            }
-        }
+    let unheld = s.received.unknown(pending);
+    // A session presumed dead puts nothing back: the rescuer owns its messages now.
+    if s.lost.is_cancelled() {
+        return Ok(HashSet::new());
     }
-    Ok(still)
+    Ok(crate::broker::strays::put_back(&*s.broker, &s.id, unheld, before).await)
 }
 
 #[cfg(test)]
