@@ -23,6 +23,7 @@ mod proxy;
 mod report;
 mod rollups;
 pub(crate) mod services;
+mod slots;
 mod timeline;
 
 use anyhow::{bail, Context as _};
@@ -308,6 +309,9 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         },
     };
     let ticks = invariants::check_ticks(&every_job, ticks_until);
+    // Every job a worker ran counts against its slots: the load's, the limited queue's, the
+    // schedule's ticks, workflow steps.
+    let (runs, truncated) = slots::runs(&client, &every_job).await?;
     let not_ticks: Vec<homing::Job> = every_job
         .into_iter()
         .filter(|j| j.schedule.as_deref() != Some(invariants::TICK_SCHEDULE))
@@ -343,6 +347,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         settle,
     );
     counter.shutdown();
+    let slots = slots::check(&runs, truncated, a.concurrency, &injected, settle);
 
     let mut fault_counts: BTreeMap<String, usize> =
         kinds.iter().map(|k| (k.name().to_string(), 0)).collect();
@@ -401,6 +406,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     violations.extend(hostile_stored.iter().take(20).cloned());
     violations.extend(ticks.violations.iter().take(20).cloned());
     violations.extend(limited.violations.iter().cloned());
+    violations.extend(slots.violations.iter().cloned());
     violations.extend(job_count_violations);
     violations.extend(depth_violations);
     violations.extend(stats_rollups.violations.iter().cloned());
@@ -453,6 +459,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         drain_s: (drain_s * 10.0).round() / 10.0,
         schedule: ticks,
         limited,
+        slots,
         stats_rollups,
         kept_counts,
         violations,

@@ -77,6 +77,8 @@ pub struct Report {
     pub schedule: super::invariants::Ticks,
     /// The limited queue: the most calls in flight at once (must not exceed its limit).
     pub limited: super::limited::Outcome,
+    /// The most jobs running under one worker at once (must not exceed its prefetch).
+    pub slots: super::slots::Outcome,
     /// The charts' minute rollups against the jobs table (mismatched minutes must be 0).
     pub stats_rollups: super::rollups::Outcome,
     /// The counts the schema keeps by trigger against a recount (`counts.rs`).
@@ -167,6 +169,18 @@ impl Report {
                         self.limited.max_in_flight,
                         self.limited.limit,
                         self.limited.explained_excess
+                    ),
+                ],
+                vec![
+                    "most jobs running under one worker (must be <= its prefetch), \
+                     runs, killed-server overlaps"
+                        .into(),
+                    format!(
+                        "{} (prefetch {}), {}, {}",
+                        self.slots.max_running,
+                        self.slots.bound,
+                        self.slots.runs,
+                        self.slots.explained_excess
                     ),
                 ],
                 vec![
