@@ -342,13 +342,7 @@ impl Gateway {
         };
         // The heartbeat itself is done: a failure here is tried again at the next one.
         match self
-            .housekeeping(
-                session,
-                &info.queues,
-                &remote,
-                &ids.into_iter().collect(),
-                ttl,
-            )
+            .housekeeping(session, &remote, &ids.into_iter().collect(), ttl)
             .await
         {
             // Runs the server stopped at their time limit: the worker stops them too.
@@ -363,6 +357,20 @@ impl Gateway {
                 tracing::warn!(error = %e, worker = %session, "heartbeat housekeeping failed; the next heartbeat tries again")
             }
         }
+        // Apart from the housekeeping, so that a job it cannot handle does not stop the sweep.
+        let interval = Duration::from_millis(remote.heartbeat_interval_ms);
+        if let Err(e) = strays::sweep(
+            &self.sightings,
+            &*self.broker,
+            &*self.store,
+            session,
+            &info.queues,
+            interval,
+        )
+        .await
+        {
+            tracing::warn!(error = %e, worker = %session, "cannot look for stray messages reserved under a remote session's name; the next sweep tries again");
+        }
         Ok(Beat {
             alive: true,
             ttl_ms: ttl.as_millis().min(u64::MAX as u128) as u64,
@@ -376,12 +384,10 @@ impl Gateway {
     ///
     /// Held jobs past their time limit plus a TTL of grace are ended as a Rust worker ends a
     /// handler at its limit ([`Gateway::stop_over_limit`]); their ids are returned, for the
-    /// heartbeat to tell the worker to stop them. Messages reserved under the session whose job
-    /// it never started are put back ([`strays`]).
+    /// heartbeat to tell the worker to stop them.
     async fn housekeeping(
         &self,
         session: &str,
-        queues: &[String],
         remote: &RemoteWorker,
         held: &HashSet<JobId>,
         ttl: Duration,
@@ -391,23 +397,6 @@ impl Gateway {
         let stopped = self
             .stop_over_limit(session, remote, &running, held, ttl)
             .await?;
-        // A listing cut at its limit cannot tell which messages are held.
-        if running.len() < MAX_HELD {
-            let running: HashSet<JobId> = running.iter().map(|r| r.id).collect();
-            let interval = Duration::from_millis(remote.heartbeat_interval_ms);
-            if let Err(e) = strays::sweep(
-                &self.sightings,
-                &*self.broker,
-                session,
-                queues,
-                interval,
-                &running,
-            )
-            .await
-            {
-                tracing::warn!(error = %e, worker = %session, "cannot look for stray messages reserved under a remote session's name; the next sweep tries again");
-            }
-        }
         if lost.is_empty() {
             return Ok(stopped);
         }

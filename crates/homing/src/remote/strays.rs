@@ -3,14 +3,18 @@
 //! start, or by a reservation whose answer from Redis was lost. The rescuer puts a session's
 //! messages back only once it is gone, so while the session lives those jobs would stay queued.
 //!
-//! A session holds a message exactly when the message's job runs under it (the gateway starts
-//! what it reserves in the same call, and a completion acknowledges). The sweep, every
-//! [`SWEEP_EVERY_HEARTBEATS`] of the session's heartbeats, lists the messages reserved under
-//! its name and puts back each one whose job does not run under it and that the previous sweep
-//! saw too (`broker::strays`), so a reservation on its way to its start is never touched.
+//! A session holds a message while the message's job runs under it: the gateway starts what it
+//! reserves in the same call, and a completion acknowledges right after its commit; only those
+//! two moments (reserved, not yet started; committed, not yet acknowledged) show a held message
+//! whose job does not run under the session. The sweep, every [`SWEEP_EVERY_HEARTBEATS`] of the
+//! session's heartbeats, reads the jobs running under the session, then lists the messages
+//! reserved under its name, and puts back each one whose job does not run under it and that the
+//! previous sweep saw too (`broker::strays`), so a message in one of those moments is never
+//! touched.
 //!
 //! The gateway keeps nothing else in memory: [`Sightings`] is a hint, per server. A server that
-//! restarts, or a session whose heartbeats go to another server, only waits one more sweep.
+//! restarts waits one more sweep; a session whose heartbeats are spread over N servers is swept
+//! by each of them about N times less often.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -19,9 +23,14 @@ use std::time::{Duration, Instant};
 use crate::broker::strays::Key;
 use crate::broker::{Broker, Delivery};
 use crate::job::JobId;
+use crate::store::Store;
 
 /// A session's sweep runs every this many of its heartbeat intervals (20 s at 2 s).
 pub const SWEEP_EVERY_HEARTBEATS: u32 = 10;
+
+/// A session's sightings are dropped once its last sweep on this server is this many sweep
+/// periods old: it ended, expired, or beats elsewhere.
+const FORGET_AFTER_SWEEPS: u32 = 50;
 
 /// What one server's sweeps saw, per session: kept in the API server's state and shared by
 /// every call, since the gateway itself is made per call.
@@ -40,10 +49,12 @@ impl Sightings {
     /// When a sweep of `session` is due, marks it begun and answers what the previous one saw.
     fn begin(&self, session: &str, every: Duration) -> Option<HashSet<Key>> {
         let mut g = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        // Sessions that ended, expired or beat elsewhere for a while: their sightings are stale.
-        g.retain(|_, s| s.swept_at.elapsed() < s.every.saturating_mul(3));
+        if g.get(session).is_some_and(|s| s.swept_at.elapsed() < every) {
+            return None;
+        }
+        // Only when a sweep is due, so most heartbeats do not walk every session.
+        g.retain(|_, s| s.swept_at.elapsed() < s.every.saturating_mul(FORGET_AFTER_SWEEPS));
         match g.get_mut(session) {
-            Some(s) if s.swept_at.elapsed() < every => None,
             Some(s) => {
                 s.swept_at = Instant::now();
                 s.every = every;
@@ -86,26 +97,42 @@ fn unheld(pending: Vec<Delivery>, running: &HashSet<JobId>) -> Vec<Delivery> {
         .collect()
 }
 
-/// Sweeps `session` when due. `running` must be every job running under it, read before this
-/// call (a job that starts in between is seen as unheld once, never twice).
+/// Sweeps `session` when due. The jobs running under it are read first, then the messages: a
+/// job that starts in between is seen as unheld at this sweep only.
 pub(crate) async fn sweep(
     sightings: &Sightings,
     broker: &dyn Broker,
+    store: &dyn Store,
     session: &str,
     queues: &[String],
     heartbeat_interval: Duration,
-    running: &HashSet<JobId>,
 ) -> crate::error::Result<()> {
     let every = heartbeat_interval.saturating_mul(SWEEP_EVERY_HEARTBEATS);
     let Some(before) = sightings.begin(session, every) else {
         return Ok(());
     };
-    let pending = broker
-        .pending_in(session, queues, super::MAX_HELD)
-        .await
-        .inspect_err(|_| sightings.remember(session, before.clone()))?;
-    let still =
-        crate::broker::strays::put_back(broker, session, unheld(pending, running), &before).await;
+    let listed = async {
+        let running = store.running_under(session, super::MAX_HELD).await?;
+        // A listing cut at its limit cannot tell which messages are held.
+        if running.len() >= super::MAX_HELD {
+            return Ok(None);
+        }
+        let running: HashSet<JobId> = running.iter().map(|r| r.id).collect();
+        let pending = broker.pending_in(session, queues, super::MAX_HELD).await?;
+        crate::error::Result::Ok(Some(unheld(pending, &running)))
+    };
+    let unheld = match listed.await {
+        Ok(Some(u)) => u,
+        Ok(None) => {
+            sightings.remember(session, before);
+            return Ok(());
+        }
+        Err(e) => {
+            sightings.remember(session, before);
+            return Err(e);
+        }
+    };
+    let still = crate::broker::strays::put_back(broker, session, unheld, &before).await;
     sightings.remember(session, still);
     Ok(())
 }
