@@ -157,18 +157,20 @@ async fn complete(
     }
     // Its own task, as `reserve`: a closed connection must not cut a reservation in half.
     let (results, jobs) = tokio::spawn(async move {
-        let results = gw.complete(&session, &b.results).await?;
         // The completions are committed whatever happens to the reservation: a refused one
-        // (a session presumed dead, a bad `max`) reserves nothing and says why.
-        let jobs = gw
-            .reserve(&session, next.max, Duration::from_millis(next.wait_ms))
-            .await
-            .map_err(api_error);
-        Ok::<_, homing::remote::RemoteError>((results, jobs))
+        // (a session presumed dead) reserves nothing and says why.
+        gw.complete_and_reserve(
+            &session,
+            &b.results,
+            next.max,
+            Duration::from_millis(next.wait_ms),
+        )
+        .await
     })
     .await
     .map_err(ApiError::internal)?
     .map_err(api_error)?;
+    let jobs = jobs.map_err(api_error);
     let mut out = serde_json::json!({ "results": results });
     match jobs {
         Ok(jobs) => out["jobs"] = serde_json::json!(jobs),

@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use super::{ReportKind, TaskDeclaration};
+use super::{Completed, ReportKind, Status, TaskDeclaration};
 use crate::job::{Job, JobId, JobState};
 use crate::retry::{RetryPolicy, DEFAULT_MAX_RETRIES};
 use crate::store::{CompletionState, Outcome, RunningUnder};
@@ -219,9 +219,39 @@ pub fn outcome_metric(outcome: &Outcome, state: JobState) -> Option<&'static str
     })
 }
 
+/// How many successors a completion call that also reserves may take: what the worker asked
+/// for (one slot per completion it sent, counted free), less the completions answered
+/// `unstored`, whose jobs still run under the session and keep their slots.
+pub fn refill(asked: u32, results: &[Completed]) -> u32 {
+    let unstored = results
+        .iter()
+        .filter(|c| c.status == Status::Unstored)
+        .count();
+    asked.saturating_sub(u32::try_from(unstored).unwrap_or(u32::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_completion_the_store_could_not_write_frees_no_slot() {
+        let done = |status| Completed {
+            job_id: uuid::Uuid::now_v7(),
+            status,
+            state: None,
+        };
+        let results = [
+            done(Status::Applied),
+            done(Status::Unstored),
+            done(Status::Stale),
+            done(Status::AlreadyApplied),
+            done(Status::Unstored),
+        ];
+        assert_eq!(refill(5, &results), 3);
+        assert_eq!(refill(1, &results), 0);
+        assert_eq!(refill(7, &results[..1]), 7);
+    }
     fn job(attempts: u32, max_retries: Option<u32>) -> Job {
         let mut j = crate::transition::sample_job(JobState::Running);
         j.attempts = attempts;

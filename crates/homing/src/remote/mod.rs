@@ -826,6 +826,27 @@ impl Gateway {
         Ok(self.store.set_progress(job, epoch, progress).await?)
     }
 
+    /// A completion call that also asks for successors: commits `reports`, then reserves up to
+    /// `max` less the completions answered `unstored` ([`decide::refill`]: their jobs keep their
+    /// slots, so a worker that counted them free would hold more than its concurrency). The
+    /// commits stand whatever happens to the reservation, whose own result comes second.
+    pub async fn complete_and_reserve(
+        &self,
+        session: &str,
+        reports: &[Report],
+        max: u32,
+        wait: Duration,
+    ) -> Result<(Vec<Completed>, Result<Vec<ReservedJob>>)> {
+        let results = self.complete(session, reports).await?;
+        let max = decide::refill(max, &results);
+        let jobs = if max == 0 {
+            Ok(Vec::new())
+        } else {
+            self.reserve(session, max, wait).await
+        };
+        Ok((results, jobs))
+    }
+
     /// A graceful end: the heartbeat is removed and the worker row marked stopped with its
     /// `worker.shutdown` event. Whatever the session still holds is reclaimed by the rescuer.
     pub async fn end(&self, session: &str) -> Result<()> {

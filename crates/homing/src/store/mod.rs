@@ -10,8 +10,8 @@
 //! as null, named in [`Job::unreadable`]), so one bad job cannot fail a page, a batch or a queue.
 
 pub mod audit;
-#[cfg(feature = "postgres")]
 pub(crate) mod limits;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod queues;
 pub(crate) mod schedules;

@@ -347,7 +347,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         settle,
     );
     counter.shutdown();
-    let slots = slots::check(&runs, truncated, a.concurrency, &injected, settle);
+    let slots = slots::check(&runs, truncated, a.concurrency, python, &injected, settle);
 
     let mut fault_counts: BTreeMap<String, usize> =
         kinds.iter().map(|k| (k.name().to_string(), 0)).collect();

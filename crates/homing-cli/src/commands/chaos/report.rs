@@ -173,7 +173,7 @@ impl Report {
                 ],
                 vec![
                     "most jobs running under one worker (must be <= its prefetch), \
-                     runs, killed-server overlaps"
+                     runs, remote overlaps"
                         .into(),
                     format!(
                         "{} (prefetch {}), {}, {}",

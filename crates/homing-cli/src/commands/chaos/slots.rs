@@ -10,10 +10,12 @@
 //! before starts at the same instant. A truncated timeline may miss a run's end, so it is left
 //! out (the count can only come out lower, never raise a false alarm).
 //!
-//! One excess is explained rather than counted: a remote (Python) session whose server was
-//! killed between starting jobs and answering `reserve` holds fewer jobs than run under its
-//! name, and reserves more, until its heartbeat's housekeeping reclaims the unheld ones (a TTL
-//! later): an excess within such a kill, plus the settle time, is counted apart.
+//! One excess is explained rather than counted: a remote (Python) session whose `reserve` started
+//! jobs but whose answer never came (its server was killed, or PostgreSQL restarted after the
+//! start's commit, so the gateway saw an error and handed the messages back) holds fewer jobs
+//! than run under its name, and reserves more, until its heartbeat's housekeeping reclaims the
+//! unheld ones (a TTL later). With remote workers an excess within a server kill or a
+//! PostgreSQL restart, plus the settle time, is counted apart.
 
 use std::collections::HashMap;
 
@@ -41,7 +43,7 @@ pub struct Outcome {
     pub runs: usize,
     /// Timelines left out because they were trimmed.
     pub truncated: usize,
-    /// Moments above the bound explained by a killed server's unanswered reserve.
+    /// Moments above the bound explained by a remote session's unanswered reserve.
     pub explained_excess: usize,
     pub violations: Vec<String>,
 }
@@ -83,11 +85,13 @@ pub async fn runs(client: &Client, jobs: &[Job]) -> anyhow::Result<(Vec<Run>, us
     Ok((out, truncated))
 }
 
-/// Checks that no worker had more than `bound` runs at once.
+/// Checks that no worker had more than `bound` runs at once; `remote` when the workers are
+/// remote sessions.
 pub fn check(
     runs: &[Run],
     truncated: usize,
     bound: usize,
+    remote: bool,
     injected: &[Injected],
     settle: Micros,
 ) -> Outcome {
@@ -99,7 +103,7 @@ pub fn check(
     };
     let kills: Vec<(Micros, Micros)> = injected
         .iter()
-        .filter(|f| f.kind == Fault::ServerKill)
+        .filter(|f| remote && matches!(f.kind, Fault::ServerKill | Fault::PostgresRestart))
         .map(|f| (f.at, f.end + settle))
         .collect();
     let mut by_worker: HashMap<&str, Vec<(Micros, i32)>> = HashMap::new();
@@ -152,11 +156,41 @@ mod tests {
             run("b", 5, 15),
             run("b", 6, 7),
         ];
-        let o = check(&runs, 0, 2, &[], 0);
+        let o = check(&runs, 0, 2, false, &[], 0);
         assert_eq!((o.max_running, o.violations.len()), (2, 0), "{o:?}");
-        let o = check(&runs, 0, 1, &[], 0);
+        let o = check(&runs, 0, 1, false, &[], 0);
         assert_eq!(o.max_running, 2);
         assert_eq!(o.violations.len(), 1, "only b overlaps: {o:?}");
         assert!(o.violations[0].contains("worker b"), "{o:?}");
+    }
+
+    #[test]
+    fn only_remote_sessions_are_excused_around_a_postgres_restart() {
+        let runs = [run("a", 0, 10), run("a", 5, 15)];
+        let restart = Injected {
+            kind: Fault::PostgresRestart,
+            slot: None,
+            at: 4,
+            end: 6,
+            running: Vec::new(),
+            note: String::new(),
+        };
+        let rust = check(&runs, 0, 1, false, std::slice::from_ref(&restart), 0);
+        assert_eq!((rust.violations.len(), rust.explained_excess), (1, 0));
+        let remote = check(&runs, 0, 1, true, std::slice::from_ref(&restart), 0);
+        assert_eq!((remote.violations.len(), remote.explained_excess), (0, 1));
+        let later = check(
+            &runs,
+            0,
+            1,
+            true,
+            &[Injected {
+                at: 7,
+                end: 9,
+                ..restart
+            }],
+            0,
+        );
+        assert_eq!(later.violations.len(), 1, "outside the window: {later:?}");
     }
 }
