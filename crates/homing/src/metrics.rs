@@ -44,6 +44,7 @@ pub(crate) fn duration(name: &'static str, queue: &str, task: &str, d: Duration)
 }
 
 /// One webhook delivery attempt: `outcome` is `delivered`, `retry` or `failed`.
+#[cfg(feature = "http")]
 pub(crate) fn webhook(target: &str, outcome: &'static str) {
     metrics::counter!(WEBHOOK_DELIVERIES, "target" => target.to_string(), "outcome" => outcome)
         .increment(1);

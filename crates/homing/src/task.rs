@@ -378,6 +378,7 @@ impl Context {
     }
 
     /// The store, for built-in tasks that read other jobs (a webhook resolving a callback URL).
+    #[cfg(feature = "http")]
     pub(crate) fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }

@@ -53,6 +53,7 @@ pub(crate) fn start_key(key: Option<&str>) -> &str {
     key.unwrap_or("")
 }
 
+#[cfg(feature = "sqlite")]
 pub(crate) mod sqlite {
     use rusqlite::{params, OptionalExtension, Transaction};
 
@@ -333,6 +334,7 @@ pub(crate) mod sqlite {
     }
 }
 
+#[cfg(feature = "postgres")]
 pub(crate) mod postgres {
     use sqlx::postgres::PgRow;
     use sqlx::{PgConnection, Row};

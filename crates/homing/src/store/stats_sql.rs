@@ -30,6 +30,8 @@ pub(crate) struct RollUp {
     /// (`sqlite.rs::count_minutes`, held to these queries by a test), so that the single
     /// writer is not held while a busy minute's jobs are scanned and nothing is sorted, and
     /// inserts the few rows it gives.
+    // Without PostgreSQL only SQLite's test reads it.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub minutes: Vec<(String, String)>,
     /// Recomputes the hours from the minutes (which then include the ones just written).
     pub hours: Vec<String>,
@@ -37,6 +39,7 @@ pub(crate) struct RollUp {
 
 impl RollUp {
     /// Every statement in order, each minute table filled by `INSERT … SELECT`.
+    #[cfg(feature = "postgres")]
     pub fn statements(&self) -> Vec<String> {
         let minutes = self.minutes.iter().map(|(i, q)| format!("{i} {q}"));
         let clear = self.clear.iter().cloned();
