@@ -123,13 +123,10 @@ pub(crate) async fn sweep(
     };
     let unheld = match listed.await {
         Ok(Some(u)) => u,
-        Ok(None) => {
+        // Nothing was looked at: what the previous sweep saw stands for the next one.
+        other => {
             sightings.remember(session, before);
-            return Ok(());
-        }
-        Err(e) => {
-            sightings.remember(session, before);
-            return Err(e);
+            return other.map(|_| ());
         }
     };
     let still = crate::broker::strays::put_back(broker, session, unheld, &before).await;

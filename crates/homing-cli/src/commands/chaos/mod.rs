@@ -311,7 +311,10 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     let ticks = invariants::check_ticks(&every_job, ticks_until);
     // Every job a worker ran counts against its slots: the load's, the limited queue's, the
     // schedule's ticks, workflow steps.
-    let (runs, truncated) = slots::runs(&client, &every_job).await?;
+    // Every timeline is read once, here: the at-risk bound needs every job's, the timeline check
+    // the load's.
+    let histories = timeline::read(&client, &every_job).await?;
+    let (runs, truncated) = slots::runs(histories.values());
     let not_ticks: Vec<homing::Job> = every_job
         .into_iter()
         .filter(|j| j.schedule.as_deref() != Some(invariants::TICK_SCHEDULE))
@@ -333,7 +336,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     }
     let f = invariants::check(&ids, &jobs, &calls, &facts, &injected, settle);
     let workflow_violations = invariants::check_workflows(&workflows, &jobs, &calls, &facts);
-    let (timeline_violations, timelines) = timeline::check(&client, &jobs).await?;
+    let (timeline_violations, timelines) = timeline::check(&client, &jobs, &histories).await?;
     if !a.json {
         eprintln!("chaos: {timelines} job timelines checked against their rows");
     }

@@ -19,9 +19,8 @@
 
 use std::collections::HashMap;
 
-use homing::history::Kind;
+use homing::history::{History, Kind};
 use homing::time::Micros;
-use homing::{Client, Job};
 
 use super::faults::{Injected, Kind as Fault};
 use super::invariants::MAX_LISTED;
@@ -48,12 +47,11 @@ pub struct Outcome {
     pub violations: Vec<String>,
 }
 
-/// Every run of `jobs` (read from their timelines) and how many timelines were trimmed.
-pub async fn runs(client: &Client, jobs: &[Job]) -> anyhow::Result<(Vec<Run>, usize)> {
+/// Every run the timelines show, and how many timelines were trimmed (left out).
+pub fn runs<'a>(histories: impl IntoIterator<Item = &'a History>) -> (Vec<Run>, usize) {
     let mut out = Vec::new();
     let mut truncated = 0;
-    for job in jobs {
-        let h = client.store().history(job.id).await?;
+    for h in histories {
         if h.truncated {
             truncated += 1;
             continue;
@@ -82,7 +80,7 @@ pub async fn runs(client: &Client, jobs: &[Job]) -> anyhow::Result<(Vec<Run>, us
             });
         }
     }
-    Ok((out, truncated))
+    (out, truncated)
 }
 
 /// Checks that no worker had more than `bound` runs at once; `remote` when the workers are

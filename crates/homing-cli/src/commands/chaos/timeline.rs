@@ -4,25 +4,48 @@
 //! down and every start raises it, each run ends once, and (for a timeline not yet trimmed) the
 //! crash and error entries are the row's `crashes` and `attempts`.
 
-use homing::history::disagreement;
-use homing::{Client, Job};
+use std::collections::HashMap;
+
+use homing::history::{disagreement, History};
+use homing::{Client, Job, JobId};
 
 use super::invariants::MAX_LISTED;
 
-/// The jobs whose timeline disagrees with their row, with the first disagreement of each, and
-/// how many timelines were checked.
-pub async fn check(client: &Client, jobs: &[Job]) -> anyhow::Result<(Vec<String>, usize)> {
+/// Every job's timeline, read once for the checks that need them (this one and the at-risk
+/// bound's, `slots.rs`).
+pub async fn read(client: &Client, jobs: &[Job]) -> anyhow::Result<HashMap<JobId, History>> {
+    let mut out = HashMap::with_capacity(jobs.len());
+    for job in jobs {
+        out.insert(job.id, client.store().history(job.id).await?);
+    }
+    Ok(out)
+}
+
+/// The jobs whose timeline (in `histories`, read before this call) disagrees with their row,
+/// with the first disagreement of each, and how many timelines were checked.
+pub async fn check(
+    client: &Client,
+    jobs: &[Job],
+    histories: &HashMap<JobId, History>,
+) -> anyhow::Result<(Vec<String>, usize)> {
     let mut out = Vec::new();
     let mut checked = 0;
     for job in jobs {
-        let history = client.store().history(job.id).await?;
+        let read;
+        let history = match histories.get(&job.id) {
+            Some(h) => h,
+            None => {
+                read = client.store().history(job.id).await?;
+                &read
+            }
+        };
         // The job as read after its timeline: a late transition (none should happen once the
         // deployment is stopped) shows as a newer row, never as a missing entry.
         let Some(now) = client.store().get(job.id).await? else {
             continue;
         };
         checked += 1;
-        if let Some(why) = disagreement(&now, &history) {
+        if let Some(why) = disagreement(&now, history) {
             if out.len() < MAX_LISTED {
                 out.push(format!("job {} timeline: {why}", job.id));
             }
