@@ -2,7 +2,11 @@
 //! worker with no handler for it (an earlier start call failed after committing part of its
 //! batch, or its answer was lost). When that job's message comes to the same worker again, the
 //! worker must run it: no other worker will (it is not lost), and skipping it as a duplicate
-//! would leave it running forever.
+//! would leave it running forever. And an outcome the store cannot take yet stays with its
+//! worker, message and all, until it can.
+
+#[path = "support/unstored.rs"]
+mod unstored;
 
 use std::time::{Duration, Instant};
 
@@ -185,4 +189,21 @@ async fn duplicate_messages_never_run_a_job_twice_in_one_epoch() {
         twice.first()
     );
     assert_eq!(runs.len(), JOBS, "every job ran once");
+}
+
+/// An outcome the store answers unstored (its update and even making the job dead refused, or
+/// the store gone between the isolated transactions of a batch) leaves the job `running` under
+/// its worker, which keeps the message and commits the outcome again after a pause
+/// (`support/unstored.rs`; the same on Redis in redis_broker.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_the_store_cannot_take_yet_is_committed_later_with_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/homing.db", dir.path().display());
+    let backends = Backends::open(&url, &url).await.unwrap();
+    let db = backends
+        .store
+        .embedded_db()
+        .expect("an embedded store")
+        .clone();
+    unstored::refused_then_taken(backends.broker, backends.store, db).await;
 }

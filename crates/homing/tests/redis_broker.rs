@@ -4,6 +4,8 @@
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
+#[path = "support/unstored.rs"]
+mod unstored;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -845,6 +847,20 @@ async fn a_message_reserved_under_a_live_worker_without_its_knowledge_is_put_bac
     assert_eq!(client.get(busy).await.unwrap().state, JobState::Succeeded);
     stop.cancel();
     running.await.unwrap().unwrap();
+}
+
+/// An outcome the store cannot take yet stays with its worker, message and all, and is
+/// committed again after a pause (`support/unstored.rs`, where the embedded broker runs it too):
+/// handed back to Redis, the message went to the other worker, which acknowledged it as a
+/// duplicate and left the job `running`, or to the same one, which ran it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_the_store_cannot_take_yet_is_committed_later_with_one_run() {
+    let server = shared();
+    let b = open(&server.url(&unique_prefix("unstored"))).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = Db::open(dir.path().join("homing.db")).expect("open sqlite");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::new(db.clone()));
+    unstored::refused_then_taken(b, store, db).await;
 }
 
 /// The sweep for strays never touches a message the worker did receive, however long it waits:

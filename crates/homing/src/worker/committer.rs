@@ -35,6 +35,9 @@ use crate::time::now;
 /// Most completions committed in one transaction.
 const MAX_BATCH: usize = 512;
 
+/// Longest pause before committing again an outcome the store could not store.
+const UNSTORED_CAP: Duration = Duration::from_secs(30);
+
 /// Longest a batch waits for jobs started with its own. The runtime's timer counts whole
 /// milliseconds and rounds a deadline up, so the wait is 1–2 ms at most.
 const LINGER: Duration = Duration::from_millis(1);
@@ -49,6 +52,9 @@ pub(crate) struct Item {
     pub reservation: Option<Returning>,
     /// The jobs started with this one, whose outcomes the batch waits for.
     pub round: Option<Arc<Round>>,
+    /// How many commits of this completion the store has answered unstored: it is tried again
+    /// after a pause that grows with this ([`try_again_later`]).
+    pub unstored: u32,
 }
 
 /// A reservation on its way back to the fetcher through the committer, counted in
@@ -188,7 +194,7 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
     // Whatever the store answered (applied, stale, unstored, or no answer at all), these jobs'
     // outcomes are no longer on their way: a later delivery may find one still running here
     // (unstored, or given up) and must then run it.
-    let _answered = Answered(s, completions.iter().map(|c| c.id).collect());
+    let mut answered = Answered(s, completions.iter().map(|c| c.id).collect());
     let mut to_dispatch: Vec<ToPublish> = Vec::new();
     let mut unstored: Vec<Delivery> = Vec::new();
     let all: Vec<Delivery> = batch.iter().map(|i| i.delivery.clone()).collect();
@@ -271,9 +277,7 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
                     to_dispatch.extend(dispatch);
                 }
                 Committed::Unstored(reason) => {
-                    // The run stays `running` under this worker; its delivery goes back so
-                    // that a later delivery finds it here without a handler and runs it again.
-                    tracing::error!(job = %c.id, task = %item.task, %reason, "an outcome cannot be stored; handing the message back");
+                    tracing::error!(job = %c.id, task = %item.task, %reason, "an outcome cannot be stored; keeping its message and trying again");
                     unstored.push(item.delivery.clone());
                 }
                 Committed::Stale => {
@@ -293,7 +297,37 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
         }
     }
     if !unstored.is_empty() {
-        s.hand_back_or_log(&unstored).await;
+        if ending(s, done) {
+            // The run stays `running` under this worker until the session's end makes it an
+            // orphan, which the reconciler requeues; the message goes back meanwhile.
+            tracing::warn!(
+                count = unstored.len(),
+                "stopping: handing back the messages of outcomes not stored"
+            );
+            s.hand_back_or_log(&unstored).await;
+        } else {
+            // Handed back, the message could reach another worker, which would skip the job
+            // (it runs here) and acknowledge it: the job would stay `running` as long as this
+            // worker lives. Kept, with its outcome, it is what this worker holds, and the
+            // outcome is committed again after a pause.
+            let (again, rest): (Vec<Item>, Vec<Item>) = std::mem::take(&mut batch)
+                .into_iter()
+                .partition(|i| unstored.contains(&i.delivery));
+            batch = rest;
+            for mut item in again {
+                if let Some(c) = &item.completion {
+                    answered.keep(c.id);
+                }
+                // A reservation carried over to a combined round that was then refused is in
+                // `carried_back`; any one of those stands for this message's.
+                let permit = item
+                    .reservation
+                    .take()
+                    .and_then(Returning::into_permit)
+                    .or_else(|| carried_back.pop());
+                try_again_later(s, item, permit);
+            }
+        }
     }
     if !acked {
         let deliveries: Vec<Delivery> = all.into_iter().filter(|d| !unstored.contains(d)).collect();
@@ -354,6 +388,36 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
     }
     drop(carried_back);
     release_together(batch);
+}
+
+/// Whether the session is ending (stopping, presumed dead, or its committer told to finish).
+fn ending(s: &Session, done: &CancellationToken) -> bool {
+    s.stopping.is_cancelled() || s.lost.is_cancelled() || done.is_cancelled()
+}
+
+/// Sends an item whose outcome the store answered unstored back to the committer after a
+/// pause (100 ms, doubled each time, at most [`UNSTORED_CAP`]; cut short when the session
+/// stops, so a stopping worker tries once more and then hands the message back). Its job stays
+/// marked as committing meanwhile, so a duplicate delivery does not run it again, and its
+/// delivery stays noted as held, so the stray sweep leaves it. Its reservation waits outside
+/// the count of those on their way back: the fetcher must not wait for it.
+fn try_again_later(s: &Arc<Session>, mut item: Item, permit: Option<OwnedSemaphorePermit>) {
+    item.unstored += 1;
+    item.round = None;
+    let nap = super::executor::backoff(item.unstored - 1, UNSTORED_CAP);
+    let s2 = s.clone();
+    s.executors.spawn(async move {
+        super::executor::pause(&s2, nap).await;
+        item.reservation = permit.map(|p| Returning::new(p, &s2.returning));
+        if let Err(mpsc::error::SendError(item)) = s2.commits.send(item).await {
+            // The committer has finished: only at the session's end, after the executors.
+            s2.hand_back_or_log(std::slice::from_ref(&item.delivery))
+                .await;
+            if let Some(c) = &item.completion {
+                drop(Answered(&s2, vec![c.id]));
+            }
+        }
+    });
 }
 
 /// The reservations (and free slots) a round carries over from its acknowledged messages to the
@@ -417,6 +481,13 @@ fn release_together(batch: Vec<Item>) {
 
 /// Unmarks a batch's jobs as committing when the batch is done with, on every path out.
 struct Answered<'a>(&'a Session, Vec<crate::job::JobId>);
+
+impl Answered<'_> {
+    /// Leaves a job marked: its outcome is to be committed again.
+    fn keep(&mut self, id: crate::job::JobId) {
+        self.1.retain(|x| *x != id);
+    }
+}
 
 impl Drop for Answered<'_> {
     fn drop(&mut self) {

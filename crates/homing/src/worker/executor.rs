@@ -356,14 +356,14 @@ const FAILURE_CAP: Duration = Duration::from_secs(30);
 
 /// The pause after `failures` failed start calls in a row: 100 ms doubled each time, at most
 /// `cap`.
-fn backoff(failures: u32, cap: Duration) -> Duration {
+pub(super) fn backoff(failures: u32, cap: Duration) -> Duration {
     Duration::from_millis(100)
         .saturating_mul(1u32 << failures.min(16))
         .min(cap)
 }
 
 /// Sleeps for `nap`, or less if the session stops or is presumed dead meanwhile.
-async fn pause(s: &Session, nap: Duration) {
+pub(super) async fn pause(s: &Session, nap: Duration) {
     tokio::select! {
         _ = tokio::time::sleep(nap) => {}
         _ = s.lost.cancelled() => {}
@@ -420,6 +420,7 @@ async fn ack_only(s: &Arc<Session>, r: Reserved) {
         task: String::new(),
         reservation: Some(Returning::new(r.reservation, &s.returning)),
         round: None,
+        unstored: 0,
     };
     let _ = s.commits.send(item).await;
 }
@@ -628,6 +629,7 @@ async fn commit(s: &Arc<Session>, r: Reserved, job: &Job, outcome: Outcome, roun
         task: job.task.clone(),
         reservation: Some(Returning::new(r.reservation, &s.returning)),
         round: Some(round.0.clone()),
+        unstored: 0,
     };
     let _ = s.commits.send(item).await;
 }
