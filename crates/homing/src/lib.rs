@@ -51,6 +51,13 @@
 //! # Ok(()) }
 //! ```
 
+// A build without a broker or without a store could open no backends at all: said at build
+// time, not as an error from `Backends::open` (and a page of dead-code warnings) later.
+#[cfg(not(any(feature = "sqlite", feature = "redis")))]
+compile_error!("homing needs a broker: enable the `sqlite` (embedded) or `redis` feature");
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+compile_error!("homing needs a store: enable the `sqlite` (embedded) or `postgres` feature");
+
 pub mod backend;
 pub mod broker;
 pub mod builtin;

@@ -204,6 +204,7 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
     // combined write refuses for its data takes the ordinary path below, which isolates the
     // culprit; its reservations then go back to the fetcher after its acknowledgement.
     let mut acked = false;
+    #[cfg_attr(not(feature = "sqlite"), allow(unused_mut))]
     let mut early: Option<Vec<Committed>> = None;
     // Reservations carried over for a round that was then refused: still those of this batch's
     // messages, so they go back only after the acknowledgement below.

@@ -180,6 +180,7 @@ async fn start_ready(s: &Arc<Session>, items: Vec<(Reserved, OwnedSemaphorePermi
 /// free slot. Undecodable messages are dead-lettered; what is left of `reservations` and `slots`
 /// (fewer messages than asked for) is given back when they drop. `gate` is the start gate the
 /// transaction ran under, released once its jobs are claimed.
+#[cfg(feature = "sqlite")]
 pub(crate) async fn take_started(
     s: &Arc<Session>,
     taken: Vec<(Delivery, Option<StartOutcome>)>,
