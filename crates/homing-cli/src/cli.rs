@@ -727,7 +727,8 @@ pub struct ChaosArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
-    /// Keep the run's directory (logs, databases) instead of deleting it.
+    /// Keep the run's directory (logs, databases) instead of deleting it; later runs leave it
+    /// too (it holds a KEPT file), so delete it yourself.
     #[arg(long)]
     pub keep: bool,
     /// What the worker processes are: `rust` (`homing worker`) or `python` (`python -m homing

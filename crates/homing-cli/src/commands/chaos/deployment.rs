@@ -106,8 +106,12 @@ pub struct Deployment {
     exe: PathBuf,
 }
 
+/// Marks a directory a run kept on purpose (`--keep`): the sweep for stale ones leaves it.
+const KEPT: &str = "KEPT";
+
 /// Removes chaos directories left by runs that were themselves killed with SIGKILL (their
-/// children died with them, but nothing was left to delete the directory).
+/// children died with them, but nothing was left to delete the directory). A directory kept
+/// with `--keep` is the user's to delete.
 fn sweep_stale(tmp: &Path) {
     let Ok(rd) = std::fs::read_dir(tmp) else {
         return;
@@ -120,7 +124,7 @@ fn sweep_stale(tmp: &Path) {
         let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
             continue;
         };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
+        if !Path::new(&format!("/proc/{pid}")).exists() && !e.path().join(KEPT).exists() {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
@@ -379,6 +383,12 @@ impl Deployment {
         self.kill_all();
         if keep {
             let dir = self.dir.clone();
+            if let Err(e) = std::fs::write(dir.join(KEPT), "kept by homing chaos --keep\n") {
+                eprintln!(
+                    "chaos: could not mark {} as kept ({e}); the next run may delete it",
+                    dir.display()
+                );
+            }
             self.dir = PathBuf::new();
             Some(dir)
         } else {
