@@ -118,8 +118,9 @@ pub enum Committed {
     /// Rejected: the epoch is stale (a zombie's write) or the job is no longer running.
     Stale,
     /// Nothing could be written for this completion (the store failed on it, even when making
-    /// the job `dead`): the rest of the batch committed normally; this run is left `running`
-    /// and its delivery must be handed back, not acknowledged. The reason is for the log.
+    /// the job `dead`, or became unavailable before its turn): the rest of the batch committed
+    /// normally; this run is left `running` and its message must not be acknowledged (a worker
+    /// keeps it and commits the outcome again later). The reason is for the log.
     Unstored(String),
 }
 
@@ -445,10 +446,10 @@ where
         if !committed && e.is_transient() {
             return Err(e);
         }
-        tracing::error!(error = %e, "an item of a batch could not be written nor isolated; it is handed back alone");
+        tracing::error!(error = %e, "an item of a batch could not be written nor isolated; it is answered alone");
         out.push(failed(&e));
         if e.is_transient() {
-            // The store is unavailable: the remaining items are handed back untried.
+            // The store is unavailable: the remaining items are answered untried.
             unavailable = Some(e);
         }
     }

@@ -191,9 +191,10 @@ where
 
 async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken) {
     let completions: Vec<Completion> = batch.iter().filter_map(|i| i.completion.clone()).collect();
-    // Whatever the store answered (applied, stale, unstored, or no answer at all), these jobs'
-    // outcomes are no longer on their way: a later delivery may find one still running here
-    // (unstored, or given up) and must then run it.
+    // Whatever the store answered (applied, stale, or no answer at all), these jobs' outcomes
+    // are no longer on their way: a later delivery may find one still running here (given up)
+    // and must then run it. An outcome answered unstored is still on its way (it is committed
+    // again), so its job stays marked.
     let mut answered = Answered(s, completions.iter().map(|c| c.id).collect());
     let mut to_dispatch: Vec<ToPublish> = Vec::new();
     let mut unstored: Vec<Delivery> = Vec::new();
@@ -298,6 +299,9 @@ async fn commit(s: &Arc<Session>, mut batch: Vec<Item>, done: &CancellationToken
         }
     }
     if !unstored.is_empty() {
+        // Held from before the check until the retry is spawned, so a shutdown waiting for the
+        // executors cannot miss it (and its item reach a committer that has finished).
+        let _spawning = s.executors.token();
         if ending(s, done) {
             // The run stays `running` under this worker until the session's end makes it an
             // orphan, which the reconciler requeues; the message goes back meanwhile.
