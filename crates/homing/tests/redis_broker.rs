@@ -33,6 +33,98 @@ fn sqlite_store() -> Arc<dyn Store> {
     ))
 }
 
+/// A worker presumed dead before it notices (Redis lost its heartbeat with its data; its next
+/// beat is up to an interval away) keeps reserving, and takes back at once what the rescuer
+/// puts back. The rescuer used to chase it until it held nothing, counting a crash on each round
+/// trip: under `homing chaos` jobs of a healthy worker went `dead` within a second of a Redis
+/// restart. Here a consumer with no heartbeat holds 150 running jobs (more than a page of the
+/// rescuer's listing) and starts every message it gets again, as that worker would, for 1.5 s.
+/// One sweep must count one crash per job (before the fix: all 150 `dead`, three crashes each);
+/// after the consumer stops, the next sweep reclaims what it took back and forgets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_worker_that_keeps_reserving_is_not_chased() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const JOBS: usize = 150;
+    let server = shared();
+    let b = open(&server.url(&unique_prefix("chased"))).await;
+    let store = sqlite_store();
+    let q = unique_queue("chased");
+    let mut ids = Vec::new();
+    for _ in 0..JOBS {
+        ids.push(enqueued(&*store, &*b, &q).await);
+    }
+    b.register("z", Duration::from_millis(200)).await.unwrap();
+    let got = b
+        .reserve("z", std::slice::from_ref(&q), JOBS, SHORT)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), JOBS);
+    store.start(&ids, "z", homing::time::now()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(b.lost_consumers().await.unwrap().contains(&"z".to_string()));
+
+    // The worker that has not noticed: whatever it gets, it starts.
+    let noticed = Arc::new(AtomicBool::new(false));
+    let retaken = Arc::new(AtomicUsize::new(0));
+    let zombie = {
+        let (b, store, q) = (b.clone(), store.clone(), q.clone());
+        let (noticed, retaken) = (noticed.clone(), retaken.clone());
+        tokio::spawn(async move {
+            while !noticed.load(Ordering::SeqCst) {
+                let got = b
+                    .reserve(
+                        "z",
+                        std::slice::from_ref(&q),
+                        JOBS,
+                        Duration::from_millis(1),
+                    )
+                    .await
+                    .unwrap();
+                let ids: Vec<JobId> = got.iter().filter_map(|d| d.job.clone().ok()).collect();
+                if !ids.is_empty() {
+                    retaken.fetch_add(ids.len(), Ordering::SeqCst);
+                    store.start(&ids, "z", homing::time::now()).await.unwrap();
+                }
+            }
+        })
+    };
+    let report = rescuer::sweep(&*b, &*store).await.unwrap();
+    assert_eq!(report.requeued, JOBS, "{report:?}");
+    for id in &ids {
+        let j = store.get(*id).await.unwrap().unwrap();
+        assert_eq!(
+            j.crashes, 1,
+            "one sweep counted {} crashes: {j:?}",
+            j.crashes
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    noticed.store(true, Ordering::SeqCst);
+    zombie.await.unwrap();
+    assert!(
+        retaken.load(Ordering::SeqCst) > 0,
+        "the consumer took nothing back: the test did not test"
+    );
+
+    let report = rescuer::sweep(&*b, &*store).await.unwrap();
+    assert_eq!(report.lost_workers, 1, "{report:?}");
+    assert!(!b.lost_consumers().await.unwrap().contains(&"z".to_string()));
+    let again = b
+        .reserve("w2", std::slice::from_ref(&q), JOBS, SHORT)
+        .await
+        .unwrap();
+    let mut back: Vec<JobId> = again.iter().filter_map(|d| d.job.clone().ok()).collect();
+    back.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(back, want, "every job's message is back, once");
+    for id in &ids {
+        let j = store.get(*id).await.unwrap().unwrap();
+        assert_eq!(j.state, JobState::Queued, "{j:?}");
+        assert!(j.crashes <= 2, "{j:?}");
+    }
+}
+
 /// A job in the store, published to the broker, as `Client::enqueue` leaves it.
 async fn enqueued(store: &dyn Store, broker: &dyn Broker, queue: &str) -> JobId {
     let job = new_job(queue, "t");

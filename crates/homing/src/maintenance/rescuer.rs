@@ -40,7 +40,19 @@ pub struct SweepReport {
     pub dropped: usize,
 }
 
+/// Most messages of one consumer listed at a time.
+const PAGE: usize = 100;
+
 /// One pass over every lost consumer.
+///
+/// A consumer is read page by page, and only as far as what it held when listed: a worker
+/// presumed dead that has not noticed yet (the broker lost its heartbeat with its data, and its
+/// next beat is up to an interval away) keeps reserving, and takes back at once the messages
+/// put back here. Chasing it until it held nothing counted a crash on each round trip, tens a
+/// second: jobs of a healthy worker went `dead` in under a second (`homing chaos`, a Redis
+/// restart). Now each job is reclaimed from a consumer at most once a pass (a message of a job
+/// already reclaimed is left), and a page that comes back short ends the consumer's turn: what
+/// it took since waits for the next sweep, by when it has usually noticed and stopped.
 pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport> {
     let mut report = SweepReport::default();
     for consumer in broker.lost_consumers().await? {
@@ -49,12 +61,19 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
         // the next sweep, so one bad job holds up neither its worker's other jobs nor the
         // other lost workers. The consumer is kept while it holds any.
         let mut stuck: std::collections::HashSet<String> = std::collections::HashSet::new();
+        let mut handled: std::collections::HashSet<crate::job::JobId> =
+            std::collections::HashSet::new();
         loop {
-            let pending: Vec<_> = broker
-                .pending(&consumer, 100)
-                .await?
+            // Past the messages of jobs already reclaimed (which a requeue puts at the head of
+            // the queue, so they may be listed first), a page of others.
+            let want = PAGE + handled.len();
+            let listed = broker.pending(&consumer, want).await?;
+            let last_page = listed.len() < want;
+            let pending: Vec<_> = listed
                 .into_iter()
-                .filter(|d| !stuck.contains(&d.tag))
+                .filter(|d| {
+                    !stuck.contains(&d.tag) && !d.job.as_ref().is_ok_and(|id| handled.contains(id))
+                })
                 .collect();
             if pending.is_empty() {
                 break;
@@ -68,6 +87,7 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
                         continue;
                     }
                 };
+                handled.insert(id);
                 let (lost, unparked) = match store.mark_lost_unparking(id, &consumer, now()).await {
                     Ok(decided) => decided,
                     Err(e) if e.is_transient() => return Err(e),
@@ -122,6 +142,9 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
                     report.dropped += 1;
                     broker.ack(std::slice::from_ref(&d)).await?;
                 }
+            }
+            if last_page {
+                break;
             }
         }
         if stuck.is_empty() && broker.remove_consumer(&consumer).await? {
