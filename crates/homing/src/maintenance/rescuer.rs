@@ -40,8 +40,11 @@ pub struct SweepReport {
     pub dropped: usize,
 }
 
-/// Most messages of one consumer listed at a time.
+/// Most messages of one consumer listed at a time, beside those of jobs already reclaimed.
 const PAGE: usize = 100;
+
+/// Most messages of one consumer listed in one call, whatever this pass has reclaimed.
+const MAX_LISTED: usize = 10_000;
 
 /// One pass over every lost consumer.
 ///
@@ -50,9 +53,10 @@ const PAGE: usize = 100;
 /// next beat is up to an interval away) keeps reserving, and takes back at once the messages
 /// put back here. Chasing it until it held nothing counted a crash on each round trip, tens a
 /// second: jobs of a healthy worker went `dead` in under a second (`homing chaos`, a Redis
-/// restart). Now each job is reclaimed from a consumer at most once a pass (a message of a job
-/// already reclaimed is left), and a page that comes back short ends the consumer's turn: what
-/// it took since waits for the next sweep, by when it has usually noticed and stopped.
+/// restart). Now each job is reclaimed from a consumer at most once a pass: a message of a job
+/// already reclaimed (taken back, or a duplicate) is left for the next sweep, by when the worker
+/// has usually noticed and stopped. Every process with maintenance runs a rescuer, so such a job
+/// can still be reclaimed once by each of them.
 pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport> {
     let mut report = SweepReport::default();
     for consumer in broker.lost_consumers().await? {
@@ -66,9 +70,8 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
         loop {
             // Past the messages of jobs already reclaimed (which a requeue puts at the head of
             // the queue, so they may be listed first), a page of others.
-            let want = PAGE + handled.len();
+            let want = (PAGE + handled.len()).min(MAX_LISTED);
             let listed = broker.pending(&consumer, want).await?;
-            let last_page = listed.len() < want;
             let pending: Vec<_> = listed
                 .into_iter()
                 .filter(|d| {
@@ -142,9 +145,6 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
                     report.dropped += 1;
                     broker.ack(std::slice::from_ref(&d)).await?;
                 }
-            }
-            if last_page {
-                break;
             }
         }
         if stuck.is_empty() && broker.remove_consumer(&consumer).await? {
