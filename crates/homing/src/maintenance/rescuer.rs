@@ -46,13 +46,12 @@ const PAGE: usize = 100;
 /// Most messages of one consumer listed in one call, whatever this pass has reclaimed.
 const MAX_LISTED: usize = 10_000;
 
-/// One pass over every lost consumer.
+/// One pass over every lost consumer, read page by page.
 ///
-/// A consumer is read page by page, and only as far as what it held when listed: a worker
-/// presumed dead that has not noticed yet (the broker lost its heartbeat with its data, and its
-/// next beat is up to an interval away) keeps reserving, and takes back at once the messages
-/// put back here. Chasing it until it held nothing counted a crash on each round trip, tens a
-/// second: jobs of a healthy worker went `dead` in under a second (`homing chaos`, a Redis
+/// A worker presumed dead that has not noticed yet (the broker lost its heartbeat with its data,
+/// and its next beat is up to an interval away) keeps reserving, and takes back at once the
+/// messages put back here. Chasing it until it held nothing counted a crash on each round trip,
+/// tens a second: jobs of a healthy worker went `dead` in under a second (`homing chaos`, a Redis
 /// restart). Now each job is reclaimed from a consumer at most once a pass: a message of a job
 /// already reclaimed (taken back, or a duplicate) is left for the next sweep, by when the worker
 /// has usually noticed and stopped. Every process with maintenance runs a rescuer, so such a job

@@ -419,7 +419,7 @@ fn try_again_later(s: &Arc<Session>, mut item: Item, permit: Option<OwnedSemapho
             s2.hand_back_or_log(std::slice::from_ref(&item.delivery))
                 .await;
             if let Some(c) = &item.completion {
-                drop(Answered(&s2, vec![c.id]));
+                super::executor::committing(&s2, c.id, false);
             }
         }
     });

@@ -609,7 +609,7 @@ impl Drop for InRound {
 
 /// Marks (or unmarks) a job whose outcome is on its way to the committer, which unmarks it once
 /// the store has answered.
-fn committing(s: &Session, id: JobId, on: bool) {
+pub(super) fn committing(s: &Session, id: JobId, on: bool) {
     let mut set = s.committing.lock().unwrap_or_else(|p| p.into_inner());
     if on {
         set.insert(id);

@@ -37,32 +37,8 @@ pub async fn refused_then_taken(broker: Arc<dyn Broker>, store: Arc<dyn Store>, 
     let others_gate = Arc::new(tokio::sync::Semaphore::new(0));
     let tasks = || {
         let mut tasks = Registry::new();
-        let (runs, gate) = (runs.clone(), gate.clone());
-        tasks.register_fn(
-            "t.held",
-            TaskDefaults::default(),
-            move |_c: Context, _a: Value| {
-                let (runs, gate) = (runs.clone(), gate.clone());
-                async move {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    gate.acquire().await.unwrap().forget();
-                    Ok(json!("ran"))
-                }
-            },
-        );
-        let (ran, gate) = (others_ran.clone(), others_gate.clone());
-        tasks.register_fn(
-            "t.other",
-            TaskDefaults::default(),
-            move |_c: Context, _a: Value| {
-                let (ran, gate) = (ran.clone(), gate.clone());
-                async move {
-                    ran.fetch_add(1, Ordering::SeqCst);
-                    gate.acquire().await.unwrap().forget();
-                    Ok(json!("other"))
-                }
-            },
-        );
+        gated(&mut tasks, "t.held", &runs, &gate, "ran");
+        gated(&mut tasks, "t.other", &others_ran, &others_gate, "other");
         tasks
     };
     let stop = homing::CancellationToken::new();
@@ -205,4 +181,28 @@ pub async fn refused_then_taken(broker: Arc<dyn Broker>, store: Arc<dyn Store>, 
     for w in workers {
         w.await.unwrap().unwrap();
     }
+}
+
+/// Registers `name`: each run counts itself in `ran`, then waits for a permit of `gate` and
+/// returns `result`.
+fn gated(
+    tasks: &mut Registry,
+    name: &str,
+    ran: &Arc<AtomicUsize>,
+    gate: &Arc<tokio::sync::Semaphore>,
+    result: &'static str,
+) {
+    let (ran, gate) = (ran.clone(), gate.clone());
+    tasks.register_fn(
+        name,
+        TaskDefaults::default(),
+        move |_c: Context, _a: Value| {
+            let (ran, gate) = (ran.clone(), gate.clone());
+            async move {
+                ran.fetch_add(1, Ordering::SeqCst);
+                gate.acquire().await.unwrap().forget();
+                Ok(json!(result))
+            }
+        },
+    );
 }
