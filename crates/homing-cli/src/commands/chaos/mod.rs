@@ -249,7 +249,12 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         let at = Duration::from_millis(p.at_ms);
         while t0.elapsed() < at {
             restarts += supervise(&mut d)?;
-            tokio::time::sleep((at - t0.elapsed()).min(Duration::from_millis(100))).await;
+            // Restarting a dead process can carry the clock past `at`.
+            tokio::time::sleep(
+                at.saturating_sub(t0.elapsed())
+                    .min(Duration::from_millis(100)),
+            )
+            .await;
         }
         let f = faults::inject(p, &mut d, &b, &counter).await?;
         if !a.json {
