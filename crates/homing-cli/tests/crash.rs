@@ -252,7 +252,9 @@ async fn killed_worker_is_listed_lost_with_its_reclaimed_job() {
     assert_eq!(live["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(live["heartbeat_ttl_ms"], 600);
     assert!(
-        live["lost_at"].is_null() && live["ended_at"].is_null(),
+        live["lost_at"].is_null()
+            && live["ended_at"].is_null()
+            && live["presumed_dead_at"].is_null(),
         "{live}"
     );
     assert_eq!(live["pid"], victim.pid());
@@ -305,6 +307,10 @@ async fn killed_worker_is_listed_lost_with_its_reclaimed_job() {
     .await;
     assert!(lost["lost_at"].is_string(), "{lost}");
     assert_eq!(lost["lost_at"], lost["ended_at"]);
+    // First found without a heartbeat no later than declared lost (RFC 3339 in UTC with
+    // milliseconds: the strings sort as the times do).
+    let presumed = lost["presumed_dead_at"].as_str().expect("presumed_dead_at");
+    assert!(presumed <= lost["lost_at"].as_str().unwrap(), "{lost}");
     let reclaimed = lost["reclaimed"].as_array().unwrap();
     assert_eq!(reclaimed.len(), 1, "{lost}");
     assert_eq!(reclaimed[0]["job"], id.as_str());

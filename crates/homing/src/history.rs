@@ -41,7 +41,8 @@ pub enum Kind {
     Failed,
     /// The handler asked to run later: `scheduled` at `data.at`.
     Snoozed,
-    /// Given back without running to its end (graceful shutdown): `queued`.
+    /// Given back without running to its end (graceful shutdown, or taken back from a worker
+    /// that began the run after it was presumed dead, which counts no crash): `queued`.
     Released,
     /// The run's worker was presumed dead (its heartbeat lapsed): the crash is counted, and the
     /// job is `queued` again, or `dead`/`cancelled`.
@@ -230,7 +231,7 @@ pub fn changed(
     now: Micros,
 ) -> Entry {
     let kind = match (cause, change.state) {
-        (Cause::Lost { .. }, _) => Kind::Crashed,
+        (Cause::Lost { .. }, _) if change.count_crash => Kind::Crashed,
         (_, JobState::Succeeded) => Kind::Succeeded,
         (_, JobState::Failed) => Kind::Failed,
         (_, JobState::Scheduled) if change.count_attempt => Kind::RetryScheduled,
@@ -468,7 +469,7 @@ mod tests {
     #[test]
     fn a_crash_names_the_lost_worker_and_counts() {
         let j = running();
-        let transition::Lost::Crashed(c) = transition::lost(&j, "w") else {
+        let transition::Lost::Reclaimed(c) = transition::lost(&j, "w", None) else {
             panic!()
         };
         let e = changed(&c.apply(&j, 7), &c, Cause::Lost { worker: "w" }, None, 7);
@@ -501,7 +502,7 @@ mod tests {
         j.worker = None;
         let mut r = running();
         r.epoch = 1;
-        let transition::Lost::Crashed(c) = transition::lost(&r, "w") else {
+        let transition::Lost::Reclaimed(c) = transition::lost(&r, "w", None) else {
             panic!()
         };
         let h = History {

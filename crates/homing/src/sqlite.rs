@@ -141,6 +141,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0023_broker_counts",
         sql: include_str!("sqlite/migrations/0023_broker_counts.sql"),
     },
+    Migration {
+        version: 24,
+        name: "0024_presumed_lost",
+        sql: include_str!("sqlite/migrations/0024_presumed_lost.sql"),
+    },
 ];
 
 /// An open database file.

@@ -329,17 +329,40 @@ pub fn unreclaimable_reason(worker: &str, error: &dyn std::fmt::Display) -> Stri
 pub enum Lost {
     /// It was not running under that worker: nothing changes.
     NotOwned(JobState),
-    /// `crashes + 1`, then this change: back to `queued` (undispatched), `cancelled` (a cancel
-    /// was requested), or `dead` (the crash budget is now spent).
-    Crashed(Change),
+    /// The run is over, with this change: back to `queued` (undispatched), `cancelled` (a cancel
+    /// was requested), or `dead` (the crash budget is now spent). It counts a crash
+    /// (`crashes + 1`) unless the run began after the worker was presumed dead.
+    Reclaimed(Change),
 }
 
 /// The rescuer's rule for a job whose worker was lost. A crash is counted only for the worker
 /// that owns the run, so concurrent rescuers (which decide on the locked, committed row) count
 /// it once.
-pub fn lost(job: &Job, worker: &str) -> Lost {
+///
+/// `presumed_dead_since` is when the worker was first found without a heartbeat
+/// ([`crate::store::Store::presumed_lost_since`]). A run it started at or after that time says
+/// nothing about the task: the worker had not noticed it was presumed dead (the broker lost its
+/// heartbeat with its data, or it was paused) and took back a message a rescuer had put back.
+/// Such a run is requeued without counting a crash, or every rescuer that reclaimed it again
+/// would count one, and a healthy job went `dead` after a Redis restart.
+pub fn lost(job: &Job, worker: &str, presumed_dead_since: Option<Micros>) -> Lost {
     if job.state != JobState::Running || job.worker.as_deref() != Some(worker) {
         return Lost::NotOwned(job.state);
+    }
+    let after_presumed_dead = presumed_dead_since
+        .zip(job.started_at)
+        .is_some_and(|(since, started)| started >= since);
+    if after_presumed_dead && unreadable_reason(job).is_none() {
+        let change = if job.cancel_requested {
+            Change::cancelled()
+        } else {
+            Change {
+                release_worker: true,
+                republish: true,
+                ..Change::to(JobState::Queued)
+            }
+        };
+        return Lost::Reclaimed(change);
     }
     let crashes = job.crashes.saturating_add(1);
     let change = if job.cancel_requested {
@@ -360,7 +383,7 @@ pub fn lost(job: &Job, worker: &str) -> Lost {
             ..Change::to(JobState::Queued)
         }
     };
-    Lost::Crashed(Change {
+    Lost::Reclaimed(Change {
         count_crash: true,
         ..change
     })
@@ -706,14 +729,14 @@ mod tests {
             let j = job(state);
             let want_owned = state == JobState::Running;
             assert_eq!(
-                matches!(lost(&j, "w"), Lost::Crashed(_)),
+                matches!(lost(&j, "w", None), Lost::Reclaimed(_)),
                 want_owned,
                 "{state}"
             );
-            assert_eq!(lost(&j, "other"), Lost::NotOwned(state), "{state}");
+            assert_eq!(lost(&j, "other", None), Lost::NotOwned(state), "{state}");
         }
         let mut j = job(JobState::Running);
-        let Lost::Crashed(c) = lost(&j, "w") else {
+        let Lost::Reclaimed(c) = lost(&j, "w", None) else {
             panic!()
         };
         assert_eq!(
@@ -721,7 +744,7 @@ mod tests {
             (JobState::Queued, true, true, true)
         );
         j.crashes = 2;
-        let Lost::Crashed(c) = lost(&j, "w") else {
+        let Lost::Reclaimed(c) = lost(&j, "w", None) else {
             panic!()
         };
         assert_eq!((c.state, c.count_crash), (JobState::Dead, true));
@@ -738,11 +761,11 @@ mod tests {
             count_crash: true,
             ..Change::cancelled()
         };
-        assert_eq!(lost(&j, "w"), Lost::Crashed(cancelled));
+        assert_eq!(lost(&j, "w", None), Lost::Reclaimed(cancelled));
         // A budget that cannot be read: dead with the reason, not requeued to die at start.
         let mut j = job(JobState::Running);
         j.unreadable = vec!["crashes cannot be read: out of range".into()];
-        let Lost::Crashed(c) = lost(&j, "w") else {
+        let Lost::Reclaimed(c) = lost(&j, "w", None) else {
             panic!()
         };
         assert_eq!((c.state, c.count_crash), (JobState::Dead, true));
@@ -752,6 +775,45 @@ mod tests {
                 "lost its worker w, and its stored crashes cannot be read: out of range".into()
             ))
         );
+    }
+
+    #[test]
+    fn a_run_begun_after_its_worker_was_presumed_dead_counts_no_crash() {
+        let mut j = job(JobState::Running);
+        j.crashes = 2;
+        j.started_at = Some(1_000);
+        // Begun before: the crash counts, and spends the budget.
+        let Lost::Reclaimed(c) = lost(&j, "w", Some(1_001)) else {
+            panic!()
+        };
+        assert_eq!((c.state, c.count_crash), (JobState::Dead, true));
+        // Begun at or after: requeued, budget untouched.
+        for since in [1_000, 999] {
+            let Lost::Reclaimed(c) = lost(&j, "w", Some(since)) else {
+                panic!()
+            };
+            assert_eq!(
+                (c.state, c.count_crash, c.release_worker, c.republish),
+                (JobState::Queued, false, true, true)
+            );
+        }
+        // A cancel request still ends it; another worker's run is still not ours.
+        j.cancel_requested = true;
+        assert_eq!(
+            lost(&j, "w", Some(999)),
+            Lost::Reclaimed(Change::cancelled())
+        );
+        assert_eq!(
+            lost(&j, "other", Some(999)),
+            Lost::NotOwned(JobState::Running)
+        );
+        // No start time known: counted, as before.
+        j.cancel_requested = false;
+        j.started_at = None;
+        let Lost::Reclaimed(c) = lost(&j, "w", Some(999)) else {
+            panic!()
+        };
+        assert!(c.count_crash);
     }
 
     #[test]

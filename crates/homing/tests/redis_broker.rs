@@ -43,51 +43,13 @@ fn sqlite_store() -> Arc<dyn Store> {
 /// after the consumer stops, the next sweep reclaims what it took back and forgets it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_worker_that_keeps_reserving_is_not_chased() {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     const JOBS: usize = 150;
     let server = shared();
     let b = open(&server.url(&unique_prefix("chased"))).await;
     let store = sqlite_store();
     let q = unique_queue("chased");
-    let mut ids = Vec::new();
-    for _ in 0..JOBS {
-        ids.push(enqueued(&*store, &*b, &q).await);
-    }
-    b.register("z", Duration::from_millis(200)).await.unwrap();
-    let got = b
-        .reserve("z", std::slice::from_ref(&q), JOBS, SHORT)
-        .await
-        .unwrap();
-    assert_eq!(got.len(), JOBS);
-    store.start(&ids, "z", homing::time::now()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(350)).await;
-    assert!(b.lost_consumers().await.unwrap().contains(&"z".to_string()));
-
-    // The worker that has not noticed: whatever it gets, it starts.
-    let noticed = Arc::new(AtomicBool::new(false));
-    let retaken = Arc::new(AtomicUsize::new(0));
-    let zombie = {
-        let (b, store, q) = (b.clone(), store.clone(), q.clone());
-        let (noticed, retaken) = (noticed.clone(), retaken.clone());
-        tokio::spawn(async move {
-            while !noticed.load(Ordering::SeqCst) {
-                let got = b
-                    .reserve(
-                        "z",
-                        std::slice::from_ref(&q),
-                        JOBS,
-                        Duration::from_millis(1),
-                    )
-                    .await
-                    .unwrap();
-                let ids: Vec<JobId> = got.iter().filter_map(|d| d.job.clone().ok()).collect();
-                if !ids.is_empty() {
-                    retaken.fetch_add(ids.len(), Ordering::SeqCst);
-                    store.start(&ids, "z", homing::time::now()).await.unwrap();
-                }
-            }
-        })
-    };
+    let ids = held_by_a_lost_consumer(&b, &store, &q, JOBS).await;
+    let zombie = Zombie::spawn(&b, &store, &q, JOBS);
     let report = rescuer::sweep(&*b, &*store).await.unwrap();
     assert_eq!(report.requeued, JOBS, "{report:?}");
     for id in &ids {
@@ -99,30 +61,162 @@ async fn a_lost_worker_that_keeps_reserving_is_not_chased() {
         );
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    noticed.store(true, Ordering::SeqCst);
-    zombie.await.unwrap();
     assert!(
-        retaken.load(Ordering::SeqCst) > 0,
+        zombie.notice().await > 0,
         "the consumer took nothing back: the test did not test"
     );
 
     let report = rescuer::sweep(&*b, &*store).await.unwrap();
     assert_eq!(report.lost_workers, 1, "{report:?}");
-    assert!(!b.lost_consumers().await.unwrap().contains(&"z".to_string()));
-    let again = b
-        .reserve("w2", std::slice::from_ref(&q), JOBS, SHORT)
-        .await
-        .unwrap();
-    let mut back: Vec<JobId> = again.iter().filter_map(|d| d.job.clone().ok()).collect();
-    back.sort();
-    let mut want = ids.clone();
-    want.sort();
-    assert_eq!(back, want, "every job's message is back, once");
+    all_back_once(&b, &q, &ids).await;
     for id in &ids {
         let j = store.get(*id).await.unwrap().unwrap();
         assert_eq!(j.state, JobState::Queued, "{j:?}");
         assert!(j.crashes <= 2, "{j:?}");
     }
+}
+
+/// The same worker, still unaware, against several rescuers (every process with maintenance runs
+/// one): each reclaims a job it takes back at most once a sweep, but together they used to count
+/// a crash each time, and at the default budget of 3 a job of a healthy worker went `dead`. Now
+/// every rescuer reads when the worker was first presumed dead from the store, and a run begun
+/// after that counts no crash: every job ends with exactly the one crash of the run it had when
+/// the worker was presumed dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_worker_that_keeps_reserving_spends_no_crash_budget_however_many_rescuers() {
+    const JOBS: usize = 40;
+    const RESCUERS: usize = 4;
+    let server = shared();
+    let b = open(&server.url(&unique_prefix("rescuers"))).await;
+    let store = sqlite_store();
+    let q = unique_queue("rescuers");
+    let t = homing::time::now();
+    let info = homing::store::WorkerInfo {
+        id: "z".into(),
+        hostname: "h".into(),
+        pid: 1,
+        queues: vec![q.clone()],
+        concurrency: JOBS as u32,
+        tasks: vec!["t".into()],
+        started_at: t,
+        remote: None,
+        version: None,
+        heartbeat_ttl_ms: Some(200),
+    };
+    store.register_worker(&info, t).await.unwrap();
+    let ids = held_by_a_lost_consumer(&b, &store, &q, JOBS).await;
+    let zombie = Zombie::spawn(&b, &store, &q, JOBS);
+    let mut rescuers = Vec::new();
+    for _ in 0..RESCUERS {
+        let (b, store) = (b.clone(), store.clone());
+        rescuers.push(tokio::spawn(async move {
+            let until = Instant::now() + Duration::from_millis(1500);
+            let mut dead = 0;
+            while Instant::now() < until {
+                dead += rescuer::sweep(&*b, &*store).await.unwrap().dead;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            dead
+        }));
+    }
+    let mut dead = 0;
+    for r in rescuers {
+        dead += r.await.unwrap();
+    }
+    let retaken = zombie.notice().await;
+    assert!(
+        retaken >= JOBS,
+        "the consumer took back {retaken} messages: the test did not test"
+    );
+    assert_eq!(dead, 0, "jobs of a worker that was only unaware went dead");
+
+    rescuer::sweep(&*b, &*store).await.unwrap();
+    all_back_once(&b, &q, &ids).await;
+    for id in &ids {
+        let j = store.get(*id).await.unwrap().unwrap();
+        assert_eq!((j.state, j.crashes), (JobState::Queued, 1), "{j:?}");
+        let h = store.history(*id).await.unwrap();
+        assert_eq!(homing::history::disagreement(&j, &h), None, "{h:?}");
+    }
+}
+
+/// `jobs` jobs of `q`, reserved and started by consumer `z`, whose heartbeat (200 ms) has
+/// expired: a worker presumed dead.
+async fn held_by_a_lost_consumer(
+    b: &Arc<RedisBroker>,
+    store: &Arc<dyn Store>,
+    q: &str,
+    jobs: usize,
+) -> Vec<JobId> {
+    let mut ids = Vec::new();
+    for _ in 0..jobs {
+        ids.push(enqueued(&**store, &**b, q).await);
+    }
+    b.register("z", Duration::from_millis(200)).await.unwrap();
+    let got = b.reserve("z", &[q.to_string()], jobs, SHORT).await.unwrap();
+    assert_eq!(got.len(), jobs);
+    store.start(&ids, "z", homing::time::now()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(b.lost_consumers().await.unwrap().contains(&"z".to_string()));
+    ids
+}
+
+/// Consumer `z` as a worker that has not noticed it was presumed dead: whatever it gets, it
+/// starts, until told it noticed.
+struct Zombie {
+    noticed: Arc<std::sync::atomic::AtomicBool>,
+    retaken: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Zombie {
+    fn spawn(b: &Arc<RedisBroker>, store: &Arc<dyn Store>, q: &str, max: usize) -> Zombie {
+        use std::sync::atomic::Ordering;
+        let noticed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let retaken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (b, store, q) = (b.clone(), store.clone(), q.to_string());
+        let (stop, count) = (noticed.clone(), retaken.clone());
+        let task = tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let got = b
+                    .reserve("z", std::slice::from_ref(&q), max, Duration::from_millis(1))
+                    .await
+                    .unwrap();
+                let ids: Vec<JobId> = got.iter().filter_map(|d| d.job.clone().ok()).collect();
+                if !ids.is_empty() {
+                    count.fetch_add(ids.len(), Ordering::SeqCst);
+                    store.start(&ids, "z", homing::time::now()).await.unwrap();
+                }
+            }
+        });
+        Zombie {
+            noticed,
+            retaken,
+            task,
+        }
+    }
+
+    /// Stops it; how many messages it took back.
+    async fn notice(self) -> usize {
+        use std::sync::atomic::Ordering;
+        self.noticed.store(true, Ordering::SeqCst);
+        self.task.await.unwrap();
+        self.retaken.load(Ordering::SeqCst)
+    }
+}
+
+/// `z` is forgotten, and every job's message is back in `q`, once.
+async fn all_back_once(b: &Arc<RedisBroker>, q: &str, ids: &[JobId]) {
+    assert!(!b.lost_consumers().await.unwrap().contains(&"z".to_string()));
+    let again = b
+        .reserve("w2", &[q.to_string()], ids.len(), SHORT)
+        .await
+        .unwrap();
+    let mut back: Vec<JobId> = again.iter().filter_map(|d| d.job.clone().ok()).collect();
+    back.sort();
+    let mut want = ids.to_vec();
+    want.sort();
+    assert_eq!(back, want, "every job's message is back, once");
 }
 
 /// A job in the store, published to the broker, as `Client::enqueue` leaves it.

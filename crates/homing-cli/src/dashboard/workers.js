@@ -82,6 +82,7 @@ renderWorker = function (w, wanted, missing) {
       ...kv('heartbeat TTL', w.heartbeat_ttl_s == null ? 'not recorded (registered by an older version)' : secs(w.heartbeat_ttl_s)),
       ...kv('store record', 'updated ' + secs(w.last_seen_age_s) + ' ago (written every few heartbeats; not the liveness signal)'),
       ...kv('status', w.status),
+      ...(w.presumed_dead_at ? kv('presumed dead', w.presumed_dead_at + ' (' + ago(w.presumed_dead_at) + '): first found without a heartbeat; runs it began after this count no crash') : []),
       ...ended,
       ...kv('version', w.version || '—'),
       ...kv('host', w.hostname), ...kv('pid', String(w.pid)),

@@ -37,7 +37,8 @@ macro_rules! store_conformance {
             workflow_cancel_reaches_every_unfinished_step,
             workflow_rows_are_purged_with_their_steps,
             batch_insert_decides_each_job_as_one_by_one, refused_batch_stores_nothing,
-            lost_worker_keeps_its_reclaims
+            lost_worker_keeps_its_reclaims,
+            runs_begun_after_a_worker_was_presumed_dead_count_no_crash
         );
     };
 }

@@ -81,7 +81,7 @@ pub async fn lost_worker_keeps_its_reclaims(s: Arc<dyn Store>) {
     );
     let live = s.worker(&lost).await.unwrap().expect("the worker is kept");
     assert_eq!(live.status, WorkerStatus::Live);
-    assert_eq!(live.ended_at, None);
+    assert_eq!((live.ended_at, live.presumed_dead_at), (None, None));
     assert_eq!(live.reclaimed.len(), 3, "{:?}", live.reclaimed);
 
     assert!(s
@@ -138,4 +138,92 @@ pub async fn lost_worker_keeps_its_reclaims(s: Arc<dyn Store>) {
     s.register_worker(&info(&lost, t), t).await.unwrap();
     let again = s.worker(&lost).await.unwrap().unwrap();
     assert!(again.reclaimed.is_empty() && again.ended_at.is_none());
+}
+
+/// A worker presumed dead that has not noticed takes back what the rescuers put back and runs
+/// it again. The first sighting's time is kept for every rescuer, and only a run begun before
+/// it counts a crash: however many times such a job is reclaimed, it is not spent.
+pub async fn runs_begun_after_a_worker_was_presumed_dead_count_no_crash(s: Arc<dyn Store>) {
+    let w = unique_queue("zombie");
+    let t = now();
+    s.register_worker(&info(&w, t), t).await.unwrap();
+    let q = unique_queue("presumed");
+    let mut job = new_job(&q, "t");
+    job.options.max_crashes = Some(2);
+    let id = job.id;
+    s.insert(vec![job]).await.unwrap();
+    run(&*s, id, &w).await;
+
+    let since = now();
+    assert_eq!(s.presumed_lost_since(&w, since).await.unwrap(), since);
+    // Later calls, from this rescuer or another, get the first time.
+    assert_eq!(
+        s.presumed_lost_since(&w, since + 5_000).await.unwrap(),
+        since
+    );
+    let unknown = unique_queue("never-registered");
+    assert_eq!(s.presumed_lost_since(&unknown, 77).await.unwrap(), 77);
+    assert_eq!(s.presumed_lost_since(&unknown, 78).await.unwrap(), 78);
+
+    // The run begun before counts its crash.
+    let (lost, _) = s
+        .mark_lost_unparking(id, &w, Some(since), now())
+        .await
+        .unwrap();
+    assert_eq!(lost, Lost::Requeued);
+    assert_eq!(s.get(id).await.unwrap().unwrap().crashes, 1);
+    // Taken back three times by the worker that has not noticed: with the crash counted each
+    // time, the second would make it dead.
+    for round in 0..3 {
+        let r = run(&*s, id, &w).await;
+        let (lost, _) = s
+            .mark_lost_unparking(id, &w, Some(since), now())
+            .await
+            .unwrap();
+        assert_eq!(lost, Lost::Requeued, "round {round}");
+        let j = s.get(id).await.unwrap().unwrap();
+        assert_eq!(
+            (j.state, j.crashes, j.epoch),
+            (JobState::Queued, 1, r.epoch),
+            "round {round}"
+        );
+    }
+    // The timeline says so: one crash, three runs given back; it agrees with the row.
+    let h = s.history(id).await.unwrap();
+    let j = s.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        crate::history::disagreement(&j, &h),
+        None,
+        "{:#?}",
+        h.entries
+    );
+    let kinds: Vec<_> = h.entries.iter().map(|e| e.kind).collect();
+    use crate::history::Kind;
+    assert_eq!(
+        kinds.iter().filter(|k| **k == Kind::Crashed).count(),
+        1,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| **k == Kind::Released).count(),
+        3,
+        "{kinds:?}"
+    );
+    // The worker view still lists every reclaim, and shows the time.
+    let view = s.worker(&w).await.unwrap().unwrap();
+    assert_eq!(
+        (view.reclaimed.len(), view.presumed_dead_at),
+        (4, Some(since))
+    );
+    // Without the time (a live remote session's unheld job) the crash counts, and spends it.
+    run(&*s, id, &w).await;
+    assert_eq!(s.mark_lost(id, &w, now()).await.unwrap(), Lost::Dead);
+    // Registering the id again starts a clean record, this time included.
+    s.register_worker(&info(&w, t), now()).await.unwrap();
+    let again = s.worker(&w).await.unwrap().unwrap();
+    assert_eq!((again.presumed_dead_at, again.ended_at), (None, None));
+    assert_eq!(
+        s.presumed_lost_since(&w, since + 9).await.unwrap(),
+        since + 9
+    );
 }

@@ -77,7 +77,11 @@ pub async fn pass(
         if !broker.pending(&worker, 1).await?.is_empty() {
             continue;
         }
-        let (lost, unparked) = match store.mark_lost_unparking(id, &worker, now()).await {
+        let since = store.presumed_lost_since(&worker, now()).await?;
+        let (lost, unparked) = match store
+            .mark_lost_unparking(id, &worker, Some(since), now())
+            .await
+        {
             Ok(decided) => decided,
             Err(e) if e.is_transient() => return Err(e),
             Err(e) => {

@@ -55,10 +55,13 @@ const MAX_LISTED: usize = 10_000;
 /// restart). Now each job is reclaimed from a consumer at most once a pass: a message of a job
 /// already reclaimed (taken back, or a duplicate) is left for the next sweep, by when the worker
 /// has usually noticed and stopped. Every process with maintenance runs a rescuer, so such a job
-/// can still be reclaimed once by each of them.
+/// can still be reclaimed once by each of them; what keeps that from spending its crash budget
+/// is the time the worker was first presumed dead, shared through the store: a run begun after
+/// it counts no crash ([`crate::transition::lost`]).
 pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport> {
     let mut report = SweepReport::default();
     for consumer in broker.lost_consumers().await? {
+        let since = store.presumed_lost_since(&consumer, now()).await?;
         let mut reclaimed = 0u64;
         // Messages whose job the store failed on (not for being unavailable): left pending for
         // the next sweep, so one bad job holds up neither its worker's other jobs nor the
@@ -90,7 +93,10 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
                     }
                 };
                 handled.insert(id);
-                let (lost, unparked) = match store.mark_lost_unparking(id, &consumer, now()).await {
+                let (lost, unparked) = match store
+                    .mark_lost_unparking(id, &consumer, Some(since), now())
+                    .await
+                {
                     Ok(decided) => decided,
                     Err(e) if e.is_transient() => return Err(e),
                     Err(e) => {

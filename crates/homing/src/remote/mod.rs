@@ -402,7 +402,10 @@ impl Gateway {
         }
         let pending = self.broker.pending(session, MAX_HELD).await?;
         for id in lost {
-            let (outcome, unparked) = self.store.mark_lost_unparking(id, session, now()).await?;
+            let (outcome, unparked) = self
+                .store
+                .mark_lost_unparking(id, session, None, now())
+                .await?;
             if let Some(next) = unparked {
                 crate::client::publish(&*self.broker, &*self.store, &[next]).await?;
             }

@@ -524,6 +524,10 @@ pub struct WorkerRecord {
     /// this was recorded).
     #[serde(with = "crate::time::opt_rfc3339")]
     pub ended_at: Option<Micros>,
+    /// When a rescuer first found it without a heartbeat ([`Store::presumed_lost_since`]);
+    /// `None` until then. Runs it began after this counted no crash when reclaimed.
+    #[serde(with = "crate::time::opt_rfc3339")]
+    pub presumed_dead_at: Option<Micros>,
     /// The jobs the rescuer reclaimed from it, newest first (at most
     /// [`crate::reclaim::RECLAIMS_LISTED`]).
     pub reclaimed: Vec<crate::reclaim::Reclaim>,
@@ -641,7 +645,7 @@ pub trait Store: Send + Sync + 'static {
     /// next parked job unparked; [`Store::mark_lost_unparking`] returns it for the caller to
     /// publish, this one leaves it to the reconciler.
     async fn mark_lost(&self, id: JobId, worker: &str, now: Micros) -> Result<Lost> {
-        Ok(self.mark_lost_unparking(id, worker, now).await?.0)
+        Ok(self.mark_lost_unparking(id, worker, None, now).await?.0)
     }
 
     /// [`Store::mark_lost`], also returning the job it unparked (stamped `now`, so the
@@ -649,12 +653,26 @@ pub trait Store: Send + Sync + 'static {
     /// themselves because the outbox alone can lose it: an older message of that job, taken and
     /// parked while its producer's `mark_dispatched` was still on its way, lets that late mark
     /// set `dispatched` on the unparked job, which then has no message and leaves the outbox.
+    ///
+    /// With `presumed_dead_since` (from [`Store::presumed_lost_since`]) a run the worker began
+    /// at or after that time is reclaimed without counting a crash
+    /// ([`crate::transition::lost`]).
     async fn mark_lost_unparking(
         &self,
         id: JobId,
         worker: &str,
+        presumed_dead_since: Option<Micros>,
         now: Micros,
     ) -> Result<(Lost, Option<ToPublish>)>;
+
+    /// When `worker` was first presumed dead: the first call for it records `now` and returns
+    /// it, every later one (from any process) returns that first time. A worker with no record
+    /// gets `now`, unrecorded. Every rescuer passes this one time to
+    /// [`Store::mark_lost_unparking`], so that runs a worker began before it was presumed dead
+    /// count one crash each, and runs it began after none, however many rescuers reclaim them.
+    ///
+    /// Crash contract: one statement; once recorded the time never changes.
+    async fn presumed_lost_since(&self, worker: &str, now: Micros) -> Result<Micros>;
 
     /// Moves scheduled jobs whose time has come to `queued` (undispatched) and returns them.
     ///

@@ -1189,15 +1189,15 @@ fn get_epoch(tx: &rusqlite::Connection, id: &str) -> rusqlite::Result<Option<u64
         .map(|e| e.map(|e| e.max(0) as u64))
 }
 
-type WorkerRow = (String, i64, String, Option<i64>);
+type WorkerRow = (String, i64, String, Option<i64>, Option<i64>);
 
 fn worker_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<WorkerRow> {
-    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
 }
 
 /// A worker's row with its running jobs and its reclaims.
 fn worker_record(c: &rusqlite::Connection, row: WorkerRow) -> rusqlite::Result<WorkerRecord> {
-    let (info, last_seen, status, ended_at) = row;
+    let (info, last_seen, status, ended_at, presumed_dead_at) = row;
     let info: WorkerInfo = serde_json::from_str(&info).map_err(|e| corrupt("worker", e))?;
     let status = WorkerStatus::read(&status, &info.id);
     let running = c
@@ -1241,6 +1241,7 @@ fn worker_record(c: &rusqlite::Connection, row: WorkerRow) -> rusqlite::Result<W
         status,
         running,
         ended_at,
+        presumed_dead_at,
         reclaimed,
     })
 }
@@ -1654,6 +1655,7 @@ impl Store for SqliteStore {
         &self,
         id: JobId,
         worker: &str,
+        presumed_dead_since: Option<Micros>,
         now: Micros,
     ) -> Result<(Lost, Option<ToPublish>)> {
         let w = worker.to_string();
@@ -1664,9 +1666,9 @@ impl Store for SqliteStore {
                 let Some(job) = get_job(tx, &sid)? else {
                     return Ok((Lost::Missing, None));
                 };
-                match transition::lost(&job, &w) {
+                match transition::lost(&job, &w, presumed_dead_since) {
                     transition::Lost::NotOwned(state) => Ok((Lost::NotOwned(state), None)),
-                    transition::Lost::Crashed(change) => {
+                    transition::Lost::Reclaimed(change) => {
                         let cause = Cause::Lost { worker: &w };
                         transit(tx, &sid, Guard::Any, &change, (cause, Some(&w)), now)?;
                         // Its slot is free: the next parked job goes to the caller to publish.
@@ -2230,6 +2232,23 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn presumed_lost_since(&self, worker: &str, now: Micros) -> Result<Micros> {
+        let id = worker.to_string();
+        self.db
+            .write(move |tx| {
+                let since: Option<i64> = tx
+                    .query_row(
+                        "UPDATE workers SET presumed_dead_at = coalesce(presumed_dead_at, ?2) \
+                         WHERE id = ?1 RETURNING presumed_dead_at",
+                        params![id, now],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                Ok(since.unwrap_or(now))
+            })
+            .await
+    }
+
     async fn worker_gone(
         &self,
         id: &str,
@@ -2260,7 +2279,8 @@ impl Store for SqliteStore {
         self.db
             .read(move |c| {
                 let mut st = c.prepare_cached(
-                    "SELECT info, last_seen, status, ended_at FROM workers WHERE last_seen >= ?1 \
+                    "SELECT info, last_seen, status, ended_at, presumed_dead_at FROM workers \
+                     WHERE last_seen >= ?1 \
                      ORDER BY started_at DESC",
                 )?;
                 let rows = st
@@ -2277,7 +2297,8 @@ impl Store for SqliteStore {
             .read(move |c| {
                 let row = c
                     .prepare_cached(
-                        "SELECT info, last_seen, status, ended_at FROM workers WHERE id = ?1",
+                        "SELECT info, last_seen, status, ended_at, presumed_dead_at FROM workers \
+                         WHERE id = ?1",
                     )?
                     .query_row([&id], worker_row)
                     .optional()?;

@@ -13,6 +13,7 @@
 pub(crate) mod child;
 mod counter;
 mod counts;
+mod crashes;
 mod deployment;
 mod faults;
 mod hostile;
@@ -27,7 +28,7 @@ mod slots;
 mod timeline;
 
 use anyhow::{bail, Context as _};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -320,6 +321,14 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     // the load's.
     let histories = timeline::read(&client, &every_job).await?;
     let (runs, truncated) = slots::runs(histories.values());
+    let presumed_dead: HashMap<String, homing::time::Micros> = client
+        .store()
+        .workers(0)
+        .await?
+        .into_iter()
+        .filter_map(|w| Some((w.info.id, w.presumed_dead_at?)))
+        .collect();
+    let crashes = crashes::check(&histories, &presumed_dead);
     let not_ticks: Vec<homing::Job> = every_job
         .into_iter()
         .filter(|j| j.schedule.as_deref() != Some(invariants::TICK_SCHEDULE))
@@ -415,6 +424,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     violations.extend(ticks.violations.iter().take(20).cloned());
     violations.extend(limited.violations.iter().cloned());
     violations.extend(slots.violations.iter().cloned());
+    violations.extend(crashes.violations.iter().cloned());
     violations.extend(job_count_violations);
     violations.extend(depth_violations);
     violations.extend(stats_rollups.violations.iter().cloned());
@@ -468,6 +478,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         schedule: ticks,
         limited,
         slots,
+        crashes,
         stats_rollups,
         kept_counts,
         violations,

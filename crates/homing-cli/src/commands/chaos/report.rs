@@ -79,6 +79,9 @@ pub struct Report {
     pub limited: super::limited::Outcome,
     /// The most jobs running under one worker at once (must not exceed its prefetch).
     pub slots: super::slots::Outcome,
+    /// Crashes counted, runs taken back without one (begun after their worker was presumed
+    /// dead), the most of one job; a crash counted for such a run is a violation.
+    pub crashes: super::crashes::Outcome,
     /// The charts' minute rollups against the jobs table (mismatched minutes must be 0).
     pub stats_rollups: super::rollups::Outcome,
     /// The counts the schema keeps by trigger against a recount (`counts.rs`).
@@ -181,6 +184,15 @@ impl Report {
                         self.slots.bound,
                         self.slots.runs,
                         self.slots.explained_excess
+                    ),
+                ],
+                vec![
+                    "crashes counted, runs taken back without one, most of one job".into(),
+                    format!(
+                        "{}, {}, {}",
+                        self.crashes.counted,
+                        self.crashes.not_counted,
+                        self.crashes.most_of_one_job
                     ),
                 ],
                 vec![

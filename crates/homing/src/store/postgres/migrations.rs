@@ -120,6 +120,12 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0022_stats_live",
         sql: include_str!("migrations/0022_stats_live.sql"),
     },
+    // 23 is SQLite's alone (its broker's counts).
+    Migration {
+        version: 24,
+        name: "0024_presumed_lost",
+        sql: include_str!("migrations/0024_presumed_lost.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are

@@ -1643,6 +1643,7 @@ async fn mark_lost_tx(
     pool: &PgPool,
     id: JobId,
     worker: &str,
+    presumed_dead_since: Option<Micros>,
     now: Micros,
 ) -> sqlx::Result<(Lost, Option<ToPublish>)> {
     let mut tx = pool.begin().await?;
@@ -1653,9 +1654,9 @@ async fn mark_lost_tx(
     let Some(job) = get_job(&mut tx, id, true).await? else {
         return Ok((Lost::Missing, None));
     };
-    let lost = match transition::lost(&job, worker) {
+    let lost = match transition::lost(&job, worker, presumed_dead_since) {
         transition::Lost::NotOwned(state) => return Ok((Lost::NotOwned(state), None)),
-        transition::Lost::Crashed(change) => {
+        transition::Lost::Reclaimed(change) => {
             transit(&mut tx, &job, &change, Cause::Lost { worker }, now).await?;
             // Its slot is free: the next parked job goes to the caller to publish.
             let unparked = match limited.get(&job.queue) {
@@ -1688,7 +1689,7 @@ async fn mark_lost_tx(
     Ok(lost)
 }
 
-type WorkerRow = (String, i64, String, Option<i64>);
+type WorkerRow = (String, i64, String, Option<i64>, Option<i64>);
 
 /// Workers' rows with their running jobs and reclaims, read in the caller's snapshot.
 async fn worker_records(
@@ -1696,7 +1697,7 @@ async fn worker_records(
     rows: Vec<WorkerRow>,
 ) -> sqlx::Result<Vec<WorkerRecord>> {
     let mut out = Vec::with_capacity(rows.len());
-    for (info, last_seen, status, ended_at) in rows {
+    for (info, last_seen, status, ended_at, presumed_dead_at) in rows {
         let info: WorkerInfo = serde_json::from_str(&info).map_err(|e| corrupt("worker", e))?;
         out.push(WorkerRecord {
             status: WorkerStatus::read(&status, &info.id),
@@ -1704,6 +1705,7 @@ async fn worker_records(
             last_seen,
             running: Vec::new(),
             ended_at,
+            presumed_dead_at,
             reclaimed: Vec::new(),
         });
     }
@@ -2010,9 +2012,19 @@ impl Store for PgStore {
         &self,
         id: JobId,
         worker: &str,
+        presumed_dead_since: Option<Micros>,
         now: Micros,
     ) -> Result<(Lost, Option<ToPublish>)> {
-        match self.call(mark_lost_tx(&self.pool, id, worker, now)).await {
+        match self
+            .call(mark_lost_tx(
+                &self.pool,
+                id,
+                worker,
+                presumed_dead_since,
+                now,
+            ))
+            .await
+        {
             Err(e) if !e.is_transient() => {
                 // The last resort, as for a start: a job whose new state cannot be written
                 // (its follow-up refused, say) is made dead, or every sweep stops at it again.
@@ -2784,7 +2796,8 @@ impl Store for PgStore {
                 "INSERT INTO homing_workers (id, info, started_at, last_seen, status) \
                  VALUES ($1, $2, $3, $4, 'live') \
                  ON CONFLICT (id) DO UPDATE SET info = EXCLUDED.info, \
-                 started_at = EXCLUDED.started_at, last_seen = EXCLUDED.last_seen, status = 'live'",
+                 started_at = EXCLUDED.started_at, last_seen = EXCLUDED.last_seen, \
+                 status = 'live', ended_at = NULL, presumed_dead_at = NULL",
             )
             .bind(&info.id)
             .bind(to_json(info))
@@ -2812,6 +2825,23 @@ impl Store for PgStore {
                 .execute(&self.pool)
                 .await
                 .map(|_| ())
+        })
+        .await
+    }
+
+    /// The row lock makes concurrent first calls agree: the second re-reads the row the first
+    /// committed and keeps its time.
+    async fn presumed_lost_since(&self, worker: &str, now: Micros) -> Result<Micros> {
+        self.call(async {
+            let since: Option<i64> = sqlx::query_scalar(
+                "UPDATE homing_workers SET presumed_dead_at = COALESCE(presumed_dead_at, $2) \
+                 WHERE id = $1 RETURNING presumed_dead_at",
+            )
+            .bind(worker)
+            .bind(now)
+            .fetch_optional(&self.pool)
+            .await?;
+            Ok(since.unwrap_or(now))
         })
         .await
     }
@@ -2858,7 +2888,7 @@ impl Store for PgStore {
                 .execute(&mut *tx)
                 .await?;
             let rows: Vec<WorkerRow> = sqlx::query_as(
-                "SELECT info, last_seen, status, ended_at FROM homing_workers \
+                "SELECT info, last_seen, status, ended_at, presumed_dead_at FROM homing_workers \
                  WHERE last_seen >= $1 ORDER BY started_at DESC",
             )
             .bind(since)
@@ -2878,7 +2908,8 @@ impl Store for PgStore {
                 .execute(&mut *tx)
                 .await?;
             let rows: Vec<WorkerRow> = sqlx::query_as(
-                "SELECT info, last_seen, status, ended_at FROM homing_workers WHERE id = $1",
+                "SELECT info, last_seen, status, ended_at, presumed_dead_at FROM homing_workers \
+                 WHERE id = $1",
             )
             .bind(id)
             .fetch_all(&mut *tx)

@@ -1,0 +1,120 @@
+//! The crash budget (docs/design.md, "A worker presumed dead that has not noticed"): a reclaim
+//! counts a crash only for a run its worker began before a rescuer first found it without a
+//! heartbeat. A worker whose heartbeat went with Redis's data, or that was paused past its TTL,
+//! keeps reserving until its next beat and takes back what the rescuers put back; every process
+//! runs a rescuer, and if each counted a crash for those runs a healthy job could spend its
+//! budget and go `dead` (at the default of 3, after one Redis restart).
+//!
+//! Checked from the timelines and the workers' records after the drain: each `crashed` entry's
+//! run (the `started` entry of its epoch) must have begun before its worker's
+//! `presumed_dead_at`. Every process of a chaos deployment shares one clock, so the times
+//! compare. Runs taken back without a crash (`released` under a worker presumed dead before the
+//! run began) are counted for the report.
+
+use std::collections::HashMap;
+
+use homing::history::{History, Kind};
+use homing::time::Micros;
+
+use super::invariants::MAX_LISTED;
+
+/// What the crash entries showed.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Outcome {
+    /// Crashes counted, in all timelines.
+    pub counted: usize,
+    /// Runs begun after their worker was presumed dead, taken back without a crash.
+    pub not_counted: usize,
+    /// The most crashes of any one job.
+    pub most_of_one_job: u32,
+    pub violations: Vec<String>,
+}
+
+/// `presumed_dead`: each worker's `presumed_dead_at`, for those that have one.
+pub fn check<'a>(
+    histories: impl IntoIterator<Item = (&'a homing::JobId, &'a History)>,
+    presumed_dead: &HashMap<String, Micros>,
+) -> Outcome {
+    let mut out = Outcome::default();
+    for (id, h) in histories {
+        let mut started: HashMap<u64, Micros> = HashMap::new();
+        for e in &h.entries {
+            out.most_of_one_job = out.most_of_one_job.max(e.crashes);
+            let Some(epoch) = e.epoch else { continue };
+            if e.kind == Kind::Started {
+                started.insert(epoch, e.at);
+                continue;
+            }
+            if !matches!(e.kind, Kind::Crashed | Kind::Released) {
+                continue;
+            }
+            let (Some(worker), Some(begun)) = (&e.worker, started.get(&epoch)) else {
+                // A trimmed timeline may have lost the start: nothing to compare.
+                continue;
+            };
+            let after = presumed_dead.get(worker).filter(|since| *begun >= **since);
+            match (e.kind, after) {
+                (Kind::Crashed, Some(since)) => {
+                    if out.violations.len() < MAX_LISTED {
+                        out.violations.push(format!(
+                            "job {id}: a crash was counted for run {epoch} under {worker}, \
+                             begun {} ms after the worker was presumed dead",
+                            (*begun - *since) / 1000
+                        ));
+                    }
+                    out.counted += 1;
+                }
+                (Kind::Crashed, None) => out.counted += 1,
+                (Kind::Released, Some(_)) => out.not_counted += 1,
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use homing::history::Entry;
+    use homing::JobState;
+
+    fn entry(kind: Kind, at: Micros, epoch: u64, crashes: u32) -> Entry {
+        Entry {
+            at,
+            kind,
+            state: JobState::Queued,
+            epoch: Some(epoch),
+            worker: Some("w".into()),
+            attempts: 0,
+            crashes,
+            message: None,
+            data: None,
+        }
+    }
+
+    #[test]
+    fn a_crash_of_a_run_begun_after_its_worker_was_presumed_dead_is_a_violation() {
+        let id = homing::job::new_job_id();
+        let h = History {
+            entries: vec![
+                entry(Kind::Started, 100, 1, 0),
+                entry(Kind::Crashed, 300, 1, 1),
+                entry(Kind::Started, 400, 2, 1),
+                entry(Kind::Released, 450, 2, 1),
+                entry(Kind::Started, 500, 3, 1),
+                entry(Kind::Crashed, 600, 3, 2),
+            ],
+            truncated: false,
+        };
+        let presumed: HashMap<String, Micros> = [("w".to_string(), 200)].into();
+        let o = check([(&id, &h)], &presumed);
+        assert_eq!((o.counted, o.not_counted, o.most_of_one_job), (2, 1, 2));
+        assert_eq!(o.violations.len(), 1, "{:?}", o.violations);
+        assert!(o.violations[0].contains("run 3"), "{:?}", o.violations);
+        // A worker never presumed dead: every crash is its own.
+        let o = check([(&id, &h)], &HashMap::new());
+        assert_eq!((o.counted, o.not_counted), (2, 0));
+        assert!(o.violations.is_empty());
+    }
+}
