@@ -41,8 +41,9 @@ pub enum Kind {
     Failed,
     /// The handler asked to run later: `scheduled` at `data.at`.
     Snoozed,
-    /// Given back without running to its end (graceful shutdown, or taken back from a worker
-    /// that began the run after it was presumed dead, which counts no crash): `queued`.
+    /// Given back without running to its end (graceful shutdown; or reclaimed from a worker
+    /// that began the run after it was presumed dead, which counts no crash and says so in
+    /// `message`): `queued`.
     Released,
     /// The run's worker was presumed dead (its heartbeat lapsed): the crash is counted, and the
     /// job is `queued` again, or `dead`/`cancelled`.
@@ -258,6 +259,11 @@ pub fn changed(
             e.message = Some(cut(error));
         }
     }
+    if let (Cause::Lost { worker }, Kind::Released) = (cause, kind) {
+        e.message = Some(format!(
+            "reclaimed from {worker}, presumed dead before this run began: no crash counted"
+        ));
+    }
     if let Some(r) = &change.result {
         e.data = Some(r.clone());
     }
@@ -469,7 +475,7 @@ mod tests {
     #[test]
     fn a_crash_names_the_lost_worker_and_counts() {
         let j = running();
-        let transition::Lost::Reclaimed(c) = transition::lost(&j, "w", None) else {
+        let transition::Lost::Reclaimed(c) = transition::lost(&j, "w", false) else {
             panic!()
         };
         let e = changed(&c.apply(&j, 7), &c, Cause::Lost { worker: "w" }, None, 7);
@@ -502,7 +508,7 @@ mod tests {
         j.worker = None;
         let mut r = running();
         r.epoch = 1;
-        let transition::Lost::Reclaimed(c) = transition::lost(&r, "w", None) else {
+        let transition::Lost::Reclaimed(c) = transition::lost(&r, "w", false) else {
             panic!()
         };
         let h = History {

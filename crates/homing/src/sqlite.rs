@@ -146,6 +146,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0024_presumed_lost",
         sql: include_str!("sqlite/migrations/0024_presumed_lost.sql"),
     },
+    Migration {
+        version: 25,
+        name: "0025_presumed_runs",
+        sql: include_str!("sqlite/migrations/0025_presumed_runs.sql"),
+    },
 ];
 
 /// An open database file.

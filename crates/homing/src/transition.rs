@@ -339,20 +339,19 @@ pub enum Lost {
 /// that owns the run, so concurrent rescuers (which decide on the locked, committed row) count
 /// it once.
 ///
-/// `presumed_dead_since` is when the worker was first found without a heartbeat
-/// ([`crate::store::Store::presumed_lost_since`]). A run it started at or after that time says
-/// nothing about the task: the worker had not noticed it was presumed dead (the broker lost its
+/// `begun_after_presumed_dead`: the worker was presumed dead (a rescuer found it without a
+/// heartbeat) and this run was not running under it then ([`crate::store::Store::presume_lost`]).
+/// Such a run says nothing about the task: the worker had not noticed (the broker lost its
 /// heartbeat with its data, or it was paused) and took back a message a rescuer had put back.
-/// Such a run is requeued without counting a crash, or every rescuer that reclaimed it again
-/// would count one, and a healthy job went `dead` after a Redis restart.
-pub fn lost(job: &Job, worker: &str, presumed_dead_since: Option<Micros>) -> Lost {
+/// It is requeued without counting a crash, or every rescuer that reclaimed it again would
+/// count one, and a healthy job went `dead` after a Redis restart. The store decides it from
+/// what ran at the presumption, never from clocks, which differ between hosts: a worker whose
+/// clock runs ahead must not have its real crashes left uncounted.
+pub fn lost(job: &Job, worker: &str, begun_after_presumed_dead: bool) -> Lost {
     if job.state != JobState::Running || job.worker.as_deref() != Some(worker) {
         return Lost::NotOwned(job.state);
     }
-    let after_presumed_dead = presumed_dead_since
-        .zip(job.started_at)
-        .is_some_and(|(since, started)| started >= since);
-    if after_presumed_dead && unreadable_reason(job).is_none() {
+    if begun_after_presumed_dead && unreadable_reason(job).is_none() {
         let change = if job.cancel_requested {
             Change::cancelled()
         } else {
@@ -729,14 +728,14 @@ mod tests {
             let j = job(state);
             let want_owned = state == JobState::Running;
             assert_eq!(
-                matches!(lost(&j, "w", None), Lost::Reclaimed(_)),
+                matches!(lost(&j, "w", false), Lost::Reclaimed(_)),
                 want_owned,
                 "{state}"
             );
-            assert_eq!(lost(&j, "other", None), Lost::NotOwned(state), "{state}");
+            assert_eq!(lost(&j, "other", false), Lost::NotOwned(state), "{state}");
         }
         let mut j = job(JobState::Running);
-        let Lost::Reclaimed(c) = lost(&j, "w", None) else {
+        let Lost::Reclaimed(c) = lost(&j, "w", false) else {
             panic!()
         };
         assert_eq!(
@@ -744,7 +743,7 @@ mod tests {
             (JobState::Queued, true, true, true)
         );
         j.crashes = 2;
-        let Lost::Reclaimed(c) = lost(&j, "w", None) else {
+        let Lost::Reclaimed(c) = lost(&j, "w", false) else {
             panic!()
         };
         assert_eq!((c.state, c.count_crash), (JobState::Dead, true));
@@ -761,11 +760,11 @@ mod tests {
             count_crash: true,
             ..Change::cancelled()
         };
-        assert_eq!(lost(&j, "w", None), Lost::Reclaimed(cancelled));
+        assert_eq!(lost(&j, "w", false), Lost::Reclaimed(cancelled));
         // A budget that cannot be read: dead with the reason, not requeued to die at start.
         let mut j = job(JobState::Running);
         j.unreadable = vec!["crashes cannot be read: out of range".into()];
-        let Lost::Reclaimed(c) = lost(&j, "w", None) else {
+        let Lost::Reclaimed(c) = lost(&j, "w", false) else {
             panic!()
         };
         assert_eq!((c.state, c.count_crash), (JobState::Dead, true));
@@ -781,39 +780,30 @@ mod tests {
     fn a_run_begun_after_its_worker_was_presumed_dead_counts_no_crash() {
         let mut j = job(JobState::Running);
         j.crashes = 2;
-        j.started_at = Some(1_000);
         // Begun before: the crash counts, and spends the budget.
-        let Lost::Reclaimed(c) = lost(&j, "w", Some(1_001)) else {
+        let Lost::Reclaimed(c) = lost(&j, "w", false) else {
             panic!()
         };
         assert_eq!((c.state, c.count_crash), (JobState::Dead, true));
-        // Begun at or after: requeued, budget untouched.
-        for since in [1_000, 999] {
-            let Lost::Reclaimed(c) = lost(&j, "w", Some(since)) else {
-                panic!()
-            };
-            assert_eq!(
-                (c.state, c.count_crash, c.release_worker, c.republish),
-                (JobState::Queued, false, true, true)
-            );
-        }
-        // A cancel request still ends it; another worker's run is still not ours.
-        j.cancel_requested = true;
-        assert_eq!(
-            lost(&j, "w", Some(999)),
-            Lost::Reclaimed(Change::cancelled())
-        );
-        assert_eq!(
-            lost(&j, "other", Some(999)),
-            Lost::NotOwned(JobState::Running)
-        );
-        // No start time known: counted, as before.
-        j.cancel_requested = false;
-        j.started_at = None;
-        let Lost::Reclaimed(c) = lost(&j, "w", Some(999)) else {
+        // Begun after: requeued, budget untouched.
+        let Lost::Reclaimed(c) = lost(&j, "w", true) else {
             panic!()
         };
-        assert!(c.count_crash);
+        assert_eq!(
+            (c.state, c.count_crash, c.release_worker, c.republish),
+            (JobState::Queued, false, true, true)
+        );
+        // A cancel request still ends it; another worker's run is still not ours.
+        j.cancel_requested = true;
+        assert_eq!(lost(&j, "w", true), Lost::Reclaimed(Change::cancelled()));
+        assert_eq!(lost(&j, "other", true), Lost::NotOwned(JobState::Running));
+        // Unreadable data: dead, as before.
+        j.cancel_requested = false;
+        j.unreadable = vec!["crashes cannot be read: out of range".into()];
+        let Lost::Reclaimed(c) = lost(&j, "w", true) else {
+            panic!()
+        };
+        assert_eq!(c.state, JobState::Dead);
     }
 
     #[test]

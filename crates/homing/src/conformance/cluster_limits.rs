@@ -247,7 +247,7 @@ pub async fn a_rescue_frees_the_slot(s: Arc<dyn Store>) {
     let b = enqueue(&*s, &q, serde_json::json!({"n": 2})).await;
     ran(&start_one(&*s, a).await);
     assert_eq!(start_one(&*s, b).await, StartOutcome::Parked);
-    let (lost, unparked) = s.mark_lost_unparking(a, "w1", None, now()).await.unwrap();
+    let (lost, unparked) = s.mark_lost_unparking(a, "w1", false, now()).await.unwrap();
     assert_eq!(lost, Lost::Requeued);
     assert_eq!(
         unparked.map(|p| p.id),
@@ -257,7 +257,7 @@ pub async fn a_rescue_frees_the_slot(s: Arc<dyn Store>) {
     assert!(outbox_has(&*s, b).await, "the rescue unparked the held job");
     // A second rescue of the same run decides nothing and unparks nothing.
     assert_eq!(
-        s.mark_lost_unparking(a, "w1", None, now()).await.unwrap(),
+        s.mark_lost_unparking(a, "w1", false, now()).await.unwrap(),
         (Lost::NotOwned(JobState::Queued), None)
     );
     // One slot: whichever starts first runs, the other is parked.

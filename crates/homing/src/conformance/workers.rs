@@ -141,8 +141,10 @@ pub async fn lost_worker_keeps_its_reclaims(s: Arc<dyn Store>) {
 }
 
 /// A worker presumed dead that has not noticed takes back what the rescuers put back and runs
-/// it again. The first sighting's time is kept for every rescuer, and only a run begun before
-/// it counts a crash: however many times such a job is reclaimed, it is not spent.
+/// it again. The store records what ran under it when it was first presumed dead, and only those
+/// runs count a crash: however many times such a job is reclaimed, it is not spent. Decided by
+/// what ran, not by times: a run stamped with a clock far ahead still counts, one stamped far
+/// behind after the presumption still does not.
 pub async fn runs_begun_after_a_worker_was_presumed_dead_count_no_crash(s: Arc<dyn Store>) {
     let w = unique_queue("zombie");
     let t = now();
@@ -150,36 +152,51 @@ pub async fn runs_begun_after_a_worker_was_presumed_dead_count_no_crash(s: Arc<d
     let q = unique_queue("presumed");
     let mut job = new_job(&q, "t");
     job.options.max_crashes = Some(2);
-    let id = job.id;
-    s.insert(vec![job]).await.unwrap();
+    let mut ahead = new_job(&q, "t");
+    ahead.options.max_crashes = Some(1);
+    let (id, ahead_id) = (job.id, ahead.id);
+    s.insert(vec![job, ahead]).await.unwrap();
     run(&*s, id, &w).await;
+    // Started by a worker whose clock is an hour ahead of the rescuers'.
+    match s
+        .start(&[ahead_id], &w, now() + 3_600_000_000)
+        .await
+        .unwrap()
+        .remove(0)
+    {
+        StartOutcome::Run(_) => {}
+        other => panic!("expected Run, got {other:?}"),
+    }
 
     let since = now();
-    assert_eq!(s.presumed_lost_since(&w, since).await.unwrap(), since);
-    // Later calls, from this rescuer or another, get the first time.
-    assert_eq!(
-        s.presumed_lost_since(&w, since + 5_000).await.unwrap(),
-        since
-    );
-    let unknown = unique_queue("never-registered");
-    assert_eq!(s.presumed_lost_since(&unknown, 77).await.unwrap(), 77);
-    assert_eq!(s.presumed_lost_since(&unknown, 78).await.unwrap(), 78);
+    s.presume_lost(&w, since).await.unwrap();
+    // Later calls, from this rescuer or another, change nothing.
+    s.presume_lost(&w, since + 5_000).await.unwrap();
+    let view = s.worker(&w).await.unwrap().unwrap();
+    assert_eq!(view.presumed_dead_at, Some(since));
 
-    // The run begun before counts its crash.
-    let (lost, _) = s
-        .mark_lost_unparking(id, &w, Some(since), now())
-        .await
-        .unwrap();
+    // The runs it had count their crash, whatever their clocks said.
+    let (lost, _) = s.mark_lost_unparking(id, &w, true, now()).await.unwrap();
     assert_eq!(lost, Lost::Requeued);
     assert_eq!(s.get(id).await.unwrap().unwrap().crashes, 1);
-    // Taken back three times by the worker that has not noticed: with the crash counted each
-    // time, the second would make it dead.
-    for round in 0..3 {
-        let r = run(&*s, id, &w).await;
-        let (lost, _) = s
-            .mark_lost_unparking(id, &w, Some(since), now())
-            .await
-            .unwrap();
+    let (lost, _) = s
+        .mark_lost_unparking(ahead_id, &w, true, now())
+        .await
+        .unwrap();
+    assert_eq!(lost, Lost::Dead, "a real crash left uncounted");
+    // Taken back three times by the worker that has not noticed, once with a clock an hour
+    // behind: with the crash counted each time, the second would make it dead.
+    for round in 0..3i64 {
+        let at = if round == 1 {
+            since - 3_600_000_000
+        } else {
+            now()
+        };
+        let r = match s.start(&[id], &w, at).await.unwrap().remove(0) {
+            StartOutcome::Run(j) => *j,
+            other => panic!("expected Run, got {other:?}"),
+        };
+        let (lost, _) = s.mark_lost_unparking(id, &w, true, now()).await.unwrap();
         assert_eq!(lost, Lost::Requeued, "round {round}");
         let j = s.get(id).await.unwrap().unwrap();
         assert_eq!(
@@ -197,33 +214,47 @@ pub async fn runs_begun_after_a_worker_was_presumed_dead_count_no_crash(s: Arc<d
         "{:#?}",
         h.entries
     );
-    let kinds: Vec<_> = h.entries.iter().map(|e| e.kind).collect();
     use crate::history::Kind;
+    let kinds: Vec<_> = h.entries.iter().map(|e| e.kind).collect();
     assert_eq!(
         kinds.iter().filter(|k| **k == Kind::Crashed).count(),
         1,
         "{kinds:?}"
     );
-    assert_eq!(
-        kinds.iter().filter(|k| **k == Kind::Released).count(),
-        3,
-        "{kinds:?}"
+    let released: Vec<_> = h
+        .entries
+        .iter()
+        .filter(|e| e.kind == Kind::Released)
+        .collect();
+    assert_eq!(released.len(), 3, "{kinds:?}");
+    assert!(
+        released[0]
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("no crash counted"),
+        "{released:?}"
     );
-    // The worker view still lists every reclaim, and shows the time.
-    let view = s.worker(&w).await.unwrap().unwrap();
-    assert_eq!(
-        (view.reclaimed.len(), view.presumed_dead_at),
-        (4, Some(since))
-    );
-    // Without the time (a live remote session's unheld job) the crash counts, and spends it.
+    // The worker view still lists every reclaim.
+    assert_eq!(s.worker(&w).await.unwrap().unwrap().reclaimed.len(), 5);
+    // Without `presumed` (a live remote session's unheld job) the crash counts, and spends it.
     run(&*s, id, &w).await;
     assert_eq!(s.mark_lost(id, &w, now()).await.unwrap(), Lost::Dead);
+
+    // A worker with no record: its crashes count.
+    let unknown = unique_queue("never-registered");
+    let other = new_job(&q, "t");
+    let other_id = other.id;
+    s.insert(vec![other]).await.unwrap();
+    s.presume_lost(&unknown, now()).await.unwrap();
+    run(&*s, other_id, &unknown).await;
+    s.mark_lost_unparking(other_id, &unknown, true, now())
+        .await
+        .unwrap();
+    assert_eq!(s.get(other_id).await.unwrap().unwrap().crashes, 1);
+
     // Registering the id again starts a clean record, this time included.
     s.register_worker(&info(&w, t), now()).await.unwrap();
     let again = s.worker(&w).await.unwrap().unwrap();
     assert_eq!((again.presumed_dead_at, again.ended_at), (None, None));
-    assert_eq!(
-        s.presumed_lost_since(&w, since + 9).await.unwrap(),
-        since + 9
-    );
 }

@@ -4,7 +4,8 @@
 //!   between its store commit and its publish) are published;
 //! - a broker whose marker vanished has lost its data: every queued job is published again;
 //! - a job running under a worker that is gone and holds no message (its message was lost with
-//!   the broker's data) is put back, its crash counted.
+//!   the broker's data) is put back, its crash counted if it was running when the worker was
+//!   first presumed dead (`Store::presume_lost`; a run begun after that counts none).
 
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -77,11 +78,8 @@ pub async fn pass(
         if !broker.pending(&worker, 1).await?.is_empty() {
             continue;
         }
-        let since = store.presumed_lost_since(&worker, now()).await?;
-        let (lost, unparked) = match store
-            .mark_lost_unparking(id, &worker, Some(since), now())
-            .await
-        {
+        store.presume_lost(&worker, now()).await?;
+        let (lost, unparked) = match store.mark_lost_unparking(id, &worker, true, now()).await {
             Ok(decided) => decided,
             Err(e) if e.is_transient() => return Err(e),
             Err(e) => {

@@ -56,12 +56,12 @@ const MAX_LISTED: usize = 10_000;
 /// already reclaimed (taken back, or a duplicate) is left for the next sweep, by when the worker
 /// has usually noticed and stopped. Every process with maintenance runs a rescuer, so such a job
 /// can still be reclaimed once by each of them; what keeps that from spending its crash budget
-/// is the time the worker was first presumed dead, shared through the store: a run begun after
-/// it counts no crash ([`crate::transition::lost`]).
+/// is the store's record of the runs the worker had when it was first presumed dead
+/// ([`Store::presume_lost`]): only those count a crash.
 pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport> {
     let mut report = SweepReport::default();
     for consumer in broker.lost_consumers().await? {
-        let since = store.presumed_lost_since(&consumer, now()).await?;
+        store.presume_lost(&consumer, now()).await?;
         let mut reclaimed = 0u64;
         // Messages whose job the store failed on (not for being unavailable): left pending for
         // the next sweep, so one bad job holds up neither its worker's other jobs nor the
@@ -94,7 +94,7 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
                 };
                 handled.insert(id);
                 let (lost, unparked) = match store
-                    .mark_lost_unparking(id, &consumer, Some(since), now())
+                    .mark_lost_unparking(id, &consumer, true, now())
                     .await
                 {
                     Ok(decided) => decided,

@@ -404,7 +404,7 @@ impl Gateway {
         for id in lost {
             let (outcome, unparked) = self
                 .store
-                .mark_lost_unparking(id, session, None, now())
+                .mark_lost_unparking(id, session, false, now())
                 .await?;
             if let Some(next) = unparked {
                 crate::client::publish(&*self.broker, &*self.store, &[next]).await?;

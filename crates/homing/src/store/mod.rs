@@ -524,8 +524,9 @@ pub struct WorkerRecord {
     /// this was recorded).
     #[serde(with = "crate::time::opt_rfc3339")]
     pub ended_at: Option<Micros>,
-    /// When a rescuer first found it without a heartbeat ([`Store::presumed_lost_since`]);
-    /// `None` until then. Runs it began after this counted no crash when reclaimed.
+    /// When a rescuer first found it without a heartbeat ([`Store::presume_lost`], the
+    /// rescuer's clock); `None` until then. Runs it began after this counted no crash when
+    /// reclaimed.
     #[serde(with = "crate::time::opt_rfc3339")]
     pub presumed_dead_at: Option<Micros>,
     /// The jobs the rescuer reclaimed from it, newest first (at most
@@ -645,7 +646,7 @@ pub trait Store: Send + Sync + 'static {
     /// next parked job unparked; [`Store::mark_lost_unparking`] returns it for the caller to
     /// publish, this one leaves it to the reconciler.
     async fn mark_lost(&self, id: JobId, worker: &str, now: Micros) -> Result<Lost> {
-        Ok(self.mark_lost_unparking(id, worker, None, now).await?.0)
+        Ok(self.mark_lost_unparking(id, worker, false, now).await?.0)
     }
 
     /// [`Store::mark_lost`], also returning the job it unparked (stamped `now`, so the
@@ -654,25 +655,30 @@ pub trait Store: Send + Sync + 'static {
     /// parked while its producer's `mark_dispatched` was still on its way, lets that late mark
     /// set `dispatched` on the unparked job, which then has no message and leaves the outbox.
     ///
-    /// With `presumed_dead_since` (from [`Store::presumed_lost_since`]) a run the worker began
-    /// at or after that time is reclaimed without counting a crash
-    /// ([`crate::transition::lost`]).
+    /// With `presumed` (the caller found the worker without a heartbeat and called
+    /// [`Store::presume_lost`] first), a run that was not running under the worker when it was
+    /// first presumed dead is reclaimed without counting a crash ([`crate::transition::lost`]).
+    /// Without it, or for a worker with no record, the crash counts.
     async fn mark_lost_unparking(
         &self,
         id: JobId,
         worker: &str,
-        presumed_dead_since: Option<Micros>,
+        presumed: bool,
         now: Micros,
     ) -> Result<(Lost, Option<ToPublish>)>;
 
-    /// When `worker` was first presumed dead: the first call for it records `now` and returns
-    /// it, every later one (from any process) returns that first time. A worker with no record
-    /// gets `now`, unrecorded. Every rescuer passes this one time to
-    /// [`Store::mark_lost_unparking`], so that runs a worker began before it was presumed dead
-    /// count one crash each, and runs it began after none, however many rescuers reclaim them.
+    /// Records that `worker` is presumed dead, the first time only: its row's `presumed_dead_at`
+    /// is set to `now`, and in the same transaction the runs then running under it (job and
+    /// epoch) are recorded. Later calls, from any process, change nothing. Those runs count a
+    /// crash when reclaimed; any other run of the worker began after the presumption (it had not
+    /// noticed and took back a message a rescuer put back) and counts none, however many
+    /// rescuers reclaim it. Decided by what ran, not by clocks: the runs' start times are
+    /// written with the workers' clocks, which may differ from the rescuers'. A worker with no
+    /// record is not recorded (its crashes count as before).
     ///
-    /// Crash contract: one statement; once recorded the time never changes.
-    async fn presumed_lost_since(&self, worker: &str, now: Micros) -> Result<Micros>;
+    /// Crash contract: one transaction; a crash leaves the worker unrecorded (the next caller
+    /// records it) or recorded with its runs.
+    async fn presume_lost(&self, worker: &str, now: Micros) -> Result<()>;
 
     /// Moves scheduled jobs whose time has come to `queued` (undispatched) and returns them.
     ///

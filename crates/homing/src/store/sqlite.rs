@@ -1189,6 +1189,26 @@ fn get_epoch(tx: &rusqlite::Connection, id: &str) -> rusqlite::Result<Option<u64
         .map(|e| e.map(|e| e.max(0) as u64))
 }
 
+/// Whether the run `epoch` of job `id` began after `worker` was presumed dead: the worker is
+/// recorded as presumed dead and the run is not among those it had then
+/// ([`Store::presume_lost`]).
+fn begun_after_presumed_dead(
+    tx: &rusqlite::Connection,
+    worker: &str,
+    id: &str,
+    epoch: u64,
+) -> rusqlite::Result<bool> {
+    tx.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM workers WHERE id = ?1 AND presumed_dead_at IS NOT NULL) \
+         AND NOT EXISTS (SELECT 1 FROM worker_presumed_runs \
+         WHERE worker = ?1 AND job = ?2 AND epoch = ?3)",
+    )?
+    .query_row(
+        params![worker, id, epoch.min(i64::MAX as u64) as i64],
+        |r| r.get(0),
+    )
+}
+
 type WorkerRow = (String, i64, String, Option<i64>, Option<i64>);
 
 fn worker_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<WorkerRow> {
@@ -1655,7 +1675,7 @@ impl Store for SqliteStore {
         &self,
         id: JobId,
         worker: &str,
-        presumed_dead_since: Option<Micros>,
+        presumed: bool,
         now: Micros,
     ) -> Result<(Lost, Option<ToPublish>)> {
         let w = worker.to_string();
@@ -1666,7 +1686,8 @@ impl Store for SqliteStore {
                 let Some(job) = get_job(tx, &sid)? else {
                     return Ok((Lost::Missing, None));
                 };
-                match transition::lost(&job, &w, presumed_dead_since) {
+                let after = presumed && begun_after_presumed_dead(tx, &w, &sid, job.epoch)?;
+                match transition::lost(&job, &w, after) {
                     transition::Lost::NotOwned(state) => Ok((Lost::NotOwned(state), None)),
                     transition::Lost::Reclaimed(change) => {
                         let cause = Cause::Lost { worker: &w };
@@ -2232,19 +2253,23 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn presumed_lost_since(&self, worker: &str, now: Micros) -> Result<Micros> {
+    async fn presume_lost(&self, worker: &str, now: Micros) -> Result<()> {
         let id = worker.to_string();
         self.db
             .write(move |tx| {
-                let since: Option<i64> = tx
-                    .query_row(
-                        "UPDATE workers SET presumed_dead_at = coalesce(presumed_dead_at, ?2) \
-                         WHERE id = ?1 RETURNING presumed_dead_at",
-                        params![id, now],
-                        |r| r.get(0),
-                    )
-                    .optional()?;
-                Ok(since.unwrap_or(now))
+                let first = tx.execute(
+                    "UPDATE workers SET presumed_dead_at = ?2 \
+                     WHERE id = ?1 AND presumed_dead_at IS NULL",
+                    params![id, now],
+                )? == 1;
+                if first {
+                    tx.execute(
+                        "INSERT OR IGNORE INTO worker_presumed_runs (worker, job, epoch) \
+                         SELECT ?1, id, epoch FROM jobs WHERE state = 'running' AND worker = ?1",
+                        [&id],
+                    )?;
+                }
+                Ok(())
             })
             .await
     }
@@ -2510,6 +2535,12 @@ impl Store for SqliteStore {
                      worker_reclaims r WHERE r.at < ?1 AND NOT EXISTS (SELECT 1 FROM workers w \
                      WHERE w.id = r.worker) LIMIT ?2)",
                     params![before, limit],
+                )? as u64;
+                workers += tx.execute(
+                    "DELETE FROM worker_presumed_runs WHERE (worker, job, epoch) IN \
+                     (SELECT worker, job, epoch FROM worker_presumed_runs p WHERE NOT EXISTS \
+                     (SELECT 1 FROM workers w WHERE w.id = p.worker) LIMIT ?1)",
+                    params![limit],
                 )? as u64;
                 let audit = tx.execute(
                     "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE at < ?1 \

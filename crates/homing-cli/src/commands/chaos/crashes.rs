@@ -1,15 +1,16 @@
-//! The crash budget (docs/design.md, "A worker presumed dead that has not noticed"): a reclaim
-//! counts a crash only for a run its worker began before a rescuer first found it without a
-//! heartbeat. A worker whose heartbeat went with Redis's data, or that was paused past its TTL,
-//! keeps reserving until its next beat and takes back what the rescuers put back; every process
-//! runs a rescuer, and if each counted a crash for those runs a healthy job could spend its
-//! budget and go `dead` (at the default of 3, after one Redis restart).
+//! The crash budget (docs/design.md, "A zombie wakes"): a reclaim counts a crash only for a run
+//! its worker had when a rescuer first found it without a heartbeat (the store records those
+//! runs; it compares no clocks). A worker whose heartbeat went with Redis's data, or that was
+//! paused past its TTL, keeps reserving until its next beat and takes back what the rescuers
+//! put back; every process runs a rescuer, and if each counted a crash for those runs a healthy
+//! job could spend its budget and go `dead` (at the default of 3, after one Redis restart).
 //!
 //! Checked from the timelines and the workers' records after the drain: each `crashed` entry's
 //! run (the `started` entry of its epoch) must have begun before its worker's
 //! `presumed_dead_at`. Every process of a chaos deployment shares one clock, so the times
-//! compare. Runs taken back without a crash (`released` under a worker presumed dead before the
-//! run began) are counted for the report.
+//! compare here (a run recorded at the presumption began before it). Runs taken back without a
+//! crash (`released` under a worker presumed dead before the run began) are counted for the
+//! report.
 
 use std::collections::HashMap;
 

@@ -126,6 +126,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0024_presumed_lost",
         sql: include_str!("migrations/0024_presumed_lost.sql"),
     },
+    Migration {
+        version: 25,
+        name: "0025_presumed_runs",
+        sql: include_str!("migrations/0025_presumed_runs.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are

@@ -1643,7 +1643,7 @@ async fn mark_lost_tx(
     pool: &PgPool,
     id: JobId,
     worker: &str,
-    presumed_dead_since: Option<Micros>,
+    presumed: bool,
     now: Micros,
 ) -> sqlx::Result<(Lost, Option<ToPublish>)> {
     let mut tx = pool.begin().await?;
@@ -1654,7 +1654,20 @@ async fn mark_lost_tx(
     let Some(job) = get_job(&mut tx, id, true).await? else {
         return Ok((Lost::Missing, None));
     };
-    let lost = match transition::lost(&job, worker, presumed_dead_since) {
+    // What ran when the worker was first presumed dead (Store::presume_lost): a run that was
+    // not among it began afterwards.
+    let after = presumed
+        && sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM homing_workers WHERE id = $1 \
+             AND presumed_dead_at IS NOT NULL) AND NOT EXISTS (SELECT 1 FROM \
+             homing_worker_presumed_runs WHERE worker = $1 AND job = $2 AND epoch = $3)",
+        )
+        .bind(worker)
+        .bind(id)
+        .bind(job.epoch.min(i64::MAX as u64) as i64)
+        .fetch_one(&mut *tx)
+        .await?;
+    let lost = match transition::lost(&job, worker, after) {
         transition::Lost::NotOwned(state) => return Ok((Lost::NotOwned(state), None)),
         transition::Lost::Reclaimed(change) => {
             transit(&mut tx, &job, &change, Cause::Lost { worker }, now).await?;
@@ -2012,17 +2025,11 @@ impl Store for PgStore {
         &self,
         id: JobId,
         worker: &str,
-        presumed_dead_since: Option<Micros>,
+        presumed: bool,
         now: Micros,
     ) -> Result<(Lost, Option<ToPublish>)> {
         match self
-            .call(mark_lost_tx(
-                &self.pool,
-                id,
-                worker,
-                presumed_dead_since,
-                now,
-            ))
+            .call(mark_lost_tx(&self.pool, id, worker, presumed, now))
             .await
         {
             Err(e) if !e.is_transient() => {
@@ -2829,19 +2836,22 @@ impl Store for PgStore {
         .await
     }
 
-    /// The row lock makes concurrent first calls agree: the second re-reads the row the first
-    /// committed and keeps its time.
-    async fn presumed_lost_since(&self, worker: &str, now: Micros) -> Result<Micros> {
+    /// The row lock makes concurrent first calls agree: the second waits for the first's commit,
+    /// finds the time set and records nothing.
+    async fn presume_lost(&self, worker: &str, now: Micros) -> Result<()> {
         self.call(async {
-            let since: Option<i64> = sqlx::query_scalar(
-                "UPDATE homing_workers SET presumed_dead_at = COALESCE(presumed_dead_at, $2) \
-                 WHERE id = $1 RETURNING presumed_dead_at",
+            sqlx::query(
+                "WITH first AS (UPDATE homing_workers SET presumed_dead_at = $2 \
+                 WHERE id = $1 AND presumed_dead_at IS NULL RETURNING id) \
+                 INSERT INTO homing_worker_presumed_runs (worker, job, epoch) \
+                 SELECT $1, j.id, j.epoch FROM homing_jobs j, first \
+                 WHERE j.state = 'running' AND j.worker = $1 ON CONFLICT DO NOTHING",
             )
             .bind(worker)
             .bind(now)
-            .fetch_optional(&self.pool)
-            .await?;
-            Ok(since.unwrap_or(now))
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
         })
         .await
     }
@@ -3134,6 +3144,15 @@ impl Store for PgStore {
                  homing_workers w WHERE w.id = x.worker) LIMIT $2 FOR UPDATE SKIP LOCKED)",
             )
             .bind(before)
+            .bind(limit)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            workers += sqlx::query(
+                "DELETE FROM homing_worker_presumed_runs r WHERE r.ctid IN (SELECT ctid FROM \
+                 homing_worker_presumed_runs x WHERE NOT EXISTS (SELECT 1 FROM \
+                 homing_workers w WHERE w.id = x.worker) LIMIT $1 FOR UPDATE SKIP LOCKED)",
+            )
             .bind(limit)
             .execute(&mut *tx)
             .await?

@@ -1,0 +1,10 @@
+-- Version 25: the runs a worker had when it was first presumed dead (`presumed_dead_at` set,
+-- Store::presume_lost, in the same transaction). Only these count a crash when reclaimed; any
+-- other run of the worker began after it was presumed dead. Kept while the worker's row is;
+-- the pruner deletes the rows of purged workers.
+CREATE TABLE IF NOT EXISTS worker_presumed_runs (
+    worker TEXT NOT NULL,
+    job TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    PRIMARY KEY (worker, job, epoch)
+) WITHOUT ROWID;
