@@ -141,6 +141,12 @@ async fn zombie_worker_cannot_overwrite_the_newer_run() {
     let id = client.enqueue(r).await.unwrap().id;
     let first = wait_state(&client, id, JobState::Running, Duration::from_secs(10)).await;
     let zombie_identity = first.worker.clone().unwrap();
+    // Paused only once its handler's call is out: paused between the start and the call (a
+    // loaded machine), the zombie's call would come after the newer run's.
+    eventually(Duration::from_secs(10), "the first run's call", || async {
+        (counter.count(&id.to_string()) == 1).then_some(())
+    })
+    .await;
     std::process::Command::new("kill")
         .args(["-STOP", &zombie.pid().to_string()])
         .status()
