@@ -171,9 +171,10 @@ pub async fn runs_begun_after_a_worker_was_presumed_dead_count_no_crash(s: Arc<d
     let since = now();
     s.presume_lost(&w, since).await.unwrap();
     // Later calls, from this rescuer or another, change nothing.
-    s.presume_lost(&w, since + 5_000).await.unwrap();
+    s.presume_lost(&w, since + 3_600_000_000).await.unwrap();
     let view = s.worker(&w).await.unwrap().unwrap();
-    assert_eq!(view.presumed_dead_at, Some(since));
+    let at = view.presumed_dead_at.expect("presumed_dead_at");
+    assert!(at >= since && at <= now(), "{at} against {since}");
 
     // The runs it had count their crash, whatever their clocks said.
     let (lost, _) = s.mark_lost_unparking(id, &w, true, now()).await.unwrap();

@@ -524,8 +524,8 @@ pub struct WorkerRecord {
     /// this was recorded).
     #[serde(with = "crate::time::opt_rfc3339")]
     pub ended_at: Option<Micros>,
-    /// When a rescuer first found it without a heartbeat ([`Store::presume_lost`], the
-    /// rescuer's clock); `None` until then. Runs it began after this counted no crash when
+    /// When a rescuer first found it without a heartbeat ([`Store::presume_lost`]); `None`
+    /// until then. Runs it began after this counted no crash when
     /// reclaimed.
     #[serde(with = "crate::time::opt_rfc3339")]
     pub presumed_dead_at: Option<Micros>,
@@ -668,7 +668,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(Lost, Option<ToPublish>)>;
 
     /// Records that `worker` is presumed dead, the first time only: its row's `presumed_dead_at`
-    /// is set to `now`, and in the same transaction the runs then running under it (job and
+    /// is set to the later of `now` and the store's own clock while it writes (so that a run
+    /// begun after it, by the same clock, is never among the recorded runs: what
+    /// `homing chaos` checks), and in the same transaction the runs then running under it (job and
     /// epoch) are recorded. Later calls, from any process, change nothing. Those runs count a
     /// crash when reclaimed; any other run of the worker began after the presumption (it had not
     /// noticed and took back a message a rescuer put back) and counts none, however many

@@ -2257,10 +2257,12 @@ impl Store for SqliteStore {
         let id = worker.to_string();
         self.db
             .write(move |tx| {
+                // Read in the write: a start queued behind this one cannot be stamped earlier.
+                let at = crate::time::now().max(now);
                 let first = tx.execute(
                     "UPDATE workers SET presumed_dead_at = ?2 \
                      WHERE id = ?1 AND presumed_dead_at IS NULL",
-                    params![id, now],
+                    params![id, at],
                 )? == 1;
                 if first {
                     tx.execute(

@@ -2841,7 +2841,8 @@ impl Store for PgStore {
     async fn presume_lost(&self, worker: &str, now: Micros) -> Result<()> {
         self.call(async {
             sqlx::query(
-                "WITH first AS (UPDATE homing_workers SET presumed_dead_at = $2 \
+                "WITH first AS (UPDATE homing_workers SET presumed_dead_at = GREATEST($2, \
+                 (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
                  WHERE id = $1 AND presumed_dead_at IS NULL RETURNING id) \
                  INSERT INTO homing_worker_presumed_runs (worker, job, epoch) \
                  SELECT $1, j.id, j.epoch FROM homing_jobs j, first \
