@@ -70,6 +70,8 @@ pub async fn pass(
     }
     let mut orphans = Vec::new();
     let mut freed = Vec::new();
+    // A lost worker usually leaves several orphans; it is presumed dead once a pass.
+    let mut presumed = std::collections::HashSet::new();
     for (id, worker, _started) in store.running(BATCH).await? {
         if worker.is_empty() || broker.is_alive(&worker).await? {
             continue;
@@ -78,7 +80,10 @@ pub async fn pass(
         if !broker.pending(&worker, 1).await?.is_empty() {
             continue;
         }
-        store.presume_lost(&worker, now()).await?;
+        if !presumed.contains(&worker) {
+            store.presume_lost(&worker, now()).await?;
+            presumed.insert(worker.clone());
+        }
         let (lost, unparked) = match store.mark_lost_unparking(id, &worker, true, now()).await {
             Ok(decided) => decided,
             Err(e) if e.is_transient() => return Err(e),
