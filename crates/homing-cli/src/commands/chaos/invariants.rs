@@ -346,8 +346,10 @@ pub fn check_ticks(jobs: &[Job], until: Micros) -> Ticks {
 
 /// Workflows (docs/workflows.md): each step has at most one applied terminal commit (checked
 /// above with every job), and each final step exactly one, made after every parent's: it
-/// started after each parent finished, and its handler was first called after each parent's
-/// last call.
+/// started after each parent finished, and its handler was first called after the parent's
+/// call whose answer the parent stored. Not after the parent's last call: an at-least-once
+/// duplicate of the parent (a handler still running under a worker presumed dead, a session
+/// cut from a killed server) may come after the final step ran; [`check`] judges those calls.
 pub fn check_workflows(
     workflows: &[super::load::FanIn],
     jobs: &[Job],
@@ -399,11 +401,10 @@ pub fn check_workflows(
                     ));
                 }
             }
-            let parent_last = calls.get(&p.to_string()).and_then(|v| v.last()).copied();
-            if let (Some(pc), Some(fc)) = (parent_last, first_call) {
+            if let (Some(pc), Some(fc)) = (answering_call(parent, calls), first_call) {
                 if fc < pc {
                     out.push(format!(
-                        "workflow final step {key} was called before its parent {p}'s last call"
+                        "workflow final step {key} was called before the call of its parent {p} that produced the parent's result"
                     ));
                 }
             }
@@ -413,6 +414,15 @@ pub fn check_workflows(
         }
     }
     out
+}
+
+/// When the counter saw the call whose answer `job` stored as its result (the result names the
+/// call's number); `None` when it stored none or names a call the counter never saw, which
+/// [`check`] reports.
+fn answering_call(job: &Job, calls: &HashMap<String, Vec<Micros>>) -> Option<Micros> {
+    let n = job.result.as_ref()?["body"]["call"].as_u64()?;
+    let at = calls.get(&job.id.to_string())?;
+    at.get(usize::try_from(n).ok()?.checked_sub(1)?).copied()
 }
 
 #[cfg(test)]
@@ -465,9 +475,14 @@ mod tests {
         calls.insert(p1.to_string(), vec![10]);
         calls.insert(p2.to_string(), vec![20]);
         calls.insert(last.to_string(), vec![40]);
+        let answered = |id: JobId, call: u64, finished: Micros| {
+            let mut j = job(id, JobState::Succeeded, Some(5), Some(finished));
+            j.result = Some(serde_json::json!({"body": {"key": id.to_string(), "call": call}}));
+            j
+        };
         let ok = [
-            job(p1, JobState::Succeeded, Some(5), Some(15)),
-            job(p2, JobState::Succeeded, Some(5), Some(25)),
+            answered(p1, 1, 15),
+            answered(p2, 1, 25),
             job(last, JobState::Succeeded, Some(30), Some(45)),
         ];
         assert_eq!(
@@ -491,6 +506,23 @@ mod tests {
             v.iter().any(|m| m.contains("started before its parent")),
             "{v:?}"
         );
+
+        // A duplicate call of a parent after the final step ran (at-least-once under a fault)
+        // is no ordering violation; a final step called before the parent's answering call is.
+        calls.insert(p1.to_string(), vec![10, 50]);
+        assert_eq!(
+            check_workflows(&w, &ok, &calls, &logs),
+            Vec::<String>::new()
+        );
+        let mut answered_late = ok.clone();
+        answered_late[0] = answered(p1, 2, 15);
+        let v = check_workflows(&w, &answered_late, &calls, &logs);
+        assert!(
+            v.iter()
+                .any(|m| m.contains("before the call of its parent")),
+            "{v:?}"
+        );
+        calls.insert(p1.to_string(), vec![10]);
 
         let mut twice = LogFacts::default();
         twice.applied.insert(
