@@ -166,6 +166,46 @@ mod broker_suite {
     homing::broker_conformance!(super::broker());
 }
 
+/// A heartbeat with less than the margin left is refused: its time is read before its commit,
+/// so a reader whose snapshot predates the commit, its clock past the old expiry, would
+/// presume dead a worker told it was alive. Refused, the worker learns it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_at_the_edge_of_expiry_is_refused() {
+    use homing::broker::sqlite::refresh_margin;
+    use std::time::Duration;
+
+    let db = fresh_db();
+    let b = SqliteBroker::new(db.clone());
+    let w = homing::conformance::unique_queue("edge");
+    let ttl = Duration::from_secs(10);
+    assert_eq!(refresh_margin(ttl), Duration::from_millis(250));
+    b.register(&w, ttl).await.unwrap();
+    let expire_in = |left: Duration| {
+        let w = w.clone();
+        db.write(move |tx| {
+            tx.execute(
+                "UPDATE heartbeats SET expires_at = ?2 WHERE worker = ?1",
+                rusqlite::params![w, homing::time::now() + homing::time::micros(left)],
+            )
+        })
+    };
+    assert_eq!(expire_in(Duration::from_millis(150)).await.unwrap(), 1);
+    assert!(
+        !b.heartbeat(&w, ttl).await.unwrap(),
+        "a refresh 150 ms before expiry, within the 250 ms margin, must be refused"
+    );
+    assert_eq!(expire_in(Duration::from_secs(2)).await.unwrap(), 1);
+    assert!(
+        b.heartbeat(&w, ttl).await.unwrap(),
+        "a refresh with 2 s left is taken"
+    );
+    let left = b.heartbeat_expires_in(&w).await.unwrap().expect("live");
+    assert!(
+        left > Duration::from_secs(9),
+        "{left:?}: the refresh set the TTL"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn distinct_queue_bound() {
     let dir = tempfile::tempdir().expect("temp dir");

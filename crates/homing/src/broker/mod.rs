@@ -153,6 +153,9 @@ pub trait Broker: Send + Sync + 'static {
 
     /// Refreshes a live worker's heartbeat. Returns `false` when the heartbeat had already
     /// expired or been removed: the worker was presumed dead and must rejoin under a new name.
+    /// A backend whose readers may see the old expiry after the refresh is told (the embedded
+    /// file: `sqlite::refresh_margin`) refuses a refresh that close to expiry, so that no
+    /// reader presumes dead a worker told it lives.
     ///
     /// Crash contract: one atomic refresh-if-present, so an expired heartbeat is never revived.
     async fn heartbeat(&self, worker: &str, ttl: Duration) -> Result<bool>;

@@ -29,6 +29,18 @@ const POLL: Duration = Duration::from_millis(5);
 /// 200 times a second for nothing.
 const POLL_WITH_DOORBELL: Duration = Duration::from_millis(100);
 
+/// How much life a heartbeat must have left to be refreshed. Its time is read before the write
+/// commits, and a reader (the rescuer) whose snapshot predates the commit sees the old expiry:
+/// a refresh made at the edge of expiry could succeed while a reader, its clock past the old
+/// expiry, presumes the worker dead. Refusing refreshes that close to expiry makes the worker
+/// learn it as well (it rejoins under a new name) so long as the write commits within the
+/// margin; with `synchronous=NORMAL` a commit appends to the log without an fsync, microseconds.
+/// A worker beats with two thirds of its TTL left, so only a beat late by well over an interval
+/// is refused. Redis needs none: its refresh and its readers are serialised on the server.
+pub fn refresh_margin(ttl: Duration) -> Duration {
+    (ttl / 8).min(Duration::from_millis(250))
+}
+
 #[derive(Debug, Clone)]
 pub struct SqliteBroker {
     db: Arc<Db>,
@@ -391,7 +403,7 @@ impl Broker for SqliteBroker {
                 let t = now();
                 tx.execute(
                     "UPDATE heartbeats SET expires_at = ?2 WHERE worker = ?1 AND expires_at > ?3",
-                    params![worker, t + micros(ttl), t],
+                    params![worker, t + micros(ttl), t + micros(refresh_margin(ttl))],
                 )
                 .map(|n| n == 1)
             })
