@@ -737,7 +737,8 @@ pub struct ChaosArgs {
     #[arg(long, value_enum, default_value_t = ChaosWorkerKind::Rust)]
     pub worker_kind: ChaosWorkerKind,
     /// With --worker-kind python: the Python interpreter that has the homing package (default:
-    /// $HOMING_PYTHON, else target/python-venv/bin/python as scripts/python-venv makes it).
+    /// $HOMING_PYTHON, else target/python-venv/bin/python as scripts/python-venv makes it, in
+    /// the working directory or beside the target/<profile>/ holding this binary).
     #[arg(long)]
     pub python: Option<std::path::PathBuf>,
 }

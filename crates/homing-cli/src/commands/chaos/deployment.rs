@@ -45,11 +45,26 @@ pub const PYTHON_TASKS: &str = include_str!("chaos_tasks.py");
 pub const PYTHON_MODULE: &str = "homing_chaos_tasks";
 pub const PYTHON_TASK: &str = "chaos.call";
 
+/// scripts/python-venv's interpreter: under `target/` of the working directory, else beside the
+/// `target/<profile>/` this binary was built into, so a run started from another directory
+/// finds it too.
+fn default_python() -> PathBuf {
+    let rel = PathBuf::from("target/python-venv/bin/python");
+    if rel.exists() {
+        return rel;
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("python-venv/bin/python")))
+        .filter(|p| p.exists())
+        .unwrap_or(rel)
+}
+
 /// The interpreter for Python workers, or a one-line reason naming what is missing.
 pub fn find_python(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     let py = given
         .or_else(|| std::env::var_os("HOMING_PYTHON").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("target/python-venv/bin/python"));
+        .unwrap_or_else(default_python);
     let out = Command::new(&py)
         .args(["-c", "import homing, httpx; homing.App"])
         .output();
