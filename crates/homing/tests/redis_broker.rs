@@ -62,7 +62,7 @@ async fn a_lost_worker_that_keeps_reserving_is_not_chased() {
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
-        zombie.notice().await > 0,
+        zombie.notice().await.0 > 0,
         "the consumer took nothing back: the test did not test"
     );
 
@@ -81,7 +81,8 @@ async fn a_lost_worker_that_keeps_reserving_is_not_chased() {
 /// a crash each time, and at the default budget of 3 a job of a healthy worker went `dead`. Now
 /// every rescuer reads when the worker was first presumed dead from the store, and a run begun
 /// after that counts no crash: every job ends with exactly the one crash of the run it had when
-/// the worker was presumed dead.
+/// the worker was presumed dead. And no such run begins: the store refuses the starts of a
+/// worker presumed dead (`StartOutcome::Presumed`), so none of its jobs runs twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_worker_that_keeps_reserving_spends_no_crash_budget_however_many_rescuers() {
     const JOBS: usize = 40;
@@ -123,12 +124,15 @@ async fn a_lost_worker_that_keeps_reserving_spends_no_crash_budget_however_many_
     for r in rescuers {
         dead += r.await.unwrap();
     }
-    let retaken = zombie.notice().await;
+    let (retaken, ran) = zombie.notice().await;
     assert!(
         retaken >= JOBS,
         "the consumer took back {retaken} messages: the test did not test"
     );
     assert_eq!(dead, 0, "jobs of a worker that was only unaware went dead");
+    // Every message it took back was put back after the first rescuer presumed it dead, so the
+    // store started none of them: no job ran twice.
+    assert_eq!(ran, 0, "the store started jobs for a worker presumed dead");
 
     rescuer::sweep(&*b, &*store).await.unwrap();
     all_back_once(&b, &q, &ids).await;
@@ -166,6 +170,7 @@ async fn held_by_a_lost_consumer(
 struct Zombie {
     noticed: Arc<std::sync::atomic::AtomicBool>,
     retaken: Arc<std::sync::atomic::AtomicUsize>,
+    ran: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -175,7 +180,8 @@ impl Zombie {
         let noticed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let retaken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (b, store, q) = (b.clone(), store.clone(), q.to_string());
-        let (stop, count) = (noticed.clone(), retaken.clone());
+        let ran_here = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (stop, count, ran) = (noticed.clone(), retaken.clone(), ran_here.clone());
         let task = tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let got = b
@@ -185,23 +191,33 @@ impl Zombie {
                 let ids: Vec<JobId> = got.iter().filter_map(|d| d.job.clone().ok()).collect();
                 if !ids.is_empty() {
                     count.fetch_add(ids.len(), Ordering::SeqCst);
-                    store.start(&ids, "z", homing::time::now()).await.unwrap();
+                    let out = store.start(&ids, "z", homing::time::now()).await.unwrap();
+                    let runs = out
+                        .iter()
+                        .filter(|o| matches!(o, homing::store::StartOutcome::Run(_)))
+                        .count();
+                    ran.fetch_add(runs, Ordering::SeqCst);
                 }
             }
         });
         Zombie {
             noticed,
             retaken,
+            ran: ran_here,
             task,
         }
     }
 
-    /// Stops it; how many messages it took back.
-    async fn notice(self) -> usize {
+    /// Stops it; how many messages it took back, and how many of their jobs the store let it
+    /// start.
+    async fn notice(self) -> (usize, usize) {
         use std::sync::atomic::Ordering;
         self.noticed.store(true, Ordering::SeqCst);
         self.task.await.unwrap();
-        self.retaken.load(Ordering::SeqCst)
+        (
+            self.retaken.load(Ordering::SeqCst),
+            self.ran.load(Ordering::SeqCst),
+        )
     }
 }
 

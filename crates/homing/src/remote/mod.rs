@@ -592,6 +592,7 @@ impl Gateway {
         };
         let mut out = Vec::new();
         let mut to_ack = Vec::new();
+        let mut presumed = Vec::new();
         for ((id, d), outcome) in startable.into_iter().zip(outcomes) {
             match outcome {
                 StartOutcome::Run(job) => {
@@ -646,6 +647,20 @@ impl Gateway {
                         tracing::warn!(error = %e, "could not hand back a message; the rescuer will");
                     }
                 }
+                // Presumed dead between the liveness check above and the start: refused, and
+                // back unstarted.
+                StartOutcome::Presumed => presumed.push(d),
+            }
+        }
+        if !presumed.is_empty() {
+            if let Err(e) = self.broker.requeue(session, &presumed).await {
+                tracing::warn!(error = %e, "could not hand back messages; the rescuer will");
+            }
+            // The store refuses a batch as a whole, so nothing started, unless the batch was
+            // split job by job (for one job's data) and the presumption fell between: then
+            // what started is returned, and the next heartbeat tells the session.
+            if out.is_empty() {
+                return Err(Self::expired(session));
             }
         }
         if !to_ack.is_empty() {

@@ -89,6 +89,12 @@ pub enum StartOutcome {
     Parked,
     /// No such job: the message is garbage; dead-letter it.
     Missing,
+    /// The worker was presumed dead ([`Store::presume_lost`]) before this start: nothing of
+    /// the batch runs or is written, the job stays as it was, and the message stays reserved
+    /// for the rescuer to put back. The worker has learnt it is presumed dead: its session is
+    /// over (it rejoins under a new name). Without this a worker slow to notice would run again
+    /// what the rescuer had just put back, beside the worker that takes it next.
+    Presumed,
     /// Nothing could be decided or written for this job (the store failed on it, even when
     /// making it `dead`): its batch-mates are decided normally, and this delivery alone is
     /// handed back to be tried again later. The reason is for the log.
@@ -612,6 +618,8 @@ pub trait Store: Send + Sync + 'static {
     /// decoded is made `dead` with the reason, and its batch-mates start normally. A job on
     /// which even that fails is [`StartOutcome::Unstartable`] alone: once any job of the call
     /// is committed, the call does not fail as a whole.
+    ///
+    /// A worker presumed dead starts nothing: every outcome is [`StartOutcome::Presumed`].
     ///
     /// Crash contract: one transaction for the batch (one per job if the batch fails for a job's
     /// data, see [`isolating`]); a crash after it leaves the jobs `running` under `worker`, which

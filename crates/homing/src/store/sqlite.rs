@@ -893,6 +893,16 @@ fn start_in(
     worker: &str,
     now: Micros,
 ) -> rusqlite::Result<Vec<StartOutcome>> {
+    // Under the write lock, so a presumption is either before this start (refused) or after it
+    // (the runs it begins are among those the presumption records, and count a crash).
+    let presumed: bool = tx
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM workers WHERE id = ?1 AND presumed_dead_at IS NOT NULL)",
+        )?
+        .query_row([worker], |r| r.get(0))?;
+    if presumed {
+        return Ok(vec![StartOutcome::Presumed; ids.len()]);
+    }
     exec_cached(tx, "SAVEPOINT batch_start")?;
     let first = start_each(tx, ids, worker, now, false);
     let careful = matches!(first, Ok(None));

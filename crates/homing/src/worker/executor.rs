@@ -332,6 +332,15 @@ async fn take_outcomes(
                 let reason = format!("message names job {} which the store does not have", r.id);
                 dead_letter(s, &r.delivery, &reason).await;
             }
+            StartOutcome::Presumed => {
+                // Back unstarted at once, rather than when a rescuer next sweeps this session.
+                super::heartbeater::lost(
+                    s,
+                    "the store refused a start: a rescuer found its heartbeat gone",
+                );
+                s.hand_back_or_log(std::slice::from_ref(&r.delivery)).await;
+                drop((r, slot));
+            }
             StartOutcome::Unstartable(reason) => {
                 // The store failed on this job alone; its batch-mates went ahead. Keep its slot
                 // for a growing pause before handing the message back, so the worker does not

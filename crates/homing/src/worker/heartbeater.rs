@@ -60,7 +60,12 @@ pub(crate) async fn run(s: Arc<Session>, stop: CancellationToken) {
     }
 }
 
-fn lost(s: &Session, why: &str) {
+/// Ends the session as presumed dead: its handlers stop, committing nothing, and the worker
+/// rejoins under a new name. Once per session, whoever notices first.
+pub(super) fn lost(s: &Session, why: &str) {
+    if s.lost.is_cancelled() {
+        return;
+    }
     tracing::warn!(worker = %s.id, "presumed dead: {why}");
     s.stop_all(StopReason::Lost);
     s.lost.cancel();

@@ -5,12 +5,18 @@
 //! put back; every process runs a rescuer, and if each counted a crash for those runs a healthy
 //! job could spend its budget and go `dead` (at the default of 3, after one Redis restart).
 //!
+//! The store also refuses to start anything for a worker presumed dead, so such a worker does
+//! not run again what the rescuers put back.
+//!
 //! Checked from the timelines and the workers' records after the drain: each `crashed` entry's
 //! run (the `started` entry of its epoch) must have begun before its worker's
 //! `presumed_dead_at`. Every process of a chaos deployment shares one clock, so the times
-//! compare here (a run recorded at the presumption began before it). Runs taken back without a
-//! crash (`released` under a worker presumed dead before the run began) are counted for the
-//! report.
+//! compare here (a run recorded at the presumption began before it). Runs begun at or after
+//! their worker's presumption are counted; on the embedded file (one writer: a start and a
+//! presumption are ordered, and the start's time is read before its write) there must be none.
+//! PostgreSQL reads the presumption without a lock, so a start whose time is read during the
+//! presumption's commit may still begin; there they are reported, and taken back without a
+//! crash (`released`, also counted for the report).
 
 use std::collections::HashMap;
 
@@ -26,15 +32,19 @@ pub struct Outcome {
     pub counted: usize,
     /// Runs begun after their worker was presumed dead, taken back without a crash.
     pub not_counted: usize,
+    /// Runs begun at or after their worker was presumed dead (the store refuses such starts).
+    pub begun_after: usize,
     /// The most crashes of any one job.
     pub most_of_one_job: u32,
     pub violations: Vec<String>,
 }
 
-/// `presumed_dead`: each worker's `presumed_dead_at`, for those that have one.
+/// `presumed_dead`: each worker's `presumed_dead_at`, for those that have one. `fenced`: the
+/// store orders starts and presumptions (the embedded file), so no run may begin after one.
 pub fn check<'a>(
     histories: impl IntoIterator<Item = (&'a homing::JobId, &'a History)>,
     presumed_dead: &HashMap<String, Micros>,
+    fenced: bool,
 ) -> Outcome {
     let mut out = Outcome::default();
     for (id, h) in histories {
@@ -44,6 +54,17 @@ pub fn check<'a>(
             let Some(epoch) = e.epoch else { continue };
             if e.kind == Kind::Started {
                 started.insert(epoch, e.at);
+                let since = e.worker.as_ref().and_then(|w| presumed_dead.get(w));
+                if let Some(since) = since.filter(|since| e.at >= **since) {
+                    out.begun_after += 1;
+                    if fenced && out.violations.len() < MAX_LISTED {
+                        out.violations.push(format!(
+                            "job {id}: run {epoch} began under {} {} ms after the worker was presumed dead",
+                            e.worker.as_deref().unwrap_or_default(),
+                            (e.at - *since) / 1000
+                        ));
+                    }
+                }
                 continue;
             }
             if !matches!(e.kind, Kind::Crashed | Kind::Released) {
@@ -109,13 +130,24 @@ mod tests {
             truncated: false,
         };
         let presumed: HashMap<String, Micros> = [("w".to_string(), 200)].into();
-        let o = check([(&id, &h)], &presumed);
-        assert_eq!((o.counted, o.not_counted, o.most_of_one_job), (2, 1, 2));
+        let o = check([(&id, &h)], &presumed, false);
+        assert_eq!(
+            (o.counted, o.not_counted, o.begun_after, o.most_of_one_job),
+            (2, 1, 2, 2)
+        );
         assert_eq!(o.violations.len(), 1, "{:?}", o.violations);
         assert!(o.violations[0].contains("run 3"), "{:?}", o.violations);
+        // Where the store fences starts, runs 2 and 3 should never have begun.
+        let o = check([(&id, &h)], &presumed, true);
+        assert_eq!(o.violations.len(), 3, "{:?}", o.violations);
+        assert!(
+            o.violations[0].contains("run 2 began under w"),
+            "{:?}",
+            o.violations
+        );
         // A worker never presumed dead: every crash is its own.
-        let o = check([(&id, &h)], &HashMap::new());
-        assert_eq!((o.counted, o.not_counted), (2, 0));
+        let o = check([(&id, &h)], &HashMap::new(), true);
+        assert_eq!((o.counted, o.not_counted, o.begun_after), (2, 0, 0));
         assert!(o.violations.is_empty());
     }
 }

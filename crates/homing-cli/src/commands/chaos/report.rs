@@ -187,10 +187,13 @@ impl Report {
                     ),
                 ],
                 vec![
-                    "crashes counted, runs taken back without one, most of one job".into(),
+                    "crashes counted, runs begun after their worker was presumed dead \
+                     (embedded: must be 0), taken back without one, most of one job"
+                        .into(),
                     format!(
-                        "{}, {}, {}",
+                        "{}, {}, {}, {}",
                         self.crashes.counted,
+                        self.crashes.begun_after,
                         self.crashes.not_counted,
                         self.crashes.most_of_one_job
                     ),

@@ -1374,13 +1374,21 @@ async fn start_tx(
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
-    let paused: HashSet<String> =
-        sqlx::query_scalar("SELECT name FROM homing_queues WHERE paused AND name = ANY($1)")
-            .bind(&queues)
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect();
+    // With the worker's presumption (Store::presume_lost) in the same round trip. Not locked:
+    // a presumption committed while this transaction runs records none of its runs, and
+    // mark_lost then takes them back without a crash.
+    let (paused, presumed): (Vec<String>, bool) = sqlx::query_as(
+        "SELECT ARRAY(SELECT name FROM homing_queues WHERE paused AND name = ANY($1)),          EXISTS (SELECT 1 FROM homing_workers WHERE id = $2 AND presumed_dead_at IS NOT NULL)",
+    )
+    .bind(&queues)
+    .bind(worker)
+    .fetch_one(&mut *tx)
+    .await?;
+    if presumed {
+        tx.rollback().await?;
+        return Ok(vec![StartOutcome::Presumed; ids.len()]);
+    }
+    let paused: HashSet<String> = paused.into_iter().collect();
     enum Decision {
         Done(StartOutcome),
         Run(JobId),
