@@ -79,8 +79,9 @@ pub struct Report {
     pub limited: super::limited::Outcome,
     /// The most jobs running under one worker at once (must not exceed its prefetch).
     pub slots: super::slots::Outcome,
-    /// Crashes counted, runs taken back without one (begun after their worker was presumed
-    /// dead), the most of one job; a crash counted for such a run is a violation.
+    /// Crashes counted, runs begun after their worker was presumed dead (the store refuses
+    /// such starts; on the embedded file any is a violation), runs taken back without a crash,
+    /// the most of one job; a crash counted for such a run is a violation.
     pub crashes: super::crashes::Outcome,
     /// The charts' minute rollups against the jobs table (mismatched minutes must be 0).
     pub stats_rollups: super::rollups::Outcome,
@@ -187,8 +188,8 @@ impl Report {
                     ),
                 ],
                 vec![
-                    "crashes counted, runs begun after their worker was presumed dead \
-                     (embedded: must be 0), taken back without one, most of one job"
+                    "crashes counted, runs begun once presumed dead (embedded: must be 0), \
+                     taken back uncounted, most of one job"
                         .into(),
                     format!(
                         "{}, {}, {}, {}",
