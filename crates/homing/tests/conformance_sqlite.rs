@@ -166,6 +166,72 @@ mod broker_suite {
     homing::broker_conformance!(super::broker());
 }
 
+/// What a start racing a presumption can leave on PostgreSQL (it read the worker's row before
+/// the presumption committed): a run under a presumed worker that the presumption did not
+/// record. Made here by writing `presumed_dead_at` by hand after the start. It is taken back
+/// without a crash (with one, `max_crashes` 1 would make it dead), its timeline entry
+/// `released` with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrecorded_run_of_a_presumed_worker_is_taken_back_without_a_crash() {
+    use homing::history::Kind;
+    use homing::job::JobState;
+    use homing::store::{Lost, StartOutcome, WorkerInfo};
+    use homing::time::now;
+
+    let db = fresh_db();
+    let store = SqliteStore::new(db.clone());
+    let w = homing::conformance::unique_queue("raced");
+    let q = homing::conformance::unique_queue("raced");
+    let t = now();
+    let info = WorkerInfo {
+        id: w.clone(),
+        hostname: "h".into(),
+        pid: 1,
+        queues: vec![q.clone()],
+        concurrency: 1,
+        tasks: vec!["t".into()],
+        started_at: t,
+        remote: None,
+        version: None,
+        heartbeat_ttl_ms: Some(600),
+    };
+    store.register_worker(&info, t).await.unwrap();
+    let mut job = homing::conformance::new_job(&q, "t");
+    job.options.max_crashes = Some(1);
+    let id = job.id;
+    store.insert(vec![job]).await.unwrap();
+    let started = store.start(&[id], &w, now()).await.unwrap();
+    assert!(matches!(started[0], StartOutcome::Run(_)), "{started:?}");
+    let worker = w.clone();
+    db.write(move |tx| {
+        tx.execute(
+            "UPDATE workers SET presumed_dead_at = ?2 WHERE id = ?1",
+            rusqlite::params![worker, now()],
+        )
+    })
+    .await
+    .unwrap();
+
+    let (lost, _) = store
+        .mark_lost_unparking(id, &w, true, now())
+        .await
+        .unwrap();
+    assert_eq!(lost, Lost::Requeued);
+    let j = store.get(id).await.unwrap().unwrap();
+    assert_eq!((j.state, j.crashes), (JobState::Queued, 0), "{j:?}");
+    let h = store.history(id).await.unwrap();
+    assert_eq!(homing::history::disagreement(&j, &h), None, "{h:?}");
+    let last = h.entries.last().expect("entries");
+    assert_eq!(last.kind, Kind::Released, "{h:?}");
+    assert!(
+        last.message
+            .as_deref()
+            .unwrap_or("")
+            .contains("no crash counted"),
+        "{last:?}"
+    );
+}
+
 /// A heartbeat with less than the margin left is refused: its time is read before its commit,
 /// so a reader whose snapshot predates the commit, its clock past the old expiry, would
 /// presume dead a worker told it was alive. Refused, the worker learns it too.
