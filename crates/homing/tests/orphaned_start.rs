@@ -90,6 +90,94 @@ async fn a_job_running_under_this_worker_without_a_handler_is_run() {
     running.await.unwrap().unwrap();
 }
 
+/// A worker the store presumed dead (a rescuer found its heartbeat gone) that has not noticed is
+/// refused its next start (`StartOutcome::Presumed`): it learns there that it was presumed dead,
+/// hands the message back unstarted and rejoins under a new name, which runs the job once.
+/// Without maintenance nothing else would put the message back, so a worker that acknowledged
+/// it, or kept asking under the old name, would leave the job queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_presumed_dead_rejoins_at_its_next_start_and_loses_no_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/homing.db", dir.path().display());
+    let backends = Backends::open(&url, &url).await.unwrap();
+    let q = unique_queue("presumed");
+    let mut tasks = Registry::new();
+    tasks.register_fn(
+        "t.presumed",
+        TaskDefaults::default(),
+        |_c: Context, _a: Value| async { Ok(json!("ran")) },
+    );
+    let worker = Worker::new(
+        backends.broker.clone(),
+        backends.store.clone(),
+        tasks,
+        WorkerConfig {
+            queues: vec![q.clone()],
+            maintenance: false,
+            ..WorkerConfig::default()
+        },
+    );
+    let stop = homing::CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        let ws = backends.store.workers(0).await.unwrap();
+        if let Some(w) = ws.first() {
+            break w.info.id.clone();
+        }
+        assert!(Instant::now() < deadline, "the worker never registered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    backends
+        .store
+        .presume_lost(&first, homing::time::now())
+        .await
+        .unwrap();
+
+    let job = new_job(&q, "t.presumed");
+    let id = job.id;
+    backends.store.insert(vec![job]).await.unwrap();
+    backends
+        .broker
+        .publish(&[ToPublish {
+            id,
+            queue: q.clone(),
+            priority: 0,
+        }])
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let j = loop {
+        let j = backends.store.get(id).await.unwrap().unwrap();
+        if j.state == JobState::Succeeded {
+            break j;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the job was left {} at epoch {}",
+            j.state,
+            j.epoch
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!((j.epoch, j.crashes), (1, 0), "{j:?}");
+    let h = backends.store.history(id).await.unwrap();
+    let started: Vec<_> = h
+        .entries
+        .iter()
+        .filter(|e| e.kind == homing::history::Kind::Started)
+        .collect();
+    assert_eq!(started.len(), 1, "{h:?}");
+    let by = started[0].worker.clone().unwrap_or_default();
+    assert_ne!(by, first, "run under the session presumed dead");
+    assert!(
+        backends.store.worker(&by).await.unwrap().is_some(),
+        "the new session {by} is registered"
+    );
+    stop.cancel();
+    running.await.unwrap().unwrap();
+}
+
 /// The other side of the rule above: a job this session has just started must never be taken
 /// for an orphan. Duplicate messages of one job (a republish after the broker's marker went
 /// missing, say) often come in the same batch or in two rounds close together; the duplicate's

@@ -1120,6 +1120,56 @@ async fn a_received_message_waiting_for_a_slot_is_not_put_back() {
     running.await.unwrap().unwrap();
 }
 
+/// A remote session the store presumed dead is refused its start (`StartOutcome::Presumed`):
+/// the gateway hands the message back unstarted and answers that the session expired, and
+/// another session then starts the job once, at epoch 1, with no crash counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_session_presumed_dead_is_refused_its_start_and_loses_no_message() {
+    use homing::remote::{strays::Sightings, Gateway, Registration, RemoteError};
+    let server = shared();
+    let b = open(&server.url(&unique_prefix("remote-presumed"))).await;
+    let store = sqlite_store();
+    let q = unique_queue("remote-presumed");
+    let client = Client::new(b.clone(), store.clone());
+    let gateway = Gateway::new(b.clone(), store.clone(), Arc::new(Sightings::default()));
+    let registration = || Registration {
+        queues: vec![q.clone()],
+        concurrency: 1,
+        heartbeat_interval_ms: 1000,
+        host: None,
+        pid: None,
+        version: None,
+        tasks: Vec::new(),
+    };
+    let zombie = gateway.register(registration()).await.unwrap().session;
+    // A rescuer found it without a heartbeat; it has not heard yet (its heartbeat key is still
+    // there: only the store's record says it is presumed dead).
+    store
+        .presume_lost(&zombie, homing::time::now())
+        .await
+        .unwrap();
+    let id = enqueue_noops(&client, &q, 1).await[0];
+    let refused = gateway.reserve(&zombie, 1, Duration::from_secs(5)).await;
+    assert!(
+        matches!(refused, Err(RemoteError::SessionExpired(_))),
+        "{refused:?}"
+    );
+    let j = client.get(id).await.unwrap();
+    assert_eq!(
+        (j.state, j.epoch, j.crashes),
+        (JobState::Queued, 0, 0),
+        "{j:?}"
+    );
+
+    let live = gateway.register(registration()).await.unwrap().session;
+    let got = gateway
+        .reserve(&live, 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1, "the refused message was not handed back");
+    assert_eq!((got[0].job_id, got[0].epoch), (id, 1));
+}
+
 /// A remote session (the HTTP gateway, docs/remote-workers.md) whose reservation's answer was
 /// lost, or whose server died before starting what it reserved, holds a message it never
 /// received: its heartbeats' sweep puts it back, and the session reserves the job. A message

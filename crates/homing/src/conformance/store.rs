@@ -38,7 +38,7 @@ macro_rules! store_conformance {
             workflow_rows_are_purged_with_their_steps,
             batch_insert_decides_each_job_as_one_by_one, refused_batch_stores_nothing,
             lost_worker_keeps_its_reclaims,
-            runs_begun_after_a_worker_was_presumed_dead_count_no_crash
+            a_worker_presumed_dead_starts_nothing_and_only_its_recorded_runs_crash
         );
     };
 }

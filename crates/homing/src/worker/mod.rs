@@ -358,7 +358,7 @@ impl Worker {
             tracing::warn!(
                 event = "worker.presumed_dead",
                 worker = %id,
-                "this worker's heartbeat expired; cancelling its handlers and rejoining under a new identity"
+                "this worker was presumed dead (its heartbeat expired, or the store refused a start); cancelling its handlers and rejoining under a new identity"
             );
             session.stop_all(StopReason::Lost);
             SessionEnd::Lost
