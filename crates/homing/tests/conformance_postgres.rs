@@ -724,3 +724,88 @@ async fn queue_counts_are_backfilled_from_existing_jobs() {
     assert!(!s.queue_stats().await.unwrap().is_empty());
     homing::conformance::counts::assert_counts_exact(&s, "backfill").await;
 }
+
+/// Makes PostgreSQL take a second over one kind of write in this test's database, so that a
+/// start and a presumption overlap for certain.
+async fn slow_down(s: &PgStore, table: &str, when: &str) {
+    let sql = format!(
+        "CREATE FUNCTION slow_{table}() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF {when} THEN PERFORM pg_sleep(1); END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER slow_{table} BEFORE UPDATE ON {table} \
+         FOR EACH ROW EXECUTE FUNCTION slow_{table}()"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(s.pool())
+        .await
+        .unwrap();
+}
+
+async fn registered(s: &PgStore, prefix: &str) -> String {
+    let w = homing::conformance::unique_queue(prefix);
+    let t = now();
+    s.register_worker(&homing::conformance::workers::info(&w, t), t)
+        .await
+        .unwrap();
+    w
+}
+
+/// A presumption made while a start of the same worker is in flight waits for it and records
+/// its run, so the run's loss counts a crash (it began before the presumption). Without the
+/// start fence the presumption read the jobs before the start committed, recorded nothing, and
+/// the run was taken back without a crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_presumption_waits_for_a_start_in_flight_and_records_its_run() {
+    let s = Arc::new(fresh_store().await);
+    let w = registered(&s, "inflight").await;
+    let q = homing::conformance::unique_queue("inflight");
+    let job = new_job(&q, "t");
+    let id = job.id;
+    s.insert(vec![job]).await.unwrap();
+    slow_down(
+        &s,
+        "homing_jobs",
+        "NEW.state = 'running' AND OLD.state <> 'running'",
+    )
+    .await;
+    let (store, worker) = (s.clone(), w.clone());
+    let start = tokio::spawn(async move { store.start(&[id], &worker, now()).await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.presume_lost(&w, now()).await.unwrap();
+    let started = start.await.unwrap();
+    assert!(matches!(started[0], StartOutcome::Run(_)), "{started:?}");
+    let (lost, _) = s.mark_lost_unparking(id, &w, true, now()).await.unwrap();
+    assert_eq!(lost, Lost::Requeued);
+    let j = s.get(id).await.unwrap().unwrap();
+    assert_eq!((j.state, j.crashes), (JobState::Queued, 1), "{j:?}");
+}
+
+/// A start that comes while a presumption of its worker is being written waits for it and is
+/// refused. Without the fence it read the worker's row before the presumption committed and
+/// began a run the presumption never recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_start_during_a_presumption_waits_for_it_and_is_refused() {
+    let s = Arc::new(fresh_store().await);
+    let w = registered(&s, "during").await;
+    let q = homing::conformance::unique_queue("during");
+    let job = new_job(&q, "t");
+    let id = job.id;
+    s.insert(vec![job]).await.unwrap();
+    slow_down(
+        &s,
+        "homing_workers",
+        "NEW.presumed_dead_at IS NOT NULL AND OLD.presumed_dead_at IS NULL",
+    )
+    .await;
+    let (store, worker) = (s.clone(), w.clone());
+    let presume = tokio::spawn(async move { store.presume_lost(&worker, now()).await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = s.start(&[id], &w, now()).await.unwrap();
+    presume.await.unwrap();
+    assert_eq!(
+        started,
+        vec![StartOutcome::Presumed],
+        "a start after a presumption"
+    );
+    let j = s.get(id).await.unwrap().unwrap();
+    assert_eq!((j.state, j.epoch), (JobState::Queued, 0), "{j:?}");
+}

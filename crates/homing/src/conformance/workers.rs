@@ -10,7 +10,8 @@ use crate::reclaim::ReclaimOutcome;
 use crate::store::*;
 use crate::time::now;
 
-fn info(id: &str, t: crate::time::Micros) -> WorkerInfo {
+/// A worker's registration as the cases make it (tests outside the suites use it too).
+pub fn info(id: &str, t: crate::time::Micros) -> WorkerInfo {
     WorkerInfo {
         id: id.to_string(),
         hostname: "h".into(),
@@ -145,8 +146,9 @@ pub async fn lost_worker_keeps_its_reclaims(s: Arc<dyn Store>) {
 /// crash; and it starts nothing for that worker afterwards ([`StartOutcome::Presumed`]), so a
 /// job it takes back is neither run twice nor spent. No clocks are compared: a run stamped with
 /// a clock far ahead still counts, and a start stamped far behind the presumption is still
-/// refused. (A run that begins anyway, as a start racing the presumption on PostgreSQL can, is
-/// taken back without a crash: tests/conformance_sqlite.rs makes one by hand.)
+/// refused. (A run the record missed would be taken back without a crash:
+/// tests/conformance_sqlite.rs makes one by hand; tests/conformance_postgres.rs races starts
+/// against presumptions.)
 pub async fn a_worker_presumed_dead_starts_nothing_and_only_its_recorded_runs_crash(
     s: Arc<dyn Store>,
 ) {

@@ -684,7 +684,9 @@ pub trait Store: Send + Sync + 'static {
     /// noticed and took back a message a rescuer put back) and counts none, however many
     /// rescuers reclaim it. Decided by what ran, not by clocks: the runs' start times are
     /// written with the workers' clocks, which may differ from the rescuers'. A worker with no
-    /// record is not recorded (its crashes count as before).
+    /// record is not recorded (its crashes count as before). It is ordered against the worker's
+    /// starts: a start in flight commits first and its runs are recorded, a start after it is
+    /// refused ([`StartOutcome::Presumed`]), so no run of the worker escapes the record.
     ///
     /// Crash contract: one transaction; a crash leaves the worker unrecorded (the next caller
     /// records it) or recorded with its runs.

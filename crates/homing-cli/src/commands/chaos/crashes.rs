@@ -11,12 +11,12 @@
 //! Checked from the timelines and the workers' records after the drain: each `crashed` entry's
 //! run (the `started` entry of its epoch) must have begun before its worker's
 //! `presumed_dead_at`. Every process of a chaos deployment shares one clock, so the times
-//! compare here (a run recorded at the presumption began before it). Runs begun at or after
-//! their worker's presumption are counted; on the embedded file (one writer: a start and a
-//! presumption are ordered, and the start's time is read before its write) there must be none.
-//! PostgreSQL reads the presumption without a lock, so a start whose time is read during the
-//! presumption's commit may still begin; there they are reported, and taken back without a
-//! crash (`released`, also counted for the report).
+//! compare here (a run recorded at the presumption began before it). No run may begin at or
+//! after its worker's presumption: both stores order a worker's starts and its presumption (the
+//! embedded file's one writer; PostgreSQL's start fence, an advisory lock), and a start's time
+//! is read before its write, a presumption's inside it. Runs taken back without a crash
+//! (`released`) are counted for the report; with the fence only a run that escaped the record
+//! would be one.
 
 use std::collections::HashMap;
 
@@ -39,12 +39,10 @@ pub struct Outcome {
     pub violations: Vec<String>,
 }
 
-/// `presumed_dead`: each worker's `presumed_dead_at`, for those that have one. `fenced`: the
-/// store orders starts and presumptions (the embedded file), so no run may begin after one.
+/// `presumed_dead`: each worker's `presumed_dead_at`, for those that have one.
 pub fn check<'a>(
     histories: impl IntoIterator<Item = (&'a homing::JobId, &'a History)>,
     presumed_dead: &HashMap<String, Micros>,
-    fenced: bool,
 ) -> Outcome {
     let mut out = Outcome::default();
     for (id, h) in histories {
@@ -57,7 +55,7 @@ pub fn check<'a>(
                 let since = e.worker.as_ref().and_then(|w| presumed_dead.get(w));
                 if let Some(since) = since.filter(|since| e.at >= **since) {
                     out.begun_after += 1;
-                    if fenced && out.violations.len() < MAX_LISTED {
+                    if out.violations.len() < MAX_LISTED {
                         out.violations.push(format!(
                             "job {id}: run {epoch} began under {} {} ms after the worker was presumed dead",
                             e.worker.as_deref().unwrap_or_default(),
@@ -130,23 +128,25 @@ mod tests {
             truncated: false,
         };
         let presumed: HashMap<String, Micros> = [("w".to_string(), 200)].into();
-        let o = check([(&id, &h)], &presumed, false);
+        let o = check([(&id, &h)], &presumed);
         assert_eq!(
             (o.counted, o.not_counted, o.begun_after, o.most_of_one_job),
             (2, 1, 2, 2)
         );
-        assert_eq!(o.violations.len(), 1, "{:?}", o.violations);
-        assert!(o.violations[0].contains("run 3"), "{:?}", o.violations);
-        // Where the store fences starts, runs 2 and 3 should never have begun.
-        let o = check([(&id, &h)], &presumed, true);
+        // Runs 2 and 3 should never have begun, and run 3's crash should not have counted.
         assert_eq!(o.violations.len(), 3, "{:?}", o.violations);
         assert!(
             o.violations[0].contains("run 2 began under w"),
             "{:?}",
             o.violations
         );
+        assert!(
+            o.violations[2].contains("crash was counted for run 3"),
+            "{:?}",
+            o.violations
+        );
         // A worker never presumed dead: every crash is its own.
-        let o = check([(&id, &h)], &HashMap::new(), true);
+        let o = check([(&id, &h)], &HashMap::new());
         assert_eq!((o.counted, o.not_counted, o.begun_after), (2, 0, 0));
         assert!(o.violations.is_empty());
     }

@@ -328,7 +328,7 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         .into_iter()
         .filter_map(|w| Some((w.info.id, w.presumed_dead_at?)))
         .collect();
-    let crashes = crashes::check(&histories, &presumed_dead, d.pg.is_none());
+    let crashes = crashes::check(&histories, &presumed_dead);
     let not_ticks: Vec<homing::Job> = every_job
         .into_iter()
         .filter(|j| j.schedule.as_deref() != Some(invariants::TICK_SCHEDULE))

@@ -188,7 +188,7 @@ impl Report {
                     ),
                 ],
                 vec![
-                    "crashes counted, runs begun once presumed dead (embedded: must be 0), \
+                    "crashes counted, runs begun once presumed dead (must be 0), \
                      taken back uncounted, most of one job"
                         .into(),
                     format!(

@@ -19,7 +19,8 @@ mod migrations;
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 // `AssertSqlSafe`: the SQL built with `format!` here joins constant column lists and `$n`
-// placeholders only; every value is bound.
+// placeholders only; every value is bound, except the integers of `begin_fenced`'s lock key,
+// which are computed here, not taken from input.
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -1353,13 +1354,49 @@ enum BuryIf<'a> {
     Owner(&'a str),
 }
 
+/// Which side of the start fence a transaction takes: a start shares it with the worker's other
+/// starts, a presumption ([`Store::presume_lost`]) holds it alone.
+#[derive(Clone, Copy)]
+enum Fence {
+    Start,
+    Presume,
+}
+
+/// Begins a transaction holding the advisory lock that orders a worker's starts against its
+/// presumption. A presumption waits for the starts already past the lock and records their runs;
+/// a start that comes after it reads the presumption in a later statement, so in a later
+/// snapshot, and is refused. Without it a start could read "not presumed" while a presumption
+/// committed beside it that recorded none of its runs. An advisory lock writes nothing (a
+/// `FOR SHARE` on the worker row would write the row on every start), and it rides on the
+/// `BEGIN`, so a start pays no round trip for it. The key is the worker id's FNV-1a hash under a
+/// class of its own; a collision only makes a presumption wait for another worker's starts.
+async fn begin_fenced(
+    pool: &PgPool,
+    worker: &str,
+    side: Fence,
+) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    /// "hsf\0": the class of the start fence's keys, apart from homing's one-key locks.
+    const CLASS: i32 = 0x6873_6600;
+    let key = worker.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    }) as i32;
+    let lock = match side {
+        Fence::Start => "pg_advisory_xact_lock_shared",
+        Fence::Presume => "pg_advisory_xact_lock",
+    };
+    pool.begin_with(AssertSqlSafe(format!(
+        "BEGIN; SELECT {lock}({CLASS}, {key})"
+    )))
+    .await
+}
+
 async fn start_tx(
     pool: &PgPool,
     ids: &[JobId],
     worker: &str,
     now: Micros,
 ) -> sqlx::Result<Vec<StartOutcome>> {
-    let mut tx = pool.begin().await?;
+    let mut tx = begin_fenced(pool, worker, Fence::Start).await?;
     lock_workflows_of(&mut tx, ids).await?;
     let limited = super::limits::postgres::lock_limited(&mut tx, ids).await?;
     let mut jobs = lock_jobs(&mut tx, ids).await?;
@@ -1374,11 +1411,11 @@ async fn start_tx(
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
-    // With the worker's presumption (Store::presume_lost) in the same round trip. Not locked:
-    // a presumption committed while this transaction runs records none of its runs, and
-    // mark_lost then takes them back without a crash.
+    // With the worker's presumption (Store::presume_lost) in the same round trip; the fence
+    // taken at BEGIN makes this read exact (begin_fenced).
     let (paused, presumed): (Vec<String>, bool) = sqlx::query_as(
-        "SELECT ARRAY(SELECT name FROM homing_queues WHERE paused AND name = ANY($1)),          EXISTS (SELECT 1 FROM homing_workers WHERE id = $2 AND presumed_dead_at IS NOT NULL)",
+        "SELECT ARRAY(SELECT name FROM homing_queues WHERE paused AND name = ANY($1)), \
+         EXISTS (SELECT 1 FROM homing_workers WHERE id = $2 AND presumed_dead_at IS NOT NULL)",
     )
     .bind(&queues)
     .bind(worker)
@@ -2844,10 +2881,13 @@ impl Store for PgStore {
         .await
     }
 
-    /// The row lock makes concurrent first calls agree: the second waits for the first's commit,
-    /// finds the time set and records nothing.
+    /// The fence (begin_fenced) waits for the worker's starts in flight, and the statement after
+    /// it reads in a snapshot that holds their runs, so every run begun before the presumption
+    /// is recorded. It also makes concurrent first calls agree: the second waits for the first's
+    /// commit, finds the time set and records nothing.
     async fn presume_lost(&self, worker: &str, now: Micros) -> Result<()> {
         self.call(async {
+            let mut tx = begin_fenced(&self.pool, worker, Fence::Presume).await?;
             sqlx::query(
                 "WITH first AS (UPDATE homing_workers SET presumed_dead_at = GREATEST($2, \
                  (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
@@ -2858,9 +2898,9 @@ impl Store for PgStore {
             )
             .bind(worker)
             .bind(now)
-            .execute(&self.pool)
-            .await
-            .map(|_| ())
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await
         })
         .await
     }
