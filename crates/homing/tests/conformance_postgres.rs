@@ -740,6 +740,30 @@ async fn slow_down(s: &PgStore, table: &str, when: &str) {
         .unwrap();
 }
 
+/// Waits until a backend of this database sleeps in the trigger on `table` (so holds whatever
+/// its transaction took before that write).
+async fn until_held(s: &PgStore, table: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let held: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event = 'PgSleep' AND query ILIKE '%' || $1 || '%')",
+        )
+        .bind(format!("UPDATE {table}"))
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+        if held {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no write to {table} reached its trigger"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn registered(s: &PgStore, prefix: &str) -> String {
     let w = homing::conformance::unique_queue(prefix);
     let t = now();
@@ -769,7 +793,7 @@ async fn a_presumption_waits_for_a_start_in_flight_and_records_its_run() {
     .await;
     let (store, worker) = (s.clone(), w.clone());
     let start = tokio::spawn(async move { store.start(&[id], &worker, now()).await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_held(&s, "homing_jobs").await;
     s.presume_lost(&w, now()).await.unwrap();
     let started = start.await.unwrap();
     assert!(matches!(started[0], StartOutcome::Run(_)), "{started:?}");
@@ -798,7 +822,7 @@ async fn a_start_during_a_presumption_waits_for_it_and_is_refused() {
     .await;
     let (store, worker) = (s.clone(), w.clone());
     let presume = tokio::spawn(async move { store.presume_lost(&worker, now()).await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_held(&s, "homing_workers").await;
     let started = s.start(&[id], &w, now()).await.unwrap();
     presume.await.unwrap();
     assert_eq!(
@@ -808,4 +832,53 @@ async fn a_start_during_a_presumption_waits_for_it_and_is_refused() {
     );
     let j = s.get(id).await.unwrap().unwrap();
     assert_eq!((j.state, j.epoch), (JobState::Queued, 0), "{j:?}");
+}
+
+/// A presumption whose wait for the fence outlasts the statement timeout fails, and the one
+/// connection it waited on is usable afterwards: the lock is a statement inside the open
+/// transaction, which is rolled back. (Taken as part of the `BEGIN` query, a failed wait left
+/// the connection in an aborted transaction, refusing every later statement.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_presumption_that_times_out_at_the_fence_leaves_its_connection_usable() {
+    let url = server().fresh_database().await;
+    let s = Arc::new(PgStore::connect(&url).await.unwrap());
+    let impatient = PgStore::open(
+        &url,
+        PgOptions {
+            max_connections: 1,
+            statement_timeout: Duration::from_millis(200),
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let w = registered(&s, "impatient").await;
+    let job = new_job(&homing::conformance::unique_queue("impatient"), "t");
+    let id = job.id;
+    s.insert(vec![job]).await.unwrap();
+    slow_down(
+        &s,
+        "homing_jobs",
+        "NEW.state = 'running' AND OLD.state <> 'running'",
+    )
+    .await;
+    let (store, worker) = (s.clone(), w.clone());
+    let start = tokio::spawn(async move { store.start(&[id], &worker, now()).await.unwrap() });
+    until_held(&s, "homing_jobs").await;
+    assert!(
+        impatient.presume_lost(&w, now()).await.is_err(),
+        "the presumption did not wait for the start in flight"
+    );
+    let j = impatient
+        .get(id)
+        .await
+        .expect("the connection after a failed wait")
+        .unwrap();
+    assert_eq!(j.id, id);
+    assert!(matches!(start.await.unwrap()[0], StartOutcome::Run(_)));
+    // And the presumption goes through once the start is done, recording its run.
+    impatient.presume_lost(&w, now()).await.unwrap();
+    let (lost, _) = s.mark_lost_unparking(id, &w, true, now()).await.unwrap();
+    assert_eq!(lost, Lost::Requeued);
+    assert_eq!(s.get(id).await.unwrap().unwrap().crashes, 1);
 }

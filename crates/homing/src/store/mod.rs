@@ -680,13 +680,13 @@ pub trait Store: Send + Sync + 'static {
     /// begun after it, by the same clock, is never among the recorded runs: what
     /// `homing chaos` checks), and in the same transaction the runs then running under it (job and
     /// epoch) are recorded. Later calls, from any process, change nothing. Those runs count a
-    /// crash when reclaimed; any other run of the worker began after the presumption (it had not
-    /// noticed and took back a message a rescuer put back) and counts none, however many
-    /// rescuers reclaim it. Decided by what ran, not by clocks: the runs' start times are
-    /// written with the workers' clocks, which may differ from the rescuers'. A worker with no
-    /// record is not recorded (its crashes count as before). It is ordered against the worker's
-    /// starts: a start in flight commits first and its runs are recorded, a start after it is
-    /// refused ([`StartOutcome::Presumed`]), so no run of the worker escapes the record.
+    /// crash when reclaimed. It is ordered against the worker's starts: a start in flight
+    /// commits first and its runs are recorded, a start after it is refused
+    /// ([`StartOutcome::Presumed`]; the worker had not noticed and took back a message a rescuer
+    /// put back), so no run of the worker should escape the record; one that did would count
+    /// none, however many rescuers reclaim it. Decided by what ran, not by clocks: the runs'
+    /// start times are written with the workers' clocks, which may differ from the rescuers'. A
+    /// worker with no record is not recorded (its crashes count as before).
     ///
     /// Crash contract: one transaction; a crash leaves the worker unrecorded (the next caller
     /// records it) or recorded with its runs.

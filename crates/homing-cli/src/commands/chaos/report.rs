@@ -80,8 +80,8 @@ pub struct Report {
     /// The most jobs running under one worker at once (must not exceed its prefetch).
     pub slots: super::slots::Outcome,
     /// Crashes counted, runs begun after their worker was presumed dead (the store refuses
-    /// such starts; on the embedded file any is a violation), runs taken back without a crash,
-    /// the most of one job; a crash counted for such a run is a violation.
+    /// such starts: any is a violation), runs taken back without a crash, the most of one job;
+    /// a crash counted for such a run is a violation too.
     pub crashes: super::crashes::Outcome,
     /// The charts' minute rollups against the jobs table (mismatched minutes must be 0).
     pub stats_rollups: super::rollups::Outcome,

@@ -19,8 +19,7 @@ mod migrations;
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 // `AssertSqlSafe`: the SQL built with `format!` here joins constant column lists and `$n`
-// placeholders only; every value is bound, except the integers of `begin_fenced`'s lock key,
-// which are computed here, not taken from input.
+// placeholders only; every value is bound.
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -1367,9 +1366,12 @@ enum Fence {
 /// a start that comes after it reads the presumption in a later statement, so in a later
 /// snapshot, and is refused. Without it a start could read "not presumed" while a presumption
 /// committed beside it that recorded none of its runs. An advisory lock writes nothing (a
-/// `FOR SHARE` on the worker row would write the row on every start), and it rides on the
-/// `BEGIN`, so a start pays no round trip for it. The key is the worker id's FNV-1a hash under a
-/// class of its own; a collision only makes a presumption wait for another worker's starts.
+/// `FOR SHARE` on the worker row would write the row on every start). It is a statement of its
+/// own after `BEGIN` rather than part of it: should the wait fail (a statement timeout), the
+/// transaction is open by then and is rolled back, where a failed `BEGIN; SELECT ...` would
+/// leave its connection in an aborted transaction. The key is the worker id's FNV-1a hash under
+/// a class of its own; a collision only makes two workers' starts and presumptions wait for
+/// each other.
 async fn begin_fenced(
     pool: &PgPool,
     worker: &str,
@@ -1380,14 +1382,17 @@ async fn begin_fenced(
     let key = worker.bytes().fold(0x811c_9dc5_u32, |h, b| {
         (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
     }) as i32;
+    let mut tx = pool.begin().await?;
     let lock = match side {
-        Fence::Start => "pg_advisory_xact_lock_shared",
-        Fence::Presume => "pg_advisory_xact_lock",
+        Fence::Start => "SELECT pg_advisory_xact_lock_shared($1, $2)",
+        Fence::Presume => "SELECT pg_advisory_xact_lock($1, $2)",
     };
-    pool.begin_with(AssertSqlSafe(format!(
-        "BEGIN; SELECT {lock}({CLASS}, {key})"
-    )))
-    .await
+    sqlx::query(lock)
+        .bind(CLASS)
+        .bind(key)
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
 }
 
 async fn start_tx(
@@ -1412,7 +1417,7 @@ async fn start_tx(
         .into_iter()
         .collect();
     // With the worker's presumption (Store::presume_lost) in the same round trip; the fence
-    // taken at BEGIN makes this read exact (begin_fenced).
+    // taken first makes this read exact (begin_fenced).
     let (paused, presumed): (Vec<String>, bool) = sqlx::query_as(
         "SELECT ARRAY(SELECT name FROM homing_queues WHERE paused AND name = ANY($1)), \
          EXISTS (SELECT 1 FROM homing_workers WHERE id = $2 AND presumed_dead_at IS NOT NULL)",
