@@ -764,13 +764,36 @@ async fn until_held(s: &PgStore, table: &str) {
     }
 }
 
-async fn registered(s: &PgStore, prefix: &str) -> String {
+/// A registered worker and a queued job for it.
+async fn worker_and_job(s: &PgStore, prefix: &str) -> (String, JobId) {
     let w = homing::conformance::unique_queue(prefix);
     let t = now();
     s.register_worker(&homing::conformance::workers::info(&w, t), t)
         .await
         .unwrap();
-    w
+    let job = new_job(&homing::conformance::unique_queue(prefix), "t");
+    let id = job.id;
+    s.insert(vec![job]).await.unwrap();
+    (w, id)
+}
+
+/// Starts `id` under `w` and returns once the start holds what it takes before its write (the
+/// fence among it), its write held for a second.
+async fn start_held(
+    s: &Arc<PgStore>,
+    w: &str,
+    id: JobId,
+) -> tokio::task::JoinHandle<Vec<StartOutcome>> {
+    slow_down(
+        s,
+        "homing_jobs",
+        "NEW.state = 'running' AND OLD.state <> 'running'",
+    )
+    .await;
+    let (store, worker) = (s.clone(), w.to_string());
+    let start = tokio::spawn(async move { store.start(&[id], &worker, now()).await.unwrap() });
+    until_held(s, "homing_jobs").await;
+    start
 }
 
 /// A presumption made while a start of the same worker is in flight waits for it and records
@@ -780,20 +803,8 @@ async fn registered(s: &PgStore, prefix: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_presumption_waits_for_a_start_in_flight_and_records_its_run() {
     let s = Arc::new(fresh_store().await);
-    let w = registered(&s, "inflight").await;
-    let q = homing::conformance::unique_queue("inflight");
-    let job = new_job(&q, "t");
-    let id = job.id;
-    s.insert(vec![job]).await.unwrap();
-    slow_down(
-        &s,
-        "homing_jobs",
-        "NEW.state = 'running' AND OLD.state <> 'running'",
-    )
-    .await;
-    let (store, worker) = (s.clone(), w.clone());
-    let start = tokio::spawn(async move { store.start(&[id], &worker, now()).await.unwrap() });
-    until_held(&s, "homing_jobs").await;
+    let (w, id) = worker_and_job(&s, "inflight").await;
+    let start = start_held(&s, &w, id).await;
     s.presume_lost(&w, now()).await.unwrap();
     let started = start.await.unwrap();
     assert!(matches!(started[0], StartOutcome::Run(_)), "{started:?}");
@@ -809,11 +820,7 @@ async fn a_presumption_waits_for_a_start_in_flight_and_records_its_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_start_during_a_presumption_waits_for_it_and_is_refused() {
     let s = Arc::new(fresh_store().await);
-    let w = registered(&s, "during").await;
-    let q = homing::conformance::unique_queue("during");
-    let job = new_job(&q, "t");
-    let id = job.id;
-    s.insert(vec![job]).await.unwrap();
+    let (w, id) = worker_and_job(&s, "during").await;
     slow_down(
         &s,
         "homing_workers",
@@ -852,19 +859,8 @@ async fn a_presumption_that_times_out_at_the_fence_leaves_its_connection_usable(
     )
     .await
     .unwrap();
-    let w = registered(&s, "impatient").await;
-    let job = new_job(&homing::conformance::unique_queue("impatient"), "t");
-    let id = job.id;
-    s.insert(vec![job]).await.unwrap();
-    slow_down(
-        &s,
-        "homing_jobs",
-        "NEW.state = 'running' AND OLD.state <> 'running'",
-    )
-    .await;
-    let (store, worker) = (s.clone(), w.clone());
-    let start = tokio::spawn(async move { store.start(&[id], &worker, now()).await.unwrap() });
-    until_held(&s, "homing_jobs").await;
+    let (w, id) = worker_and_job(&s, "impatient").await;
+    let start = start_held(&s, &w, id).await;
     assert!(
         impatient.presume_lost(&w, now()).await.is_err(),
         "the presumption did not wait for the start in flight"

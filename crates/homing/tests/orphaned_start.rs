@@ -15,34 +15,44 @@ use homing::store::ToPublish;
 use homing::{Backends, Context, JobState, Registry, TaskDefaults, Worker, WorkerConfig};
 use serde_json::{json, Value};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_running_under_this_worker_without_a_handler_is_run() {
+/// An embedded file with one worker (no maintenance) serving a fresh queue whose one task
+/// answers "ran", and the worker's session id once it has registered.
+struct OneWorker {
+    _dir: tempfile::TempDir,
+    backends: Backends,
+    q: String,
+    stop: homing::CancellationToken,
+    running: tokio::task::JoinHandle<homing::Result<()>>,
+    id: String,
+}
+
+async fn one_worker(prefix: &str, task: &str, heartbeat: Option<Duration>) -> OneWorker {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/homing.db", dir.path().display());
     let backends = Backends::open(&url, &url).await.unwrap();
-    let q = unique_queue("orphan");
+    let q = unique_queue(prefix);
     let mut tasks = Registry::new();
     tasks.register_fn(
-        "t.orphan",
+        task,
         TaskDefaults::default(),
         |_c: Context, _a: Value| async { Ok(json!("ran")) },
     );
+    let defaults = WorkerConfig::default();
     let worker = Worker::new(
         backends.broker.clone(),
         backends.store.clone(),
         tasks,
         WorkerConfig {
             queues: vec![q.clone()],
-            heartbeat_interval: Duration::from_millis(200),
+            heartbeat_interval: heartbeat.unwrap_or(defaults.heartbeat_interval),
             maintenance: false,
-            ..WorkerConfig::default()
+            ..defaults
         },
     );
     let stop = homing::CancellationToken::new();
     let running = tokio::spawn(worker.run(stop.clone()));
-
     let deadline = Instant::now() + Duration::from_secs(30);
-    let me = loop {
+    let id = loop {
         let ws = backends.store.workers(0).await.unwrap();
         if let Some(w) = ws.first() {
             break w.info.id.clone();
@@ -50,6 +60,26 @@ async fn a_job_running_under_this_worker_without_a_handler_is_run() {
         assert!(Instant::now() < deadline, "the worker never registered");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    OneWorker {
+        _dir: dir,
+        backends,
+        q,
+        stop,
+        running,
+        id,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_running_under_this_worker_without_a_handler_is_run() {
+    let OneWorker {
+        _dir,
+        backends,
+        q,
+        stop,
+        running,
+        id: me,
+    } = one_worker("orphan", "t.orphan", Some(Duration::from_millis(200))).await;
 
     // What a failed start call leaves behind: committed `running` under this worker, and the
     // message handed back to the broker.
@@ -97,37 +127,14 @@ async fn a_job_running_under_this_worker_without_a_handler_is_run() {
 /// it, or kept asking under the old name, would leave the job queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_presumed_dead_rejoins_at_its_next_start_and_loses_no_message() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/homing.db", dir.path().display());
-    let backends = Backends::open(&url, &url).await.unwrap();
-    let q = unique_queue("presumed");
-    let mut tasks = Registry::new();
-    tasks.register_fn(
-        "t.presumed",
-        TaskDefaults::default(),
-        |_c: Context, _a: Value| async { Ok(json!("ran")) },
-    );
-    let worker = Worker::new(
-        backends.broker.clone(),
-        backends.store.clone(),
-        tasks,
-        WorkerConfig {
-            queues: vec![q.clone()],
-            maintenance: false,
-            ..WorkerConfig::default()
-        },
-    );
-    let stop = homing::CancellationToken::new();
-    let running = tokio::spawn(worker.run(stop.clone()));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let first = loop {
-        let ws = backends.store.workers(0).await.unwrap();
-        if let Some(w) = ws.first() {
-            break w.info.id.clone();
-        }
-        assert!(Instant::now() < deadline, "the worker never registered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let OneWorker {
+        _dir,
+        backends,
+        q,
+        stop,
+        running,
+        id: first,
+    } = one_worker("presumed", "t.presumed", None).await;
     backends
         .store
         .presume_lost(&first, homing::time::now())

@@ -80,9 +80,8 @@ pub async fn pass(
         if !broker.pending(&worker, 1).await?.is_empty() {
             continue;
         }
-        if !presumed.contains(&worker) {
+        if presumed.insert(worker.clone()) {
             store.presume_lost(&worker, now()).await?;
-            presumed.insert(worker.clone());
         }
         let (lost, unparked) = match store.mark_lost_unparking(id, &worker, true, now()).await {
             Ok(decided) => decided,
