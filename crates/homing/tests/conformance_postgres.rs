@@ -16,7 +16,7 @@ use homing::events::{
 };
 use homing::job::{JobId, JobState};
 use homing::store::postgres::{PgOptions, PgStore, MIGRATIONS};
-use homing::store::{Committed, Completion, Lost, Outcome, StartOutcome, Store};
+use homing::store::{Committed, Completion, Lost, Outcome, Presumption, StartOutcome, Store};
 use homing::time::now;
 use support::postgres::server;
 
@@ -725,12 +725,12 @@ async fn queue_counts_are_backfilled_from_existing_jobs() {
     homing::conformance::counts::assert_counts_exact(&s, "backfill").await;
 }
 
-/// Makes PostgreSQL take a second over one kind of write in this test's database, so that a
-/// start and a presumption overlap for certain.
-async fn slow_down(s: &PgStore, table: &str, when: &str) {
+/// Makes PostgreSQL take `secs` seconds over one kind of write in this test's database, so
+/// that a start and a presumption overlap for certain.
+async fn slow_down(s: &PgStore, table: &str, when: &str, secs: u32) {
     let sql = format!(
         "CREATE FUNCTION slow_{table}() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN IF {when} THEN PERFORM pg_sleep(1); END IF; RETURN NEW; END $$; \
+         BEGIN IF {when} THEN PERFORM pg_sleep({secs}); END IF; RETURN NEW; END $$; \
          CREATE TRIGGER slow_{table} BEFORE UPDATE ON {table} \
          FOR EACH ROW EXECUTE FUNCTION slow_{table}()"
     );
@@ -778,16 +778,18 @@ async fn worker_and_job(s: &PgStore, prefix: &str) -> (String, JobId) {
 }
 
 /// Starts `id` under `w` and returns once the start holds what it takes before its write (the
-/// fence among it), its write held for a second.
+/// fence among it), its write held for `secs` seconds.
 async fn start_held(
     s: &Arc<PgStore>,
     w: &str,
     id: JobId,
+    secs: u32,
 ) -> tokio::task::JoinHandle<Vec<StartOutcome>> {
     slow_down(
         s,
         "homing_jobs",
         "NEW.state = 'running' AND OLD.state <> 'running'",
+        secs,
     )
     .await;
     let (store, worker) = (s.clone(), w.to_string());
@@ -804,7 +806,7 @@ async fn start_held(
 async fn a_presumption_waits_for_a_start_in_flight_and_records_its_run() {
     let s = Arc::new(fresh_store().await);
     let (w, id) = worker_and_job(&s, "inflight").await;
-    let start = start_held(&s, &w, id).await;
+    let start = start_held(&s, &w, id, 1).await;
     s.presume_lost(&w, now()).await.unwrap();
     let started = start.await.unwrap();
     assert!(matches!(started[0], StartOutcome::Run(_)), "{started:?}");
@@ -825,6 +827,7 @@ async fn a_start_during_a_presumption_waits_for_it_and_is_refused() {
         &s,
         "homing_workers",
         "NEW.presumed_dead_at IS NOT NULL AND OLD.presumed_dead_at IS NULL",
+        1,
     )
     .await;
     let (store, worker) = (s.clone(), w.clone());
@@ -860,7 +863,7 @@ async fn a_presumption_that_times_out_at_the_fence_leaves_its_connection_usable(
     .await
     .unwrap();
     let (w, id) = worker_and_job(&s, "impatient").await;
-    let start = start_held(&s, &w, id).await;
+    let start = start_held(&s, &w, id, 1).await;
     assert!(
         impatient.presume_lost(&w, now()).await.is_err(),
         "the presumption did not wait for the start in flight"
@@ -877,4 +880,123 @@ async fn a_presumption_that_times_out_at_the_fence_leaves_its_connection_usable(
     let (lost, _) = s.mark_lost_unparking(id, &w, true, now()).await.unwrap();
     assert_eq!(lost, Lost::Requeued);
     assert_eq!(s.get(id).await.unwrap().unwrap().crashes, 1);
+}
+
+/// A store whose presumptions wait at most 200 ms for a start in flight, beside one with the
+/// defaults, on a fresh database.
+async fn patient_and_quick() -> (Arc<PgStore>, Arc<PgStore>) {
+    let url = server().fresh_database().await;
+    let patient = Arc::new(PgStore::connect(&url).await.unwrap());
+    let quick = PgStore::open(
+        &url,
+        PgOptions {
+            fence_wait: Duration::from_millis(200),
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    (patient, Arc::new(quick))
+}
+
+/// A presumption held up past `fence_wait` by a start of its worker (a process paused
+/// mid-transaction holds its start until its connection is ended) is deferred and writes
+/// nothing; once the start is done it goes through and records the run. Without the bound it
+/// waited out the start (up to the statement timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_presumption_held_up_by_a_stuck_start_is_deferred_and_writes_nothing() {
+    let (s, quick) = patient_and_quick().await;
+    let (w, id) = worker_and_job(&s, "stuck").await;
+    let start = start_held(&s, &w, id, 3).await;
+    assert_eq!(
+        quick.presume_lost(&w, now()).await.unwrap(),
+        Presumption::Deferred
+    );
+    let view = s.worker(&w).await.unwrap().unwrap();
+    assert_eq!(view.presumed_dead_at, None, "a deferred presumption wrote");
+    assert!(matches!(start.await.unwrap()[0], StartOutcome::Run(_)));
+    assert_eq!(
+        quick.presume_lost(&w, now()).await.unwrap(),
+        Presumption::Made
+    );
+    let (lost, _) = s.mark_lost_unparking(id, &w, true, now()).await.unwrap();
+    assert_eq!(lost, Lost::Requeued);
+    assert_eq!(s.get(id).await.unwrap().unwrap().crashes, 1);
+}
+
+/// Two lost workers, one of them with a start stuck in flight: a rescuer's sweep and a
+/// reconciler's pass each leave the stuck one for later and reclaim the other's job. Before,
+/// the stuck worker's presumption waited for its start, then reclaimed its job too (and with
+/// the start stuck longer than the statement timeout, failed the whole sweep or pass, holding
+/// up every other lost worker and, in the reconciler, the outbox).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_worker_with_a_stuck_start_holds_up_no_other_rescue() {
+    use homing::broker::sqlite::SqliteBroker;
+    use homing::broker::Broker;
+    use homing::maintenance::{reconciler, rescuer, MaintenanceConfig};
+    use homing::store::ToPublish;
+
+    let (s, quick) = patient_and_quick().await;
+    let dir = tempfile::tempdir().unwrap();
+    let b = SqliteBroker::new(homing::sqlite::Db::open(dir.path().join("broker.db")).unwrap());
+    // Set now, so the reconciler's pass does not take the broker for one that lost its data
+    // (re-dispatching every queued job would wait for the held start's row).
+    assert!(!b.check_marker().await.unwrap());
+    let q = homing::conformance::unique_queue("stuck");
+    let (stuck, other) = (
+        homing::conformance::unique_queue("stuck-w"),
+        homing::conformance::unique_queue("other-w"),
+    );
+    // Both have a job with no message left (the reconciler's orphan); the other worker also
+    // holds a message of its running job (the rescuer's). The stuck worker's next start is held.
+    let jobs: Vec<_> = (0..4).map(|_| new_job(&q, "t")).collect();
+    let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    s.insert(jobs).await.unwrap();
+    b.publish(&[ToPublish {
+        id: ids[1],
+        queue: q.clone(),
+        priority: 0,
+    }])
+    .await
+    .unwrap();
+    for w in [&stuck, &other] {
+        let t = now();
+        s.register_worker(&homing::conformance::workers::info(w, t), t)
+            .await
+            .unwrap();
+        b.register(w, Duration::from_millis(200)).await.unwrap();
+    }
+    let got = b
+        .reserve(&other, std::slice::from_ref(&q), 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    for (w, mine) in [(&stuck, vec![ids[0]]), (&other, vec![ids[1], ids[3]])] {
+        let out = s.start(&mine, w, now()).await.unwrap();
+        assert!(
+            out.iter().all(|o| matches!(o, StartOutcome::Run(_))),
+            "{out:?}"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let lost = b.lost_consumers().await.unwrap();
+    assert!(lost.contains(&stuck) && lost.contains(&other), "{lost:?}");
+    let start = start_held(&s, &stuck, ids[2], 3).await;
+
+    let report = rescuer::sweep(&b, &*quick).await.unwrap();
+    assert_eq!((report.requeued, report.deferred), (1, 1), "{report:?}");
+    let config = MaintenanceConfig::for_heartbeat(Duration::from_millis(200));
+    let pass = reconciler::pass(&b, &*quick, &config, true).await.unwrap();
+    assert_eq!(pass.orphans_requeued, 1, "{pass:?}");
+    assert!(matches!(start.await.unwrap()[0], StartOutcome::Run(_)));
+    // The stuck worker's runs are untouched; the other's were reclaimed, each a crash.
+    for (id, state, crashes) in [
+        (ids[0], JobState::Running, 0),
+        (ids[1], JobState::Queued, 1),
+        (ids[2], JobState::Running, 0),
+        (ids[3], JobState::Queued, 1),
+    ] {
+        let j = s.get(id).await.unwrap().unwrap();
+        assert_eq!((j.state, j.crashes), (state, crashes), "{j:?}");
+    }
 }

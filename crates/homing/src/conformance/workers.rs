@@ -175,9 +175,12 @@ pub async fn a_worker_presumed_dead_starts_nothing_and_only_its_recorded_runs_cr
     }
 
     let since = now();
-    s.presume_lost(&w, since).await.unwrap();
+    assert_eq!(s.presume_lost(&w, since).await.unwrap(), Presumption::Made);
     // Later calls, from this rescuer or another, change nothing.
-    s.presume_lost(&w, since + 3_600_000_000).await.unwrap();
+    assert_eq!(
+        s.presume_lost(&w, since + 3_600_000_000).await.unwrap(),
+        Presumption::Made
+    );
     let view = s.worker(&w).await.unwrap().unwrap();
     let at = view.presumed_dead_at.expect("presumed_dead_at");
     assert!(at >= since && at <= now(), "{at} against {since}");

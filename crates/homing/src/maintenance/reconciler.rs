@@ -14,7 +14,7 @@ use super::MaintenanceConfig;
 use crate::broker::Broker;
 use crate::client::publish;
 use crate::error::Result;
-use crate::store::{Lost, Store, ToPublish};
+use crate::store::{Lost, Presumption, Store, ToPublish};
 use crate::time::{micros, now};
 
 const BATCH: usize = 1000;
@@ -70,8 +70,10 @@ pub async fn pass(
     }
     let mut orphans = Vec::new();
     let mut freed = Vec::new();
-    // A lost worker usually leaves several orphans; it is presumed dead once a pass.
-    let mut presumed = std::collections::HashSet::new();
+    // A lost worker usually leaves several orphans; it is presumed dead once a pass. One whose
+    // presumption is deferred (a start of it still in flight) keeps its orphans until the next.
+    let mut presumed: std::collections::HashMap<String, Presumption> =
+        std::collections::HashMap::new();
     for (id, worker, _started) in store.running(BATCH).await? {
         if worker.is_empty() || broker.is_alive(&worker).await? {
             continue;
@@ -80,8 +82,19 @@ pub async fn pass(
         if !broker.pending(&worker, 1).await?.is_empty() {
             continue;
         }
-        if presumed.insert(worker.clone()) {
-            store.presume_lost(&worker, now()).await?;
+        let presumption = match presumed.get(&worker) {
+            Some(p) => *p,
+            None => {
+                let p = store.presume_lost(&worker, now()).await?;
+                if p == Presumption::Deferred {
+                    tracing::warn!(%worker, "a start of this lost worker is still in flight (its process paused mid-transaction?); leaving its orphaned jobs for the next pass");
+                }
+                presumed.insert(worker.clone(), p);
+                p
+            }
+        };
+        if presumption == Presumption::Deferred {
+            continue;
         }
         let (lost, unparked) = match store.mark_lost_unparking(id, &worker, true, now()).await {
             Ok(decided) => decided,

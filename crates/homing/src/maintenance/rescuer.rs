@@ -11,7 +11,7 @@ use crate::broker::Broker;
 use crate::error::Result;
 use crate::events::{NewEvent, WORKER_LOST};
 use crate::job::JobState;
-use crate::store::{Lost, Store, WorkerStatus};
+use crate::store::{Lost, Presumption, Store, WorkerStatus};
 use crate::time::now;
 
 pub(crate) async fn run(
@@ -38,6 +38,9 @@ pub struct SweepReport {
     pub requeued: usize,
     pub dead: usize,
     pub dropped: usize,
+    /// Lost consumers left for the next sweep: a start of theirs was still in flight
+    /// ([`Presumption::Deferred`]).
+    pub deferred: usize,
 }
 
 /// Most messages of one consumer listed at a time, beside those of jobs already reclaimed.
@@ -61,7 +64,11 @@ const MAX_LISTED: usize = 10_000;
 pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport> {
     let mut report = SweepReport::default();
     for consumer in broker.lost_consumers().await? {
-        store.presume_lost(&consumer, now()).await?;
+        if store.presume_lost(&consumer, now()).await? == Presumption::Deferred {
+            tracing::warn!(worker = %consumer, "a start of this lost worker is still in flight (its process paused mid-transaction?); leaving it for the next sweep");
+            report.deferred += 1;
+            continue;
+        }
         let mut reclaimed = 0u64;
         // Messages whose job the store failed on (not for being unavailable): left pending for
         // the next sweep, so one bad job holds up neither its worker's other jobs nor the

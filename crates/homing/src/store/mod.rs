@@ -103,6 +103,16 @@ pub enum StartOutcome {
 
 pub use crate::transition::Outcome;
 
+/// What [`Store::presume_lost`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presumption {
+    /// The worker is presumed dead: by this call, which recorded its runs, or an earlier one.
+    Made,
+    /// A start of the worker was still in flight when the store stopped waiting for it: nothing
+    /// was written; try again on the next pass.
+    Deferred,
+}
+
 /// One fenced completion.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {
@@ -688,9 +698,16 @@ pub trait Store: Send + Sync + 'static {
     /// start times are written with the workers' clocks, which may differ from the rescuers'. A
     /// worker with no record is not recorded (its crashes count as before).
     ///
+    ///
+    /// The wait for the starts in flight is bounded: a start that holds it up longer (its
+    /// process paused mid-transaction, which the store ends after its idle-in-transaction
+    /// timeout) gets [`Presumption::Deferred`] and nothing is written. The caller leaves that
+    /// worker for its next pass and goes on with the others, so one stuck worker holds up no
+    /// other worker's rescue.
+    ///
     /// Crash contract: one transaction; a crash leaves the worker unrecorded (the next caller
     /// records it) or recorded with its runs.
-    async fn presume_lost(&self, worker: &str, now: Micros) -> Result<()>;
+    async fn presume_lost(&self, worker: &str, now: Micros) -> Result<Presumption>;
 
     /// Moves scheduled jobs whose time has come to `queued` (undispatched) and returns them.
     ///

@@ -2263,7 +2263,9 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn presume_lost(&self, worker: &str, now: Micros) -> Result<()> {
+    /// Never deferred: a start holds the database's one write lock, which this write waits
+    /// for like any other.
+    async fn presume_lost(&self, worker: &str, now: Micros) -> Result<Presumption> {
         let id = worker.to_string();
         self.db
             .write(move |tx| {
@@ -2281,7 +2283,7 @@ impl Store for SqliteStore {
                         [&id],
                     )?;
                 }
-                Ok(())
+                Ok(Presumption::Made)
             })
             .await
     }

@@ -62,6 +62,10 @@ pub struct PgOptions {
     pub acquire_timeout: Duration,
     /// The server cancels a statement that runs longer (including waiting for a row lock).
     pub statement_timeout: Duration,
+    /// How long a presumption ([`Store::presume_lost`]) waits for a start of its worker still in
+    /// flight before it is deferred to the caller's next pass. A start holds the wait for
+    /// milliseconds; one that holds it longer is stuck (its process paused mid-transaction).
+    pub fence_wait: Duration,
 }
 
 impl Default for PgOptions {
@@ -70,6 +74,7 @@ impl Default for PgOptions {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(30),
+            fence_wait: Duration::from_secs(1),
         }
     }
 }
@@ -1358,7 +1363,8 @@ enum BuryIf<'a> {
 #[derive(Clone, Copy)]
 enum Fence {
     Start,
-    Presume,
+    /// Waiting at most this long for the lock, and for any other lock the presumption takes.
+    Presume(Duration),
 }
 
 /// Begins a transaction holding the advisory lock that orders a worker's starts against its
@@ -1372,6 +1378,10 @@ enum Fence {
 /// leave its connection in an aborted transaction. The key is the worker id's FNV-1a hash under
 /// a class of its own; a collision only makes two workers' starts and presumptions wait for
 /// each other.
+///
+/// A presumption waits a bounded time (`lock_timeout`, for the rest of its transaction): a
+/// start paused mid-transaction holds the lock until its connection is ended, and a presumption
+/// queued behind it would in turn hold up every later start under the same key.
 async fn begin_fenced(
     pool: &PgPool,
     worker: &str,
@@ -1385,7 +1395,13 @@ async fn begin_fenced(
     let mut tx = pool.begin().await?;
     let lock = match side {
         Fence::Start => "SELECT pg_advisory_xact_lock_shared($1, $2)",
-        Fence::Presume => "SELECT pg_advisory_xact_lock($1, $2)",
+        Fence::Presume(wait) => {
+            sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+                .bind(format!("{}ms", wait.as_millis().max(1)))
+                .execute(&mut *tx)
+                .await?;
+            "SELECT pg_advisory_xact_lock($1, $2)"
+        }
     };
     sqlx::query(lock)
         .bind(CLASS)
@@ -2889,10 +2905,12 @@ impl Store for PgStore {
     /// The fence (begin_fenced) waits for the worker's starts in flight, and the statement after
     /// it reads in a snapshot that holds their runs, so every run begun before the presumption
     /// is recorded. It also makes concurrent first calls agree: the second waits for the first's
-    /// commit, finds the time set and records nothing.
-    async fn presume_lost(&self, worker: &str, now: Micros) -> Result<()> {
-        self.call(async {
-            let mut tx = begin_fenced(&self.pool, worker, Fence::Presume).await?;
+    /// commit, finds the time set and records nothing. A wait that outlasts `fence_wait` fails
+    /// with "lock not available" and the transaction, which has written nothing, is rolled back.
+    async fn presume_lost(&self, worker: &str, now: Micros) -> Result<Presumption> {
+        let written = async {
+            let mut tx =
+                begin_fenced(&self.pool, worker, Fence::Presume(self.options.fence_wait)).await?;
             sqlx::query(
                 "WITH first AS (UPDATE homing_workers SET presumed_dead_at = GREATEST($2, \
                  (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
@@ -2906,6 +2924,15 @@ impl Store for PgStore {
             .execute(&mut *tx)
             .await?;
             tx.commit().await
+        };
+        self.call(async {
+            match written.await {
+                Ok(()) => Ok(Presumption::Made),
+                Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+                    Ok(Presumption::Deferred)
+                }
+                Err(e) => Err(e),
+            }
         })
         .await
     }
