@@ -1000,3 +1000,58 @@ async fn a_lost_worker_with_a_stuck_start_holds_up_no_other_rescue() {
         assert_eq!((j.state, j.crashes), (state, crashes), "{j:?}");
     }
 }
+
+/// A client paused inside a transaction (SIGSTOP between a start's statements) holds its row
+/// locks until the server ends its session: here the row of a limited queue, which every start
+/// of that queue's jobs locks. With `idle_in_transaction_timeout` the server ends the paused
+/// session and the other worker's start goes through; without it (the old 60 s) that start
+/// waited out its own statement timeout and failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transaction_left_idle_is_ended_so_a_limited_queue_does_not_stall() {
+    use homing::limit::QueueLimits;
+
+    let url = server().fresh_database().await;
+    let paused = PgStore::open(
+        &url,
+        PgOptions {
+            idle_in_transaction_timeout: Duration::from_millis(300),
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    paused.migrate().await.unwrap();
+    let other = PgStore::open(
+        &url,
+        PgOptions {
+            statement_timeout: Duration::from_secs(5),
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (w, id) = worker_and_job(&other, "idle").await;
+    let q = other.get(id).await.unwrap().unwrap().queue;
+    let two = QueueLimits {
+        concurrency: Some(2),
+        ..Default::default()
+    };
+    other.set_limits(&q, &two, now()).await.unwrap();
+    let mut tx = paused.pool().begin().await.unwrap();
+    sqlx::query("SELECT name FROM homing_queues WHERE name = $1 FOR UPDATE")
+        .bind(&q)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let started = other
+        .start(&[id], &w, now())
+        .await
+        .expect("the start waited out its statement timeout behind the idle transaction");
+    assert!(matches!(started[0], StartOutcome::Run(_)), "{started:?}");
+    drop(tx);
+    // The paused store gets a working connection again.
+    assert_eq!(
+        paused.get(id).await.unwrap().unwrap().state,
+        JobState::Running
+    );
+}

@@ -66,6 +66,12 @@ pub struct PgOptions {
     /// flight before it is deferred to the caller's next pass. A start holds the wait for
     /// milliseconds; one that holds it longer is stuck (its process paused mid-transaction).
     pub fence_wait: Duration,
+    /// The server ends a session whose transaction stays idle longer: a client paused
+    /// mid-transaction (SIGSTOP, a VM stalled) holds its row locks until then, and every start
+    /// waiting on them (a limited queue's row, a job's) waits with it. homing's transactions never
+    /// wait on anything between statements but their own process, so a healthy client stays
+    /// far below it; one ended by it gets a connection error, which the caller retries.
+    pub idle_in_transaction_timeout: Duration,
 }
 
 impl Default for PgOptions {
@@ -75,6 +81,7 @@ impl Default for PgOptions {
             acquire_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(30),
             fence_wait: Duration::from_secs(1),
+            idle_in_transaction_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -120,8 +127,11 @@ impl PgStore {
             connect = connect.application_name("homing");
         }
         let statement_ms = options.statement_timeout.as_millis().to_string();
-        // A client paused mid-transaction (SIGSTOP, a long GC) must not hold row locks forever.
-        let idle_ms = (options.statement_timeout * 2).as_millis().to_string();
+        let idle_ms = options
+            .idle_in_transaction_timeout
+            .as_millis()
+            .max(1)
+            .to_string();
         connect = connect.options([
             ("statement_timeout", statement_ms.as_str()),
             ("idle_in_transaction_session_timeout", idle_ms.as_str()),
