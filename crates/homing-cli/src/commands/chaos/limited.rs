@@ -80,6 +80,19 @@ pub async fn run(
     }
 }
 
+/// The accepted jobs and, after them, the store's jobs of the load's `task` in the queue that
+/// were never answered as accepted (their enqueue failed, yet committed): every one of them must
+/// succeed, and the counter's calls of each are this check's, not the load's.
+pub fn with_unanswered(mut accepted: Vec<JobId>, jobs: &[homing::Job], task: &str) -> Vec<JobId> {
+    let answered: std::collections::HashSet<JobId> = accepted.iter().copied().collect();
+    accepted.extend(
+        jobs.iter()
+            .filter(|j| j.task == task && !answered.contains(&j.id))
+            .map(|j| j.id),
+    );
+    accepted
+}
+
 /// What the limited queue showed.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Outcome {
@@ -197,5 +210,39 @@ mod tests {
             "only the no-jobs note: {:?}",
             ok.violations
         );
+    }
+
+    /// A job the store holds although its enqueue was not answered is checked like an accepted
+    /// one; a job of another task in the queue (a hostile request's) is not.
+    #[test]
+    fn an_unanswered_job_in_the_store_is_checked_too() {
+        let job = |task: &str| -> homing::Job {
+            serde_json::from_value(serde_json::json!({
+                "id": homing::job::new_job_id(),
+                "task": task,
+                "queue": QUEUE,
+                "state": "succeeded",
+                "args": {},
+                "attempts": 0,
+                "crashes": 0,
+                "epoch": 1,
+                "max_crashes": 3,
+                "priority": 0,
+                "created_at": "2026-01-01T00:00:00Z",
+                "scheduled_at": null,
+                "started_at": null,
+                "finished_at": null,
+                "cancel_requested": false,
+            }))
+            .expect("a job")
+        };
+        let (answered, unanswered, hostile) =
+            (job("builtin.http"), job("builtin.http"), job("other"));
+        let ids = with_unanswered(
+            vec![answered.id],
+            &[answered.clone(), unanswered.clone(), hostile],
+            "builtin.http",
+        );
+        assert_eq!(ids, vec![answered.id, unanswered.id]);
     }
 }

@@ -343,6 +343,10 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     logs.push(d.dir.join("server.log"));
     let facts = invariants::read_logs(&logs);
     let settle = homing::time::micros(ttl + Duration::from_secs(3));
+    // The limited queue's jobs: those accepted, and any the store took although its answer was
+    // lost (a burst whose enqueue failed as PostgreSQL restarted, yet committed), like the load's.
+    let limited_jobs = all_jobs(&client, Some(limited::QUEUE)).await?;
+    let limited_ids = limited::with_unanswered(limited_ids, &limited_jobs, task);
     let mut calls = counter.snapshot();
     // The limited queue's calls are checked by `limited::check`, against its own jobs.
     for id in &limited_ids {
@@ -354,7 +358,6 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     if !a.json {
         eprintln!("chaos: {timelines} job timelines checked against their rows");
     }
-    let limited_jobs = all_jobs(&client, Some(limited::QUEUE)).await?;
     let limited = limited::check(
         &counter.limited_calls(),
         &limited_jobs,
