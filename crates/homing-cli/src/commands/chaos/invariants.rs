@@ -431,24 +431,7 @@ mod tests {
     use crate::commands::chaos::load::FanIn;
 
     fn job(id: JobId, state: JobState, started: Option<Micros>, finished: Option<Micros>) -> Job {
-        let mut j: Job = serde_json::from_value(serde_json::json!({
-            "id": id,
-            "task": "builtin.http",
-            "queue": "chaos",
-            "state": state,
-            "args": {},
-            "attempts": 0,
-            "crashes": 0,
-            "epoch": 1,
-            "max_crashes": 3,
-            "priority": 0,
-            "created_at": "2026-01-01T00:00:00Z",
-            "scheduled_at": null,
-            "started_at": null,
-            "finished_at": null,
-            "cancel_requested": false,
-        }))
-        .expect("a job");
+        let mut j = crate::commands::chaos::test_job(id, "builtin.http", "chaos", state);
         j.started_at = started;
         j.finished_at = finished;
         j

@@ -216,25 +216,13 @@ mod tests {
     /// one; a job of another task in the queue (a hostile request's) is not.
     #[test]
     fn an_unanswered_job_in_the_store_is_checked_too() {
-        let job = |task: &str| -> homing::Job {
-            serde_json::from_value(serde_json::json!({
-                "id": homing::job::new_job_id(),
-                "task": task,
-                "queue": QUEUE,
-                "state": "succeeded",
-                "args": {},
-                "attempts": 0,
-                "crashes": 0,
-                "epoch": 1,
-                "max_crashes": 3,
-                "priority": 0,
-                "created_at": "2026-01-01T00:00:00Z",
-                "scheduled_at": null,
-                "started_at": null,
-                "finished_at": null,
-                "cancel_requested": false,
-            }))
-            .expect("a job")
+        let job = |task: &str| {
+            crate::commands::chaos::test_job(
+                homing::job::new_job_id(),
+                task,
+                QUEUE,
+                homing::JobState::Succeeded,
+            )
         };
         let (answered, unanswered, hostile) =
             (job("builtin.http"), job("builtin.http"), job("other"));

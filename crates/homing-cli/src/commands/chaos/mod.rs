@@ -27,6 +27,29 @@ pub(crate) mod services;
 mod slots;
 mod timeline;
 
+/// A job record as the API returns it, for the checks' unit tests.
+#[cfg(test)]
+fn test_job(id: homing::JobId, task: &str, queue: &str, state: homing::JobState) -> homing::Job {
+    serde_json::from_value(serde_json::json!({
+        "id": id,
+        "task": task,
+        "queue": queue,
+        "state": state,
+        "args": {},
+        "attempts": 0,
+        "crashes": 0,
+        "epoch": 1,
+        "max_crashes": 3,
+        "priority": 0,
+        "created_at": "2026-01-01T00:00:00Z",
+        "scheduled_at": null,
+        "started_at": null,
+        "finished_at": null,
+        "cancel_requested": false,
+    }))
+    .expect("a job")
+}
+
 use anyhow::{bail, Context as _};
 use std::collections::{BTreeMap, HashMap};
 use std::process::ExitCode;
