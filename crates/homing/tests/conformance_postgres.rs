@@ -725,12 +725,12 @@ async fn queue_counts_are_backfilled_from_existing_jobs() {
     homing::conformance::counts::assert_counts_exact(&s, "backfill").await;
 }
 
-/// Makes PostgreSQL take `secs` seconds over one kind of write in this test's database, so
-/// that a start and a presumption overlap for certain.
-async fn slow_down(s: &PgStore, table: &str, when: &str, secs: u32) {
+/// Makes PostgreSQL run `action` (a sleep, or [`GATED`]) in one kind of write in this test's
+/// database, so that a start and a presumption overlap for certain.
+async fn slow_down(s: &PgStore, table: &str, when: &str, action: &str) {
     let sql = format!(
         "CREATE FUNCTION slow_{table}() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN IF {when} THEN PERFORM pg_sleep({secs}); END IF; RETURN NEW; END $$; \
+         BEGIN IF {when} THEN PERFORM {action}; END IF; RETURN NEW; END $$; \
          CREATE TRIGGER slow_{table} BEFORE UPDATE ON {table} \
          FOR EACH ROW EXECUTE FUNCTION slow_{table}()"
     );
@@ -740,28 +740,55 @@ async fn slow_down(s: &PgStore, table: &str, when: &str, secs: u32) {
         .unwrap();
 }
 
-/// Waits until a backend of this database sleeps in the trigger on `table` (so holds whatever
-/// its transaction took before that write).
-async fn until_held(s: &PgStore, table: &str) {
+/// A write slowed down by this waits until the test's [`Gate`] is released.
+const GATED: &str = "pg_advisory_xact_lock_shared(7, 7)";
+
+/// The lock a [`GATED`] write waits for, held by the test on a connection of its own.
+struct Gate(sqlx::pool::PoolConnection<sqlx::Postgres>);
+
+impl Gate {
+    async fn close(s: &PgStore) -> Gate {
+        let mut c = s.pool().acquire().await.unwrap();
+        sqlx::query("SELECT pg_advisory_lock(7, 7)")
+            .execute(&mut *c)
+            .await
+            .unwrap();
+        Gate(c)
+    }
+
+    async fn open(mut self) {
+        sqlx::query("SELECT pg_advisory_unlock(7, 7)")
+            .execute(&mut *self.0)
+            .await
+            .unwrap();
+    }
+}
+
+/// Waits until a backend of this database runs a query matching `pattern` (`ILIKE`) and waits
+/// in it (asleep, or for an advisory lock).
+async fn until_waiting(s: &PgStore, pattern: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let held: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event = 'PgSleep' AND query ILIKE '%' || $1 || '%')",
+             AND wait_event IN ('PgSleep', 'advisory') AND query ILIKE $1)",
         )
-        .bind(format!("UPDATE {table}"))
+        .bind(pattern)
         .fetch_one(s.pool())
         .await
         .unwrap();
         if held {
             return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "no write to {table} reached its trigger"
-        );
+        assert!(Instant::now() < deadline, "nothing waits in {pattern}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Waits until a write to `table` waits in its trigger (so holds whatever its transaction took
+/// before that write).
+async fn until_held(s: &PgStore, table: &str) {
+    until_waiting(s, &format!("%UPDATE {table}%")).await;
 }
 
 /// A registered worker and a queued job for it.
@@ -778,24 +805,31 @@ async fn worker_and_job(s: &PgStore, prefix: &str) -> (String, JobId) {
 }
 
 /// Starts `id` under `w` and returns once the start holds what it takes before its write (the
-/// fence among it), its write held for `secs` seconds.
+/// fence among it), its write held until the gate returned is opened.
 async fn start_held(
     s: &Arc<PgStore>,
     w: &str,
     id: JobId,
-    secs: u32,
-) -> tokio::task::JoinHandle<Vec<StartOutcome>> {
+) -> (Gate, tokio::task::JoinHandle<Vec<StartOutcome>>) {
+    let gate = Gate::close(s).await;
     slow_down(
         s,
         "homing_jobs",
         "NEW.state = 'running' AND OLD.state <> 'running'",
-        secs,
+        GATED,
     )
     .await;
     let (store, worker) = (s.clone(), w.to_string());
     let start = tokio::spawn(async move { store.start(&[id], &worker, now()).await.unwrap() });
     until_held(s, "homing_jobs").await;
-    start
+    (gate, start)
+}
+
+/// A store on `url` with `options`, beside one with the defaults that migrated it.
+async fn with_options(url: &str, options: PgOptions) -> (Arc<PgStore>, Arc<PgStore>) {
+    let defaults = Arc::new(PgStore::connect(url).await.unwrap());
+    let other = Arc::new(PgStore::open(url, options).await.unwrap());
+    (defaults, other)
 }
 
 /// A presumption made while a start of the same worker is in flight waits for it and records
@@ -804,10 +838,22 @@ async fn start_held(
 /// the run was taken back without a crash.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_presumption_waits_for_a_start_in_flight_and_records_its_run() {
-    let s = Arc::new(fresh_store().await);
+    let url = server().fresh_database().await;
+    let (s, patient) = with_options(
+        &url,
+        PgOptions {
+            fence_wait: Duration::from_secs(10),
+            ..PgOptions::default()
+        },
+    )
+    .await;
     let (w, id) = worker_and_job(&s, "inflight").await;
-    let start = start_held(&s, &w, id, 1).await;
-    s.presume_lost(&w, now()).await.unwrap();
+    let (gate, start) = start_held(&s, &w, id).await;
+    let (store, worker) = (patient.clone(), w.clone());
+    let presume = tokio::spawn(async move { store.presume_lost(&worker, now()).await.unwrap() });
+    until_waiting(&s, "SELECT pg_advisory_xact_lock(%").await;
+    gate.open().await;
+    assert_eq!(presume.await.unwrap(), Presumption::Made);
     let started = start.await.unwrap();
     assert!(matches!(started[0], StartOutcome::Run(_)), "{started:?}");
     let (lost, _) = s.mark_lost_unparking(id, &w, true, now()).await.unwrap();
@@ -823,20 +869,24 @@ async fn a_presumption_waits_for_a_start_in_flight_and_records_its_run() {
 async fn a_start_during_a_presumption_waits_for_it_and_is_refused() {
     let s = Arc::new(fresh_store().await);
     let (w, id) = worker_and_job(&s, "during").await;
+    let gate = Gate::close(&s).await;
     slow_down(
         &s,
         "homing_workers",
         "NEW.presumed_dead_at IS NOT NULL AND OLD.presumed_dead_at IS NULL",
-        1,
+        GATED,
     )
     .await;
     let (store, worker) = (s.clone(), w.clone());
     let presume = tokio::spawn(async move { store.presume_lost(&worker, now()).await.unwrap() });
     until_held(&s, "homing_workers").await;
-    let started = s.start(&[id], &w, now()).await.unwrap();
-    presume.await.unwrap();
+    let (store, worker) = (s.clone(), w.clone());
+    let start = tokio::spawn(async move { store.start(&[id], &worker, now()).await.unwrap() });
+    until_waiting(&s, "SELECT pg_advisory_xact_lock\\_shared(%").await;
+    gate.open().await;
+    assert_eq!(presume.await.unwrap(), Presumption::Made);
     assert_eq!(
-        started,
+        start.await.unwrap(),
         vec![StartOutcome::Presumed],
         "a start after a presumption"
     );
@@ -844,15 +894,19 @@ async fn a_start_during_a_presumption_waits_for_it_and_is_refused() {
     assert_eq!((j.state, j.epoch), (JobState::Queued, 0), "{j:?}");
 }
 
-/// A presumption whose wait for the fence outlasts the statement timeout fails, and the one
-/// connection it waited on is usable afterwards: the lock is a statement inside the open
-/// transaction, which is rolled back. (Taken as part of the `BEGIN` query, a failed wait left
-/// the connection in an aborted transaction, refusing every later statement.)
+/// A presumption held up at the fence by a start of its worker (a process paused mid-transaction
+/// holds its start until its session is ended) is deferred: it writes nothing, and the one
+/// connection it waited on is usable afterwards with its settings as they were (the lock is a
+/// statement inside the open transaction, which is rolled back; its `lock_timeout` is local to
+/// it). Once the start is done the presumption goes through and records the run. Here the
+/// statement timeout (200 ms) is shorter than `fence_wait` (1 s): the wait is kept under it, so
+/// the answer is a deferral, not a failed call. Before: the presumption waited out the start, or
+/// failed at the statement timeout (and taken in the `BEGIN` query, its failed wait left the
+/// connection in an aborted transaction, refusing every later statement).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_presumption_that_times_out_at_the_fence_leaves_its_connection_usable() {
+async fn a_presumption_held_up_by_a_stuck_start_is_deferred_and_writes_nothing() {
     let url = server().fresh_database().await;
-    let s = Arc::new(PgStore::connect(&url).await.unwrap());
-    let impatient = PgStore::open(
+    let (s, impatient) = with_options(
         &url,
         PgOptions {
             max_connections: 1,
@@ -860,68 +914,95 @@ async fn a_presumption_that_times_out_at_the_fence_leaves_its_connection_usable(
             ..PgOptions::default()
         },
     )
-    .await
-    .unwrap();
-    let (w, id) = worker_and_job(&s, "impatient").await;
-    let start = start_held(&s, &w, id, 1).await;
-    assert!(
-        impatient.presume_lost(&w, now()).await.is_err(),
-        "the presumption did not wait for the start in flight"
+    .await;
+    let (w, id) = worker_and_job(&s, "stuck").await;
+    let (gate, start) = start_held(&s, &w, id).await;
+    assert_eq!(
+        impatient.presume_lost(&w, now()).await.unwrap(),
+        Presumption::Deferred
     );
-    let j = impatient
-        .get(id)
+    let view = s.worker(&w).await.unwrap().unwrap();
+    assert_eq!(view.presumed_dead_at, None, "a deferred presumption wrote");
+    let lock_timeout: String = sqlx::query_scalar("SHOW lock_timeout")
+        .fetch_one(impatient.pool())
         .await
-        .expect("the connection after a failed wait")
-        .unwrap();
-    assert_eq!(j.id, id);
+        .expect("the connection after a deferral");
+    assert_eq!(lock_timeout, "0");
+    gate.open().await;
     assert!(matches!(start.await.unwrap()[0], StartOutcome::Run(_)));
-    // And the presumption goes through once the start is done, recording its run.
-    impatient.presume_lost(&w, now()).await.unwrap();
+    assert_eq!(
+        impatient.presume_lost(&w, now()).await.unwrap(),
+        Presumption::Made
+    );
     let (lost, _) = s.mark_lost_unparking(id, &w, true, now()).await.unwrap();
     assert_eq!(lost, Lost::Requeued);
     assert_eq!(s.get(id).await.unwrap().unwrap().crashes, 1);
 }
 
-/// A store whose presumptions wait at most 200 ms for a start in flight, beside one with the
-/// defaults, on a fresh database.
-async fn patient_and_quick() -> (Arc<PgStore>, Arc<PgStore>) {
+/// A worker presumed dead already is not deferred by a start of it that holds the fence (one
+/// that came after the presumption, to be refused, stuck here behind its limited queue's row):
+/// its runs are recorded, so the rescuers may go on. Before, it was deferred like a worker not
+/// yet presumed, and its jobs waited for the stuck start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_presumed_already_is_not_deferred_by_a_start_it_holds() {
+    use homing::limit::QueueLimits;
+
     let url = server().fresh_database().await;
-    let patient = Arc::new(PgStore::connect(&url).await.unwrap());
-    let quick = PgStore::open(
+    let (s, quick) = with_options(
         &url,
         PgOptions {
             fence_wait: Duration::from_millis(200),
             ..PgOptions::default()
         },
     )
-    .await
-    .unwrap();
-    (patient, Arc::new(quick))
-}
-
-/// A presumption held up past `fence_wait` by a start of its worker (a process paused
-/// mid-transaction holds its start until its connection is ended) is deferred and writes
-/// nothing; once the start is done it goes through and records the run. Without the bound it
-/// waited out the start (up to the statement timeout).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_presumption_held_up_by_a_stuck_start_is_deferred_and_writes_nothing() {
-    let (s, quick) = patient_and_quick().await;
-    let (w, id) = worker_and_job(&s, "stuck").await;
-    let start = start_held(&s, &w, id, 3).await;
-    assert_eq!(
-        quick.presume_lost(&w, now()).await.unwrap(),
-        Presumption::Deferred
-    );
-    let view = s.worker(&w).await.unwrap().unwrap();
-    assert_eq!(view.presumed_dead_at, None, "a deferred presumption wrote");
-    assert!(matches!(start.await.unwrap()[0], StartOutcome::Run(_)));
+    .await;
+    let (w, id) = worker_and_job(&s, "already").await;
+    let q = s.get(id).await.unwrap().unwrap().queue;
+    let one = QueueLimits {
+        concurrency: Some(1),
+        ..Default::default()
+    };
+    s.set_limits(&q, &one, now()).await.unwrap();
+    assert_eq!(s.presume_lost(&w, now()).await.unwrap(), Presumption::Made);
+    let mut row = s.pool().begin().await.unwrap();
+    sqlx::query("SELECT name FROM homing_queues WHERE name = $1 FOR UPDATE")
+        .bind(&q)
+        .fetch_one(&mut *row)
+        .await
+        .unwrap();
+    let (store, worker) = (s.clone(), w.clone());
+    let start = tokio::spawn(async move { store.start(&[id], &worker, now()).await.unwrap() });
+    until_waiting_for_a_row(&s, "homing_queues").await;
     assert_eq!(
         quick.presume_lost(&w, now()).await.unwrap(),
         Presumption::Made
     );
-    let (lost, _) = s.mark_lost_unparking(id, &w, true, now()).await.unwrap();
-    assert_eq!(lost, Lost::Requeued);
-    assert_eq!(s.get(id).await.unwrap().unwrap().crashes, 1);
+    row.rollback().await.unwrap();
+    assert_eq!(start.await.unwrap(), vec![StartOutcome::Presumed]);
+}
+
+/// Waits until a backend of this database waits for a row lock in a query that names `table`.
+async fn until_waiting_for_a_row(s: &PgStore, table: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple') \
+             AND query ILIKE '%' || $1 || '%')",
+        )
+        .bind(table)
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+        if waiting {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing waits for a row of {table}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Two lost workers, one of them with a start stuck in flight: a rescuer's sweep and a
@@ -936,7 +1017,15 @@ async fn a_lost_worker_with_a_stuck_start_holds_up_no_other_rescue() {
     use homing::maintenance::{reconciler, rescuer, MaintenanceConfig};
     use homing::store::ToPublish;
 
-    let (s, quick) = patient_and_quick().await;
+    let url = server().fresh_database().await;
+    let (s, quick) = with_options(
+        &url,
+        PgOptions {
+            fence_wait: Duration::from_millis(200),
+            ..PgOptions::default()
+        },
+    )
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let b = SqliteBroker::new(homing::sqlite::Db::open(dir.path().join("broker.db")).unwrap());
     // Set now, so the reconciler's pass does not take the broker for one that lost its data
@@ -981,13 +1070,14 @@ async fn a_lost_worker_with_a_stuck_start_holds_up_no_other_rescue() {
     tokio::time::sleep(Duration::from_millis(350)).await;
     let lost = b.lost_consumers().await.unwrap();
     assert!(lost.contains(&stuck) && lost.contains(&other), "{lost:?}");
-    let start = start_held(&s, &stuck, ids[2], 3).await;
+    let (gate, start) = start_held(&s, &stuck, ids[2]).await;
 
     let report = rescuer::sweep(&b, &*quick).await.unwrap();
     assert_eq!((report.requeued, report.deferred), (1, 1), "{report:?}");
     let config = MaintenanceConfig::for_heartbeat(Duration::from_millis(200));
     let pass = reconciler::pass(&b, &*quick, &config, true).await.unwrap();
     assert_eq!(pass.orphans_requeued, 1, "{pass:?}");
+    gate.open().await;
     assert!(matches!(start.await.unwrap()[0], StartOutcome::Run(_)));
     // The stuck worker's runs are untouched; the other's were reclaimed, each a crash.
     for (id, state, crashes) in [

@@ -75,7 +75,10 @@ pub async fn pass(
     let mut presumed: std::collections::HashMap<String, Presumption> =
         std::collections::HashMap::new();
     for (id, worker, _started) in store.running(BATCH).await? {
-        if worker.is_empty() || broker.is_alive(&worker).await? {
+        if worker.is_empty()
+            || presumed.get(&worker) == Some(&Presumption::Deferred)
+            || broker.is_alive(&worker).await?
+        {
             continue;
         }
         // The rescuer handles workers that still hold messages; only orphans are ours.
@@ -87,7 +90,7 @@ pub async fn pass(
             None => {
                 let p = store.presume_lost(&worker, now()).await?;
                 if p == Presumption::Deferred {
-                    tracing::warn!(%worker, "a start of this lost worker is still in flight (its process paused mid-transaction?); leaving its orphaned jobs for the next pass");
+                    tracing::warn!(%worker, "the presumption of this lost worker waited too long for a lock (a start of it still in flight: its process paused mid-transaction?); leaving its orphaned jobs for the next pass");
                 }
                 presumed.insert(worker.clone(), p);
                 p

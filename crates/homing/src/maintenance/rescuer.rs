@@ -65,7 +65,7 @@ pub async fn sweep(broker: &dyn Broker, store: &dyn Store) -> Result<SweepReport
     let mut report = SweepReport::default();
     for consumer in broker.lost_consumers().await? {
         if store.presume_lost(&consumer, now()).await? == Presumption::Deferred {
-            tracing::warn!(worker = %consumer, "a start of this lost worker is still in flight (its process paused mid-transaction?); leaving it for the next sweep");
+            tracing::warn!(worker = %consumer, "the presumption of this lost worker waited too long for a lock (a start of it still in flight: its process paused mid-transaction?); leaving it for the next sweep");
             report.deferred += 1;
             continue;
         }

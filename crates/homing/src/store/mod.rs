@@ -108,8 +108,9 @@ pub use crate::transition::Outcome;
 pub enum Presumption {
     /// The worker is presumed dead: by this call, which recorded its runs, or an earlier one.
     Made,
-    /// A start of the worker was still in flight when the store stopped waiting for it: nothing
-    /// was written; try again on the next pass.
+    /// A lock the presumption needs was held longer than the store waits (a start of the worker
+    /// still in flight, its process paused mid-transaction): nothing was written; try again on
+    /// the next pass.
     Deferred,
 }
 
@@ -701,9 +702,9 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// The wait for the starts in flight is bounded: a start that holds it up longer (its
     /// process paused mid-transaction, which the store ends after its idle-in-transaction
-    /// timeout) gets [`Presumption::Deferred`] and nothing is written. The caller leaves that
-    /// worker for its next pass and goes on with the others, so one stuck worker holds up no
-    /// other worker's rescue.
+    /// timeout) gets [`Presumption::Deferred`] and nothing is written, unless the worker was
+    /// presumed already. The caller leaves that worker for its next pass and goes on with the
+    /// others, so a stuck start does not fail the whole sweep.
     ///
     /// Crash contract: one transaction; a crash leaves the worker unrecorded (the next caller
     /// records it) or recorded with its runs.

@@ -126,12 +126,9 @@ impl PgStore {
         if !url.contains("application_name=") {
             connect = connect.application_name("homing");
         }
-        let statement_ms = options.statement_timeout.as_millis().to_string();
-        let idle_ms = options
-            .idle_in_transaction_timeout
-            .as_millis()
-            .max(1)
-            .to_string();
+        // 0 turns the statement timeout off, as in PostgreSQL; the idle timeout stays on.
+        let statement_ms = pg_millis(options.statement_timeout, 0);
+        let idle_ms = pg_millis(options.idle_in_transaction_timeout, 1);
         connect = connect.options([
             ("statement_timeout", statement_ms.as_str()),
             ("idle_in_transaction_session_timeout", idle_ms.as_str()),
@@ -242,6 +239,12 @@ impl PgStore {
             other => other,
         }
     }
+}
+
+/// A duration as a PostgreSQL timeout setting in milliseconds: at least `min`, at most what the
+/// setting takes (a 32-bit count), so no setting of ours makes every connection or statement fail.
+fn pg_millis(d: Duration, min: u128) -> String {
+    d.as_millis().clamp(min, i32::MAX as u128).to_string()
 }
 
 /// SQLSTATEs after which trying again may succeed; the failed transaction committed nothing.
@@ -1407,7 +1410,7 @@ async fn begin_fenced(
         Fence::Start => "SELECT pg_advisory_xact_lock_shared($1, $2)",
         Fence::Presume(wait) => {
             sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-                .bind(format!("{}ms", wait.as_millis().max(1)))
+                .bind(pg_millis(wait, 1))
                 .execute(&mut *tx)
                 .await?;
             "SELECT pg_advisory_xact_lock($1, $2)"
@@ -2915,12 +2918,20 @@ impl Store for PgStore {
     /// The fence (begin_fenced) waits for the worker's starts in flight, and the statement after
     /// it reads in a snapshot that holds their runs, so every run begun before the presumption
     /// is recorded. It also makes concurrent first calls agree: the second waits for the first's
-    /// commit, finds the time set and records nothing. A wait that outlasts `fence_wait` fails
-    /// with "lock not available" and the transaction, which has written nothing, is rolled back.
+    /// commit, finds the time set and records nothing. A wait for a lock that outlasts
+    /// `fence_wait` (kept under half the statement timeout, so that it, not the statement
+    /// timeout, ends the wait) fails with "lock not available" and the transaction, which has
+    /// written nothing, is rolled back; the worker is then deferred unless it was presumed
+    /// already (a start that came after the presumption, to be refused, can hold the fence too).
     async fn presume_lost(&self, worker: &str, now: Micros) -> Result<Presumption> {
+        let statement = self.options.statement_timeout;
+        let wait = if statement.is_zero() {
+            self.options.fence_wait
+        } else {
+            self.options.fence_wait.min(statement / 2)
+        };
         let written = async {
-            let mut tx =
-                begin_fenced(&self.pool, worker, Fence::Presume(self.options.fence_wait)).await?;
+            let mut tx = begin_fenced(&self.pool, worker, Fence::Presume(wait)).await?;
             sqlx::query(
                 "WITH first AS (UPDATE homing_workers SET presumed_dead_at = GREATEST($2, \
                  (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
@@ -2939,7 +2950,18 @@ impl Store for PgStore {
             match written.await {
                 Ok(()) => Ok(Presumption::Made),
                 Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
-                    Ok(Presumption::Deferred)
+                    let already: bool = sqlx::query_scalar(
+                        "SELECT EXISTS (SELECT 1 FROM homing_workers \
+                         WHERE id = $1 AND presumed_dead_at IS NOT NULL)",
+                    )
+                    .bind(worker)
+                    .fetch_one(&self.pool)
+                    .await?;
+                    Ok(if already {
+                        Presumption::Made
+                    } else {
+                        Presumption::Deferred
+                    })
                 }
                 Err(e) => Err(e),
             }
