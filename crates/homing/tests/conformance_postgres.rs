@@ -1145,3 +1145,65 @@ async fn a_transaction_left_idle_is_ended_so_a_limited_queue_does_not_stall() {
         JobState::Running
     );
 }
+
+/// The unparking pass (run with the periodic schedules by every process) leaves a limited queue
+/// whose row a stuck transaction holds for its next pass and unparks the other queues' jobs.
+/// Before, it waited on that row (a paused worker's start holds it until its session is ended)
+/// and failed at the statement timeout, holding up every queue and the schedules with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_unparking_pass_skips_a_queue_whose_row_a_stuck_start_holds() {
+    use homing::limit::{QueueLimits, Rate};
+
+    let url = server().fresh_database().await;
+    let (s, impatient) = with_options(
+        &url,
+        PgOptions {
+            statement_timeout: Duration::from_secs(5),
+            ..PgOptions::default()
+        },
+    )
+    .await;
+    // Sorted first, so the pass reaches it before the other.
+    let stuck = homing::conformance::unique_queue("aaa-stuck");
+    let rated = homing::conformance::unique_queue("zzz-rated");
+    let one_an_hour = QueueLimits {
+        rate: Some(Rate {
+            count: 1,
+            period: Duration::from_secs(3600),
+        }),
+        ..Default::default()
+    };
+    let mut parked = Vec::new();
+    let t = now();
+    for q in [&stuck, &rated] {
+        s.set_limits(q, &one_an_hour, t).await.unwrap();
+        let jobs = vec![new_job(q, "t"), new_job(q, "t")];
+        let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+        s.insert(jobs).await.unwrap();
+        let out = s.start(&ids, "w", t).await.unwrap();
+        assert!(matches!(out[0], StartOutcome::Run(_)), "{out:?}");
+        assert_eq!(out[1], StartOutcome::Parked);
+        parked.push(ids[1]);
+    }
+    let mut row = s.pool().begin().await.unwrap();
+    sqlx::query("SELECT name FROM homing_queues WHERE name = $1 FOR UPDATE")
+        .bind(&stuck)
+        .fetch_one(&mut *row)
+        .await
+        .unwrap();
+    let later = t + 3_601_000_000;
+    let ready = impatient
+        .unpark_ready(later, 1000)
+        .await
+        .expect("the pass waited for the held row");
+    let ids: Vec<JobId> = ready.iter().map(|d| d.id).collect();
+    assert_eq!(ids, vec![parked[1]], "only the other queue's job");
+    row.rollback().await.unwrap();
+    let ready = impatient.unpark_ready(later, 1000).await.unwrap();
+    let ids: Vec<JobId> = ready.iter().map(|d| d.id).collect();
+    assert_eq!(
+        ids,
+        vec![parked[0]],
+        "the skipped queue's job at the next pass"
+    );
+}

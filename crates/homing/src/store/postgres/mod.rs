@@ -53,6 +53,9 @@ const FOLD_AFTER: i64 = 4096;
 /// BENCHMARKS.md, "The fast path at the defaults"), so it stays at one until that is understood.
 const COMMITS_IN_FLIGHT: usize = 1;
 
+/// How long the unparking pass waits for a limited queue's row (`Store::unpark_ready`).
+const UNPARK_LOCK_WAIT: Duration = Duration::from_secs(1);
+
 /// Pool and timeout settings.
 #[derive(Debug, Clone)]
 pub struct PgOptions {
@@ -2247,8 +2250,25 @@ impl Store for PgStore {
                     break;
                 }
                 let mut tx = self.pool.begin().await?;
-                out.extend(super::limits::postgres::unpark_queue(&mut tx, &q, now, left).await?);
-                tx.commit().await?;
+                // A start holds the queue's row for milliseconds; one stuck mid-transaction (its
+                // process paused) holds it until its session is ended. This pass, which also
+                // fires the periodic schedules, leaves such a queue for the next one rather than
+                // wait, so one stuck queue holds up neither the other queues nor the schedules.
+                sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+                    .bind(pg_millis(UNPARK_LOCK_WAIT, 1))
+                    .execute(&mut *tx)
+                    .await?;
+                match super::limits::postgres::unpark_queue(&mut tx, &q, now, left).await {
+                    Ok(unparked) => {
+                        tx.commit().await?;
+                        out.extend(unparked);
+                    }
+                    Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+                        tx.rollback().await?;
+                        tracing::warn!(queue = %q, "a limited queue's row is held by a transaction that does not end (a process paused mid-start?); unparking its jobs at the next pass");
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             Ok(out)
         })
