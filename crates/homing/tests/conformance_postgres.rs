@@ -764,20 +764,24 @@ impl Gate {
     }
 }
 
+/// What a backend waits for: asleep in a trigger, or for an advisory lock.
+const ASLEEP_OR_ADVISORY: &[&str] = &["PgSleep", "advisory"];
+
 /// Waits until a backend of this database runs a query matching `pattern` (`ILIKE`) and waits
-/// in it (asleep, or for an advisory lock).
-async fn until_waiting(s: &PgStore, pattern: &str) {
+/// in it for one of `events` (`pg_stat_activity.wait_event`).
+async fn until_waiting(s: &PgStore, events: &[&str], pattern: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let held: bool = sqlx::query_scalar(
+        let waiting: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event IN ('PgSleep', 'advisory') AND query ILIKE $1)",
+             AND wait_event = ANY($1) AND query ILIKE $2)",
         )
+        .bind(events)
         .bind(pattern)
         .fetch_one(s.pool())
         .await
         .unwrap();
-        if held {
+        if waiting {
             return;
         }
         assert!(Instant::now() < deadline, "nothing waits in {pattern}");
@@ -785,10 +789,22 @@ async fn until_waiting(s: &PgStore, pattern: &str) {
     }
 }
 
+/// Takes the row of queue `q` in a transaction of its own, as a start does, and holds it until
+/// the transaction returned is rolled back or dropped.
+async fn hold_queue_row(s: &PgStore, q: &str) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = s.pool().begin().await.unwrap();
+    sqlx::query("SELECT name FROM homing_queues WHERE name = $1 FOR UPDATE")
+        .bind(q)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tx
+}
+
 /// Waits until a write to `table` waits in its trigger (so holds whatever its transaction took
 /// before that write).
 async fn until_held(s: &PgStore, table: &str) {
-    until_waiting(s, &format!("%UPDATE {table}%")).await;
+    until_waiting(s, ASLEEP_OR_ADVISORY, &format!("%UPDATE {table}%")).await;
 }
 
 /// A registered worker and a queued job for it.
@@ -825,10 +841,11 @@ async fn start_held(
     (gate, start)
 }
 
-/// A store on `url` with `options`, beside one with the defaults that migrated it.
-async fn with_options(url: &str, options: PgOptions) -> (Arc<PgStore>, Arc<PgStore>) {
-    let defaults = Arc::new(PgStore::connect(url).await.unwrap());
-    let other = Arc::new(PgStore::open(url, options).await.unwrap());
+/// On a fresh database, a store with the defaults (which migrated it) and one with `options`.
+async fn with_options(options: PgOptions) -> (Arc<PgStore>, Arc<PgStore>) {
+    let url = server().fresh_database().await;
+    let defaults = Arc::new(PgStore::connect(&url).await.unwrap());
+    let other = Arc::new(PgStore::open(&url, options).await.unwrap());
     (defaults, other)
 }
 
@@ -838,20 +855,16 @@ async fn with_options(url: &str, options: PgOptions) -> (Arc<PgStore>, Arc<PgSto
 /// the run was taken back without a crash.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_presumption_waits_for_a_start_in_flight_and_records_its_run() {
-    let url = server().fresh_database().await;
-    let (s, patient) = with_options(
-        &url,
-        PgOptions {
-            fence_wait: Duration::from_secs(10),
-            ..PgOptions::default()
-        },
-    )
+    let (s, patient) = with_options(PgOptions {
+        fence_wait: Duration::from_secs(10),
+        ..PgOptions::default()
+    })
     .await;
     let (w, id) = worker_and_job(&s, "inflight").await;
     let (gate, start) = start_held(&s, &w, id).await;
     let (store, worker) = (patient.clone(), w.clone());
     let presume = tokio::spawn(async move { store.presume_lost(&worker, now()).await.unwrap() });
-    until_waiting(&s, "SELECT pg_advisory_xact_lock(%").await;
+    until_waiting(&s, ASLEEP_OR_ADVISORY, "SELECT pg_advisory_xact_lock(%").await;
     gate.open().await;
     assert_eq!(presume.await.unwrap(), Presumption::Made);
     let started = start.await.unwrap();
@@ -882,7 +895,12 @@ async fn a_start_during_a_presumption_waits_for_it_and_is_refused() {
     until_held(&s, "homing_workers").await;
     let (store, worker) = (s.clone(), w.clone());
     let start = tokio::spawn(async move { store.start(&[id], &worker, now()).await.unwrap() });
-    until_waiting(&s, "SELECT pg_advisory_xact_lock\\_shared(%").await;
+    until_waiting(
+        &s,
+        ASLEEP_OR_ADVISORY,
+        "SELECT pg_advisory_xact_lock\\_shared(%",
+    )
+    .await;
     gate.open().await;
     assert_eq!(presume.await.unwrap(), Presumption::Made);
     assert_eq!(
@@ -905,15 +923,11 @@ async fn a_start_during_a_presumption_waits_for_it_and_is_refused() {
 /// connection in an aborted transaction, refusing every later statement).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_presumption_held_up_by_a_stuck_start_is_deferred_and_writes_nothing() {
-    let url = server().fresh_database().await;
-    let (s, impatient) = with_options(
-        &url,
-        PgOptions {
-            max_connections: 1,
-            statement_timeout: Duration::from_millis(200),
-            ..PgOptions::default()
-        },
-    )
+    let (s, impatient) = with_options(PgOptions {
+        max_connections: 1,
+        statement_timeout: Duration::from_millis(200),
+        ..PgOptions::default()
+    })
     .await;
     let (w, id) = worker_and_job(&s, "stuck").await;
     let (gate, start) = start_held(&s, &w, id).await;
@@ -947,14 +961,10 @@ async fn a_presumption_held_up_by_a_stuck_start_is_deferred_and_writes_nothing()
 async fn a_worker_presumed_already_is_not_deferred_by_a_start_it_holds() {
     use homing::limit::QueueLimits;
 
-    let url = server().fresh_database().await;
-    let (s, quick) = with_options(
-        &url,
-        PgOptions {
-            fence_wait: Duration::from_millis(200),
-            ..PgOptions::default()
-        },
-    )
+    let (s, quick) = with_options(PgOptions {
+        fence_wait: Duration::from_millis(200),
+        ..PgOptions::default()
+    })
     .await;
     let (w, id) = worker_and_job(&s, "already").await;
     let q = s.get(id).await.unwrap().unwrap().queue;
@@ -964,45 +974,16 @@ async fn a_worker_presumed_already_is_not_deferred_by_a_start_it_holds() {
     };
     s.set_limits(&q, &one, now()).await.unwrap();
     assert_eq!(s.presume_lost(&w, now()).await.unwrap(), Presumption::Made);
-    let mut row = s.pool().begin().await.unwrap();
-    sqlx::query("SELECT name FROM homing_queues WHERE name = $1 FOR UPDATE")
-        .bind(&q)
-        .fetch_one(&mut *row)
-        .await
-        .unwrap();
+    let row = hold_queue_row(&s, &q).await;
     let (store, worker) = (s.clone(), w.clone());
     let start = tokio::spawn(async move { store.start(&[id], &worker, now()).await.unwrap() });
-    until_waiting_for_a_row(&s, "homing_queues").await;
+    until_waiting(&s, &["transactionid", "tuple"], "%homing_queues%").await;
     assert_eq!(
         quick.presume_lost(&w, now()).await.unwrap(),
         Presumption::Made
     );
     row.rollback().await.unwrap();
     assert_eq!(start.await.unwrap(), vec![StartOutcome::Presumed]);
-}
-
-/// Waits until a backend of this database waits for a row lock in a query that names `table`.
-async fn until_waiting_for_a_row(s: &PgStore, table: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let waiting: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple') \
-             AND query ILIKE '%' || $1 || '%')",
-        )
-        .bind(table)
-        .fetch_one(s.pool())
-        .await
-        .unwrap();
-        if waiting {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "nothing waits for a row of {table}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Two lost workers, one of them with a start stuck in flight: a rescuer's sweep and a
@@ -1017,14 +998,10 @@ async fn a_lost_worker_with_a_stuck_start_holds_up_no_other_rescue() {
     use homing::maintenance::{reconciler, rescuer, MaintenanceConfig};
     use homing::store::ToPublish;
 
-    let url = server().fresh_database().await;
-    let (s, quick) = with_options(
-        &url,
-        PgOptions {
-            fence_wait: Duration::from_millis(200),
-            ..PgOptions::default()
-        },
-    )
+    let (s, quick) = with_options(PgOptions {
+        fence_wait: Duration::from_millis(200),
+        ..PgOptions::default()
+    })
     .await;
     let dir = tempfile::tempdir().unwrap();
     let b = SqliteBroker::new(homing::sqlite::Db::open(dir.path().join("broker.db")).unwrap());
@@ -1127,12 +1104,7 @@ async fn a_transaction_left_idle_is_ended_so_a_limited_queue_does_not_stall() {
         ..Default::default()
     };
     other.set_limits(&q, &two, now()).await.unwrap();
-    let mut tx = paused.pool().begin().await.unwrap();
-    sqlx::query("SELECT name FROM homing_queues WHERE name = $1 FOR UPDATE")
-        .bind(&q)
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
+    let tx = hold_queue_row(&paused, &q).await;
     let started = other
         .start(&[id], &w, now())
         .await
@@ -1154,14 +1126,10 @@ async fn a_transaction_left_idle_is_ended_so_a_limited_queue_does_not_stall() {
 async fn the_unparking_pass_skips_a_queue_whose_row_a_stuck_start_holds() {
     use homing::limit::{QueueLimits, Rate};
 
-    let url = server().fresh_database().await;
-    let (s, impatient) = with_options(
-        &url,
-        PgOptions {
-            statement_timeout: Duration::from_secs(5),
-            ..PgOptions::default()
-        },
-    )
+    let (s, impatient) = with_options(PgOptions {
+        statement_timeout: Duration::from_secs(5),
+        ..PgOptions::default()
+    })
     .await;
     // Sorted first, so the pass reaches it before the other.
     let stuck = homing::conformance::unique_queue("aaa-stuck");
@@ -1185,12 +1153,7 @@ async fn the_unparking_pass_skips_a_queue_whose_row_a_stuck_start_holds() {
         assert_eq!(out[1], StartOutcome::Parked);
         parked.push(ids[1]);
     }
-    let mut row = s.pool().begin().await.unwrap();
-    sqlx::query("SELECT name FROM homing_queues WHERE name = $1 FOR UPDATE")
-        .bind(&stuck)
-        .fetch_one(&mut *row)
-        .await
-        .unwrap();
+    let row = hold_queue_row(&s, &stuck).await;
     let later = t + 3_601_000_000;
     let ready = impatient
         .unpark_ready(later, 1000)
