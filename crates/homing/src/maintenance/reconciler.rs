@@ -85,19 +85,14 @@ pub async fn pass(
         if !broker.pending(&worker, 1).await?.is_empty() {
             continue;
         }
-        let presumption = match presumed.get(&worker) {
-            Some(p) => *p,
-            None => {
-                let p = store.presume_lost(&worker, now()).await?;
-                if p == Presumption::Deferred {
-                    tracing::warn!(%worker, "the presumption of this lost worker waited too long for a lock (a start of it still in flight: its process paused mid-transaction?); leaving its orphaned jobs for the next pass");
-                }
-                presumed.insert(worker.clone(), p);
-                p
+        // A deferred worker was skipped above; one already presumed this pass needs nothing.
+        if !presumed.contains_key(&worker) {
+            let p = store.presume_lost(&worker, now()).await?;
+            presumed.insert(worker.clone(), p);
+            if p == Presumption::Deferred {
+                tracing::warn!(%worker, "the presumption of this lost worker waited too long for a lock (a start of it still in flight: its process paused mid-transaction?); leaving its orphaned jobs for the next pass");
+                continue;
             }
-        };
-        if presumption == Presumption::Deferred {
-            continue;
         }
         let (lost, unparked) = match store.mark_lost_unparking(id, &worker, true, now()).await {
             Ok(decided) => decided,

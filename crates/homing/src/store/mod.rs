@@ -699,7 +699,6 @@ pub trait Store: Send + Sync + 'static {
     /// start times are written with the workers' clocks, which may differ from the rescuers'. A
     /// worker with no record is not recorded (its crashes count as before).
     ///
-    ///
     /// The wait for the starts in flight is bounded: a start that holds it up longer (its
     /// process paused mid-transaction, which the store ends after its idle-in-transaction
     /// timeout) gets [`Presumption::Deferred`] and nothing is written, unless the worker was

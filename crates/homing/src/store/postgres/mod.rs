@@ -250,6 +250,21 @@ fn pg_millis(d: Duration, min: u128) -> String {
     d.as_millis().clamp(min, i32::MAX as u128).to_string()
 }
 
+/// Bounds every lock wait of the rest of `conn`'s transaction (`SET LOCAL lock_timeout`): a
+/// wait past it fails with [`lock_not_available`], and the setting ends with the transaction.
+async fn set_lock_timeout(conn: &mut PgConnection, wait: Duration) -> sqlx::Result<()> {
+    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+        .bind(pg_millis(wait, 1))
+        .execute(conn)
+        .await
+        .map(|_| ())
+}
+
+/// Whether `e` is a lock wait that outlasted [`set_lock_timeout`].
+fn lock_not_available(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
+}
+
 /// SQLSTATEs after which trying again may succeed; the failed transaction committed nothing.
 fn transient_sqlstate(code: &str) -> bool {
     code.starts_with("08") // connection exception
@@ -1412,10 +1427,7 @@ async fn begin_fenced(
     let lock = match side {
         Fence::Start => "SELECT pg_advisory_xact_lock_shared($1, $2)",
         Fence::Presume(wait) => {
-            sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-                .bind(pg_millis(wait, 1))
-                .execute(&mut *tx)
-                .await?;
+            set_lock_timeout(&mut tx, wait).await?;
             "SELECT pg_advisory_xact_lock($1, $2)"
         }
     };
@@ -2254,16 +2266,13 @@ impl Store for PgStore {
                 // process paused) holds it until its session is ended. This pass, which also
                 // fires the periodic schedules, leaves such a queue for the next one rather than
                 // wait, so one stuck queue holds up neither the other queues nor the schedules.
-                sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-                    .bind(pg_millis(UNPARK_LOCK_WAIT, 1))
-                    .execute(&mut *tx)
-                    .await?;
+                set_lock_timeout(&mut tx, UNPARK_LOCK_WAIT).await?;
                 match super::limits::postgres::unpark_queue(&mut tx, &q, now, left).await {
                     Ok(unparked) => {
                         tx.commit().await?;
                         out.extend(unparked);
                     }
-                    Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+                    Err(e) if lock_not_available(&e) => {
                         tx.rollback().await?;
                         tracing::warn!(queue = %q, "a limited queue's row is held by a transaction that does not end (a process paused mid-start?); unparking its jobs at the next pass");
                     }
@@ -2969,7 +2978,7 @@ impl Store for PgStore {
         self.call(async {
             match written.await {
                 Ok(()) => Ok(Presumption::Made),
-                Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+                Err(e) if lock_not_available(&e) => {
                     let already: bool = sqlx::query_scalar(
                         "SELECT EXISTS (SELECT 1 FROM homing_workers \
                          WHERE id = $1 AND presumed_dead_at IS NOT NULL)",
