@@ -562,8 +562,9 @@ async fn dashboard_lists_schedules() {
 }
 
 /// Roles in the page (docs/access.md): a read token sees the jobs and the audit log but no
-/// write button (the API would refuse it anyway); an admin token gets the bulk actions, which
-/// show the count and run only once it is confirmed, and land in the audit log.
+/// write button (the API would refuse it anyway); a logout while a refresh is out stays logged
+/// out; an admin token gets the bulk actions, which show the count and run only once it is
+/// confirmed, and land in the audit log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dashboard_hides_writes_from_a_read_token_and_confirms_bulk_actions() {
     let env = Env::sqlite();
@@ -631,7 +632,47 @@ async fn dashboard_hides_writes_from_a_read_token_and_confirms_bulk_actions() {
     assert_eq!(buttons, 0, "no write button for a read token");
     browser.screenshot("dashboard-read-token.png").await;
 
+    // A logout while a refresh is out (its answers after the role's held back until after the
+    // click): the refresh, answered for the old token, must not draw the page over the form.
+    browser
+        .eval(
+            "const real = window.fetch; window.__real = real; window.__paths = []; \
+             const gate = new Promise((r) => { window.__open = r; }); \
+             window.fetch = (...a) => { const p = String(a[0]); window.__paths.push(p); \
+               return p.startsWith('/v1/whoami') ? real(...a) : real(...a).then((r) => gate.then(() => r)); }; \
+             window.__hidden = false; \
+             new MutationObserver(() => { if (document.querySelector('#login').hidden) window.__hidden = true; }) \
+               .observe(document.querySelector('#login'), { attributes: true }); \
+             window.__done = false; refresh().then(() => { window.__done = true; }); return true;",
+        )
+        .await;
+    browser
+        .wait_for(
+            "the refresh's requests sent with the read token",
+            "return window.__paths.some((p) => p.startsWith('/v1/audit'));",
+        )
+        .await;
     browser.click("#logout").await;
+    browser
+        .wait_for(
+            "the token form",
+            "return !document.querySelector('#login').hidden;",
+        )
+        .await;
+    browser
+        .eval("window.fetch = window.__real; window.__open(); return true;")
+        .await;
+    browser
+        .wait_for("the held refresh to finish", "return window.__done;")
+        .await;
+    let after = browser
+        .eval("return [window.__hidden, document.querySelector('#login').hidden, document.querySelector('#app').hidden];")
+        .await;
+    assert_eq!(
+        after,
+        serde_json::json!([false, false, true]),
+        "[token form hidden since the logout, token form hidden now, app hidden now]"
+    );
     login("dash-admin-7").await;
     browser
         .wait_for(

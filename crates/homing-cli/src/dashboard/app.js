@@ -12,6 +12,10 @@ let cursor = null;      // the page of jobs shown; null = newest
 let nextCursor = null;
 let timer = null;
 let canWrite = false;   // the token's role is admin (GET /v1/whoami)
+// Bumped by every refresh and every showing of the token form: a refresh answered after a
+// newer refresh, a logout or a refused token draws nothing, so a page logged out mid-refresh is
+// not shown again with the old token's data, and an old refresh's 401 does not undo a login.
+let generation = 0;
 
 const $ = (sel) => document.querySelector(sel);
 
@@ -400,11 +404,14 @@ function routeJob() {
 
 async function refresh() {
   clearTimeout(timer);
+  const mine = ++generation;
+  const stale = () => mine !== generation;
   try {
     const detailId = routeJob();
     const workflowId = routeWorkflow();
     // Who is calling first: the role decides which buttons are drawn.
     const me = await api('/v1/whoami');
+    if (stale()) return;
     canWrite = me.role === 'admin';
     $('#whoami').textContent = me.auth ? me.name + ' (' + me.role + ')' : '';
     const [q, w, j, d, sch, wfs, wf, au] = await Promise.all([
@@ -415,6 +422,7 @@ async function refresh() {
       workflowId ? api('/v1/workflows/' + workflowId) : Promise.resolve(null),
       api('/v1/audit?limit=20'),
     ]);
+    if (stale()) return;
     $('#login').hidden = true;
     $('#app').hidden = false;
     $('#logout').hidden = !sessionStorage.getItem(TOKEN_KEY);
@@ -431,6 +439,7 @@ async function refresh() {
     s.textContent = 'updated ' + new Date().toLocaleTimeString();
     s.className = 'status ok';
   } catch (e) {
+    if (stale()) return;
     if (e instanceof Unauthorized) return showLogin();
     const s = $('#status');
     s.textContent = 'cannot reach the API: ' + e.message;
@@ -441,6 +450,7 @@ async function refresh() {
 
 function showLogin(msg) {
   clearTimeout(timer);
+  generation++;
   $('#app').hidden = true;
   $('#login').hidden = false;
   $('#login-error').textContent = msg || (sessionStorage.getItem(TOKEN_KEY) ? 'That token was refused.' : '');
