@@ -663,9 +663,9 @@ unix socket) of this tool's own; a redis:// or postgres:// URL uses that server 
 only worker faults are injected: nothing else of yours is restarted or flushed).
 
 When the time is up the load stops, the system drains, and the checker reads the store, the \
-counter and the workers' logs: every accepted job must have succeeded (lost = 0), each job must \
-have exactly one applied commit at its final epoch whose result answers a call made by its final \
-run (completed twice = 0), every repeated call must follow a fault, no worker may ever have had \
+counter and the workers' logs: every accepted job must have succeeded (lost = 0), no job may have \
+two applied commits in the logs nor one at an epoch other than its final one, and its result \
+must answer a call made by its final run (completed twice = 0), every repeated call must follow a fault, no worker may ever have had \
 more jobs running under its name than its prefetch (read from the job timelines), and every \
 hostile request must have been refused with a 4xx and none stored. It reports zombie writes \
 rejected, duplicate calls by cause, and recovery time from each kill to the killed jobs running \

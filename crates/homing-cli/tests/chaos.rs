@@ -33,10 +33,12 @@ fn chaos_for(seconds: u64, args: &[&str]) -> serde_json::Value {
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
         panic!("homing chaos printed no JSON report ({e}); exit {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status)
     });
+    // The violations come first: a CI log cut short keeps its head.
     assert!(
         out.status.success() && report["ok"] == true,
-        "chaos run failed (exit {:?}):\n{}\nstderr:\n{stderr}",
+        "chaos run failed (exit {:?}); violations: {}\n{}\nstderr:\n{stderr}",
         out.status,
+        report["violations"],
         serde_json::to_string_pretty(&report).unwrap_or_default()
     );
     assert_eq!(report["lost"], 0);

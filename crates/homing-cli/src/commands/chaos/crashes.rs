@@ -100,17 +100,7 @@ mod tests {
     use homing::JobState;
 
     fn entry(kind: Kind, at: Micros, epoch: u64, crashes: u32) -> Entry {
-        Entry {
-            at,
-            kind,
-            state: JobState::Queued,
-            epoch: Some(epoch),
-            worker: Some("w".into()),
-            attempts: 0,
-            crashes,
-            message: None,
-            data: None,
-        }
+        crate::commands::chaos::test_entry(kind, JobState::Queued, at, epoch, crashes)
     }
 
     #[test]

@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use super::faults::{Injected, Kind};
+use homing::history::{History, Kind as HistoryKind};
 use homing::time::{parse_rfc3339, Micros};
 use homing::{Job, JobId, JobState};
 
@@ -345,16 +346,22 @@ pub fn check_ticks(jobs: &[Job], until: Micros) -> Ticks {
 }
 
 /// Workflows (docs/workflows.md): each step has at most one applied terminal commit (checked
-/// above with every job), and each final step exactly one, made after every parent's: it
-/// started after each parent finished, and its handler was first called after the parent's
-/// call whose answer the parent stored. Not after the parent's last call: an at-least-once
-/// duplicate of the parent (a handler still running under a worker presumed dead, a session
-/// cut from a killed server) may come after the final step ran; [`check`] judges those calls.
+/// above with every job, from the logs), and each final step exactly one, made after every
+/// parent's: it started after each parent finished, and its handler was first called after the
+/// parent's call whose answer the parent stored. Not after the parent's last call: an
+/// at-least-once duplicate of the parent (a handler still running under a worker presumed
+/// dead, a session cut from a killed server) may come after the final step ran; [`check`]
+/// judges those calls.
+///
+/// "Exactly one" is counted in the final step's timeline, not in the logs: an entry is written
+/// in its commit's transaction, where a log line is written after the commit and can be missing
+/// although the commit stands (its process killed in between; a commit whose answer was lost,
+/// sent again and found applied already, which logs nothing the second time).
 pub fn check_workflows(
     workflows: &[super::load::FanIn],
     jobs: &[Job],
     calls: &HashMap<String, Vec<Micros>>,
-    logs: &LogFacts,
+    histories: &HashMap<JobId, History>,
 ) -> Vec<String> {
     let by_id: HashMap<JobId, &Job> = jobs.iter().map(|j| (j.id, j)).collect();
     let mut out = Vec::new();
@@ -364,11 +371,19 @@ pub fn check_workflows(
             out.push(format!("workflow final step {key}: not in the store"));
             continue;
         };
-        let commits = logs.applied.get(&key).map_or(0, Vec::len);
-        if last.state == JobState::Succeeded && commits != 1 {
-            out.push(format!(
-                "workflow final step {key}: {commits} applied terminal commits in the logs, not exactly one"
-            ));
+        // A timeline at its bound may have dropped entries: then the logs' at-most-one stands.
+        let history = histories.get(&w.last).filter(|h| !h.truncated);
+        if let (JobState::Succeeded, Some(h)) = (last.state, history) {
+            let commits = h
+                .entries
+                .iter()
+                .filter(|e| e.kind == HistoryKind::Succeeded)
+                .count();
+            if commits != 1 {
+                out.push(format!(
+                    "workflow final step {key}: {commits} succeeded entries in its timeline, not exactly one"
+                ));
+            }
         }
         let first_call = calls.get(&key).and_then(|v| v.first()).copied();
         // Each final step exactly once: made runnable when every parent succeeded (then it
@@ -429,6 +444,7 @@ fn answering_call(job: &Job, calls: &HashMap<String, Vec<Micros>>) -> Option<Mic
 mod tests {
     use super::*;
     use crate::commands::chaos::load::FanIn;
+    use crate::commands::chaos::test_entry;
 
     fn job(id: JobId, state: JobState, started: Option<Micros>, finished: Option<Micros>) -> Job {
         let mut j = crate::commands::chaos::test_job(id, "builtin.http", "chaos", state);
@@ -451,9 +467,29 @@ mod tests {
             last,
             parents: vec![p1, p2],
         }];
-        let mut logs = LogFacts::default();
-        logs.applied
-            .insert(last.to_string(), vec![(1, "succeeded".into())]);
+        // The final step's timeline: started, then succeeded once. No log line is needed: the
+        // line of a commit can be missing although the commit stands.
+        let timeline = |succeeded: usize| {
+            let mut entries = vec![test_entry(
+                HistoryKind::Started,
+                JobState::Running,
+                30,
+                1,
+                0,
+            )];
+            for i in 0..succeeded {
+                entries.push(test_entry(
+                    HistoryKind::Succeeded,
+                    JobState::Succeeded,
+                    45 + i as Micros,
+                    1,
+                    0,
+                ));
+            }
+            History::from_entries(entries)
+        };
+        let mut timelines = HashMap::new();
+        timelines.insert(last, timeline(1));
         let mut calls: HashMap<String, Vec<Micros>> = HashMap::new();
         calls.insert(p1.to_string(), vec![10]);
         calls.insert(p2.to_string(), vec![20]);
@@ -469,13 +505,13 @@ mod tests {
             job(last, JobState::Succeeded, Some(30), Some(45)),
         ];
         assert_eq!(
-            check_workflows(&w, &ok, &calls, &logs),
+            check_workflows(&w, &ok, &calls, &timelines),
             Vec::<String>::new()
         );
 
         let mut stuck = ok.clone();
         stuck[2] = job(last, JobState::Waiting, None, None);
-        let v = check_workflows(&w, &stuck, &HashMap::new(), &LogFacts::default());
+        let v = check_workflows(&w, &stuck, &HashMap::new(), &HashMap::new());
         assert!(
             v.iter()
                 .any(|m| m.contains("although every parent succeeded")),
@@ -484,7 +520,7 @@ mod tests {
 
         let mut early = ok.clone();
         early[2] = job(last, JobState::Succeeded, Some(20), Some(45));
-        let v = check_workflows(&w, &early, &calls, &logs);
+        let v = check_workflows(&w, &early, &calls, &timelines);
         assert!(
             v.iter().any(|m| m.contains("started before its parent")),
             "{v:?}"
@@ -494,12 +530,12 @@ mod tests {
         // is no ordering violation; a final step called before the parent's answering call is.
         calls.insert(p1.to_string(), vec![10, 50]);
         assert_eq!(
-            check_workflows(&w, &ok, &calls, &logs),
+            check_workflows(&w, &ok, &calls, &timelines),
             Vec::<String>::new()
         );
         let mut answered_late = ok.clone();
         answered_late[0] = answered(p1, 2, 15);
-        let v = check_workflows(&w, &answered_late, &calls, &logs);
+        let v = check_workflows(&w, &answered_late, &calls, &timelines);
         assert!(
             v.iter()
                 .any(|m| m.contains("before the call of its parent")),
@@ -507,21 +543,26 @@ mod tests {
         );
         calls.insert(p1.to_string(), vec![10]);
 
-        let mut twice = LogFacts::default();
-        twice.applied.insert(
-            last.to_string(),
-            vec![(1, "succeeded".into()), (2, "succeeded".into())],
-        );
-        let v = check_workflows(&w, &ok, &calls, &twice);
-        assert!(
-            v.iter().any(|m| m.contains("2 applied terminal commits")),
-            "{v:?}"
+        for (n, entries) in [(2, timeline(2)), (0, timeline(0))] {
+            let v = check_workflows(&w, &ok, &calls, &HashMap::from([(last, entries)]));
+            assert!(
+                v.iter()
+                    .any(|m| m.contains(&format!("{n} succeeded entries in its timeline"))),
+                "{v:?}"
+            );
+        }
+        // A timeline at its bound may have dropped entries: not counted.
+        let mut bounded = timeline(0);
+        bounded.truncated = true;
+        assert_eq!(
+            check_workflows(&w, &ok, &calls, &HashMap::from([(last, bounded)])),
+            Vec::<String>::new()
         );
 
         let mut failed = ok.clone();
         failed[1] = job(p2, JobState::Failed, Some(5), Some(25));
         failed[2] = job(last, JobState::Cancelled, None, Some(26));
-        let v = check_workflows(&w, &failed, &calls, &logs);
+        let v = check_workflows(&w, &failed, &calls, &timelines);
         assert!(
             v.iter()
                 .any(|m| m.contains("called although a parent did not succeed")),
@@ -529,7 +570,7 @@ mod tests {
         );
         calls.remove(&last.to_string());
         assert_eq!(
-            check_workflows(&w, &failed, &calls, &logs),
+            check_workflows(&w, &failed, &calls, &timelines),
             Vec::<String>::new()
         );
     }
