@@ -120,6 +120,17 @@ async fn all_jobs(client: &Client, queue: Option<&str>) -> anyhow::Result<Vec<Jo
     }
 }
 
+/// Whether the schedule has enqueued the last whole-second tick at or before `until`.
+async fn ticks_reach(client: &Client, until: homing::time::Micros) -> bool {
+    all_jobs(client, Some(invariants::TICK_QUEUE))
+        .await
+        .is_ok_and(|jobs| {
+            jobs.iter()
+                .filter_map(|j| j.scheduled_tick)
+                .any(|t| t + 1_000_000 > until)
+        })
+}
+
 /// Waits until the store holds no unfinished job of `queue` and at least `want` finished ones.
 async fn drain(
     b: &Backends,
@@ -343,6 +354,13 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
     if let Err(e) = &drained {
         eprintln!("chaos: {e}");
     }
+    // The schedule catches up on its own time: a store that failed near the end of the load
+    // puts its loop in a back-off of up to 10 s, which may outlast the drain. Its ticks are
+    // waited for (within the drain limit), as the drain waits for the jobs.
+    let ticks_deadline = t_drain + a.drain_limit;
+    while Instant::now() < ticks_deadline && !ticks_reach(&client, ticks_until).await {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     d.stop_homing();
     let job_count_violations = counts::check(&*b.store).await;
     let depth_violations = counts::check_broker(&*b.broker).await;
@@ -416,7 +434,14 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         settle,
     );
     counter.shutdown();
-    let slots = slots::check(&runs, truncated, a.concurrency, python, &injected, settle);
+    let slots = slots::check(
+        &runs,
+        truncated,
+        a.concurrency,
+        python,
+        &injected,
+        settle + homing::time::micros(ttl),
+    );
 
     let mut fault_counts: BTreeMap<String, usize> =
         kinds.iter().map(|k| (k.name().to_string(), 0)).collect();

@@ -15,7 +15,9 @@
 //! start's commit, so the gateway saw an error and handed the messages back) holds fewer jobs
 //! than run under its name, and reserves more, until its heartbeat's housekeeping reclaims the
 //! unheld ones (a TTL later). With remote workers an excess within a server kill or a
-//! PostgreSQL restart, plus the settle time, is counted apart.
+//! PostgreSQL restart, plus the window the caller gives (the settle time and one more TTL: the
+//! housekeeping needs a heartbeat, late on a loaded machine, after the run is a TTL old), is
+//! counted apart.
 
 use std::collections::HashMap;
 
@@ -91,7 +93,7 @@ pub fn check(
     bound: usize,
     remote: bool,
     injected: &[Injected],
-    settle: Micros,
+    window: Micros,
 ) -> Outcome {
     let mut out = Outcome {
         bound,
@@ -102,7 +104,7 @@ pub fn check(
     let kills: Vec<(Micros, Micros)> = injected
         .iter()
         .filter(|f| remote && matches!(f.kind, Fault::ServerKill | Fault::PostgresRestart))
-        .map(|f| (f.at, f.end + settle))
+        .map(|f| (f.at, f.end + window))
         .collect();
     let mut by_worker: HashMap<&str, Vec<(Micros, i32)>> = HashMap::new();
     for r in runs {
