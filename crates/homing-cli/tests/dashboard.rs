@@ -1399,10 +1399,19 @@ async fn job_view_shows_the_full_timeline_through_a_failure_and_a_crash() {
                 .unwrap()
         }
     };
-    let h = eventually(Duration::from_secs(60), "the job to succeed", || async {
-        let h = job(id.clone()).await;
-        (h["job"]["state"] == "succeeded").then_some(h)
-    })
+    // The endpoint reads the timeline, then the row (api/jobs.rs history): a commit between the
+    // two reads shows a succeeded row over a timeline without its entry yet. So the wait is for
+    // both; an entry that never came would still fail it.
+    let h = eventually(
+        Duration::from_secs(60),
+        "the job to succeed and its timeline to show it",
+        || async {
+            let h = job(id.clone()).await;
+            let last = h["entries"].as_array().and_then(|e| e.last()).cloned();
+            (h["job"]["state"] == "succeeded" && last.is_some_and(|e| e["kind"] == "succeeded"))
+                .then_some(h)
+        },
+    )
     .await;
     let kinds: Vec<&str> = h["entries"]
         .as_array()
