@@ -665,8 +665,9 @@ only worker faults are injected: nothing else of yours is restarted or flushed).
 When the time is up the load stops, the system drains, and the checker reads the store, the \
 counter and the workers' logs: every accepted job must have succeeded (lost = 0), no job may have \
 two applied commits in the logs nor one at an epoch other than its final one, and its result \
-must answer a call made by its final run (completed twice = 0), every repeated call must follow a fault, no worker may ever have had \
-more jobs running under its name than its prefetch (read from the job timelines), and every \
+must answer a call made by its final run (completed twice = 0), every repeated call must follow \
+a fault, no worker may ever have had more jobs running under its name than its prefetch (read \
+from the job timelines), and every \
 hostile request must have been refused with a 4xx and none stored. It reports zombie writes \
 rejected, duplicate calls by cause, and recovery time from each kill to the killed jobs running \
 again. Exit code 1 on any violation.
