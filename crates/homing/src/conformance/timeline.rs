@@ -18,7 +18,7 @@ macro_rules! timeline_conformance {
         $crate::__conformance_cases!(timeline, $make;
             every_run_crash_and_outcome_leaves_its_entry, refused_writes_leave_no_entry,
             operator_actions_and_schedules_leave_entries, progress_is_capped_per_run,
-            timeline_is_bounded_and_goes_with_its_job
+            timeline_is_bounded_and_goes_with_its_job, an_enqueue_met_again_adds_no_entry
         );
     };
 }
@@ -46,6 +46,35 @@ async fn consistent(s: &dyn Store, id: JobId) -> Vec<Entry> {
     let job = s.get(id).await.unwrap().unwrap();
     assert_eq!(disagreement(&job, &h), None, "{:#?}", h.entries);
     h.entries
+}
+
+/// An enqueue met again (the same job sent twice, as a producer does when the answer to its
+/// commit was lost, or another job with a stored idempotency key) leaves the stored job's
+/// timeline as it was, and the refused job none: the `enqueued` entry is written with the job's
+/// row and only with it. The later inserts go to a queue the store knows already, the path on
+/// which PostgreSQL writes the row and its entry in one statement.
+pub async fn an_enqueue_met_again_adds_no_entry(s: Arc<dyn Store>) {
+    let q = unique_queue("again");
+    let mut first = new_job(&q, "t");
+    first.options.idempotency_key = Some(unique_queue("key"));
+    let key = first.options.idempotency_key.clone();
+    let first_id = first.id;
+    s.insert(vec![first]).await.unwrap();
+    let second = new_job(&q, "t");
+    let second_id = second.id;
+    let resent = second.clone();
+    assert!(!s.insert(vec![second]).await.unwrap()[0].existed);
+    let mut same_key = new_job(&q, "t");
+    same_key.options.idempotency_key = key;
+    let refused = same_key.id;
+    let out = s.insert(vec![resent, same_key]).await.unwrap();
+    assert_eq!((out[0].id, out[0].existed), (second_id, true));
+    assert_eq!((out[1].id, out[1].existed), (first_id, true));
+    for id in [first_id, second_id] {
+        let e = consistent(&*s, id).await;
+        assert_eq!(kinds(&e), [Kind::Enqueued], "job {id}");
+    }
+    assert!(s.history(refused).await.unwrap().entries.is_empty());
 }
 
 /// Fails once (retry scheduled), crashes once, then succeeds: each step's entry carries the

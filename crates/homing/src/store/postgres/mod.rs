@@ -507,8 +507,78 @@ async fn lock_jobs(conn: &mut PgConnection, ids: &[JobId]) -> sqlx::Result<HashM
         .collect()
 }
 
-/// Writes timeline entries (docs/timeline.md) in one statement, whatever their number: a
-/// batch's start or completion adds one round trip, not one per job.
+/// Timeline entries (docs/timeline.md) as the arrays `UNNEST` takes, so that one statement
+/// writes a batch's entries whatever their number: alone ([`write_history`]) or inside the
+/// statement that makes the change they record ([`insert_jobs`]), one round trip fewer.
+struct TimelineRows {
+    ids: Vec<JobId>,
+    at: Vec<i64>,
+    kind: Vec<&'static str>,
+    state: Vec<&'static str>,
+    epoch: Vec<Option<i64>>,
+    worker: Vec<Option<String>>,
+    attempts: Vec<i32>,
+    crashes: Vec<i32>,
+    message: Vec<Option<String>>,
+    data: Vec<Option<String>>,
+}
+
+impl TimelineRows {
+    fn new(entries: &[(JobId, history::Entry)]) -> Self {
+        let n = entries.len();
+        let mut rows = Self {
+            ids: Vec::with_capacity(n),
+            at: Vec::with_capacity(n),
+            kind: Vec::with_capacity(n),
+            state: Vec::with_capacity(n),
+            epoch: Vec::with_capacity(n),
+            worker: Vec::with_capacity(n),
+            attempts: Vec::with_capacity(n),
+            crashes: Vec::with_capacity(n),
+            message: Vec::with_capacity(n),
+            data: Vec::with_capacity(n),
+        };
+        for (id, e) in entries {
+            rows.ids.push(*id);
+            rows.at.push(e.at);
+            rows.kind.push(e.kind.as_str());
+            rows.state.push(e.state.as_str());
+            rows.epoch
+                .push(e.epoch.map(|n| n.min(i64::MAX as u64) as i64));
+            rows.worker
+                .push(e.worker.as_deref().map(clean).map(Cow::into_owned));
+            rows.attempts
+                .push(i32::try_from(e.attempts).unwrap_or(i32::MAX));
+            rows.crashes
+                .push(i32::try_from(e.crashes).unwrap_or(i32::MAX));
+            rows.message
+                .push(e.message.as_deref().map(clean).map(Cow::into_owned));
+            rows.data.push(e.data.as_ref().map(to_json));
+        }
+        rows
+    }
+
+    /// Binds the ten arrays as the statement's next ten parameters, in the order of
+    /// [`write_history`]'s `UNNEST`.
+    fn bind<'q>(
+        self,
+        q: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        q.bind(self.ids)
+            .bind(self.at)
+            .bind(self.kind)
+            .bind(self.state)
+            .bind(self.epoch)
+            .bind(self.worker)
+            .bind(self.attempts)
+            .bind(self.crashes)
+            .bind(self.message)
+            .bind(self.data)
+    }
+}
+
+/// Writes timeline entries in one statement, whatever their number: a batch's start or
+/// completion adds one round trip, not one per job.
 async fn write_history(
     conn: &mut PgConnection,
     entries: &[(JobId, history::Entry)],
@@ -516,51 +586,15 @@ async fn write_history(
     if entries.is_empty() {
         return Ok(());
     }
-    let n = entries.len();
-    let (mut ids, mut at, mut kind, mut state) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    let (mut epoch, mut worker, mut attempts, mut crashes, mut message, mut data) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for (id, e) in entries {
-        ids.push(*id);
-        at.push(e.at);
-        kind.push(e.kind.as_str());
-        state.push(e.state.as_str());
-        epoch.push(e.epoch.map(|n| n.min(i64::MAX as u64) as i64));
-        worker.push(e.worker.as_deref().map(clean).map(Cow::into_owned));
-        attempts.push(i32::try_from(e.attempts).unwrap_or(i32::MAX));
-        crashes.push(i32::try_from(e.crashes).unwrap_or(i32::MAX));
-        message.push(e.message.as_deref().map(clean).map(Cow::into_owned));
-        data.push(e.data.as_ref().map(to_json));
-    }
-    sqlx::query(
-        "INSERT INTO homing_job_history (job_id, at, kind, state, epoch, worker, attempts, \
-         crashes, message, data) \
-         SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::int8[], \
-                              $6::text[], $7::int4[], $8::int4[], $9::text[], $10::text[])",
-    )
-    .bind(&ids)
-    .bind(&at)
-    .bind(&kind)
-    .bind(&state)
-    .bind(&epoch)
-    .bind(&worker)
-    .bind(&attempts)
-    .bind(&crashes)
-    .bind(&message)
-    .bind(&data)
-    .execute(&mut *conn)
-    .await?;
+    TimelineRows::new(entries)
+        .bind(sqlx::query(
+            "INSERT INTO homing_job_history (job_id, at, kind, state, epoch, worker, attempts, \
+             crashes, message, data) \
+             SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::int8[], \
+                                  $6::text[], $7::int4[], $8::int4[], $9::text[], $10::text[])",
+        ))
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 
@@ -717,8 +751,22 @@ pub(super) async fn insert_jobs(
         callback_urls.push(o.callback_url.clone());
         traceparents.push(o.traceparent.clone());
     }
-    let inserted: HashSet<JobId> = sqlx::query_scalar(
-        "INSERT INTO homing_jobs (id, task, queue, state, args, max_retries, max_crashes, \
+    // Each job's first timeline entry is written by the insert's own statement, for the rows it
+    // inserted only (a conflict inserts nothing): one round trip for both tables, so an enqueue
+    // that needs no other statement can run as one implicit transaction (Store::insert).
+    let log: Vec<(JobId, history::Entry)> = send
+        .iter()
+        .map(|&i| {
+            let at = jobs[i].run_at.filter(|t| *t > jobs[i].created_at);
+            (
+                jobs[i].id,
+                history::enqueued(states[i], at, jobs[i].created_at),
+            )
+        })
+        .collect();
+    let query = sqlx::query(
+        "WITH ins AS (\
+         INSERT INTO homing_jobs (id, task, queue, state, args, max_retries, max_crashes, \
          retry_policy, time_limit_ms, idempotency_key, created_at, scheduled_at, updated_at, \
          on_success, on_failure, callback_url, priority, unique_key, traceparent) \
          SELECT u.id, u.task, u.queue, u.state, u.args, u.max_retries, u.max_crashes, \
@@ -731,7 +779,15 @@ pub(super) async fn insert_jobs(
               AS u(id, task, queue, state, args, max_retries, max_crashes, retry_policy, \
                    time_limit_ms, idempotency_key, created_at, scheduled_at, on_success, on_failure, \
                    callback_url, priority, unique_key, traceparent) \
-         ON CONFLICT DO NOTHING RETURNING id",
+         ON CONFLICT DO NOTHING RETURNING id), \
+         timeline AS (\
+         INSERT INTO homing_job_history (job_id, at, kind, state, epoch, worker, attempts, \
+         crashes, message, data) \
+         SELECT e.* FROM UNNEST($19::uuid[], $20::int8[], $21::text[], $22::text[], $23::int8[], \
+                                $24::text[], $25::int4[], $26::int4[], $27::text[], $28::text[]) \
+              AS e(job_id, at, kind, state, epoch, worker, attempts, crashes, message, data) \
+         WHERE e.job_id IN (SELECT id FROM ins)) \
+         SELECT id FROM ins",
     )
     .bind(&ids)
     .bind(&tasks)
@@ -750,20 +806,19 @@ pub(super) async fn insert_jobs(
     .bind(&callback_urls)
     .bind(&priorities)
     .bind(&unique_keys)
-    .bind(&traceparents)
-    .fetch_all(&mut *conn)
-    .await?
-    .into_iter()
-    .collect();
+    .bind(&traceparents);
+    let inserted: HashSet<JobId> = TimelineRows::new(&log)
+        .bind(query)
+        .fetch_all(&mut *conn)
+        .await?
+        .iter()
+        .map(|r| r.try_get(0))
+        .collect::<sqlx::Result<_>>()?;
 
     let mut out: Vec<Option<Inserted>> = vec![None; jobs.len()];
     let mut lost = Vec::new();
-    let mut log = Vec::new();
     for &i in &send {
         if inserted.contains(&jobs[i].id) {
-            let at = jobs[i].run_at.filter(|t| *t > jobs[i].created_at);
-            let e = history::enqueued(states[i], at, jobs[i].created_at);
-            log.push((jobs[i].id, e));
             out[i] = Some(Inserted {
                 id: jobs[i].id,
                 queue: jobs[i].queue.clone(),
@@ -774,7 +829,6 @@ pub(super) async fn insert_jobs(
             lost.push(i);
         }
     }
-    write_history(conn, &log).await?;
     if !lost.is_empty() {
         let lost_ids: Vec<JobId> = lost.iter().map(|&i| jobs[i].id).collect();
         let lost_keys: Vec<String> = lost
@@ -1949,8 +2003,18 @@ impl Store for PgStore {
 
     async fn insert(&self, jobs: Vec<NewJob>) -> Result<Vec<Inserted>> {
         let to_admit = self.known_queues.to_admit(&jobs);
+        // A batch of known queues without unique jobs is written by one statement (insert_jobs),
+        // which PostgreSQL runs as its own transaction: no BEGIN and COMMIT round trips on the
+        // path of every enqueue. A new queue's admission and the unique jobs' locks need a
+        // transaction around several statements.
+        let one_statement =
+            to_admit.is_none() && jobs.iter().all(|j| j.options.unique_for.is_none());
         let out = self
             .call(async {
+                if one_statement {
+                    let mut conn = self.pool.acquire().await?;
+                    return insert_jobs(&mut conn, &jobs).await;
+                }
                 let mut tx = self.pool.begin().await?;
                 if to_admit.is_some() {
                     crate::store::queues::admit_pg(
