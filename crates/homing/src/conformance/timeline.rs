@@ -48,11 +48,10 @@ async fn consistent(s: &dyn Store, id: JobId) -> Vec<Entry> {
     h.entries
 }
 
-/// An enqueue met again (the same job sent twice, as a producer does when the answer to its
-/// commit was lost, or another job with a stored idempotency key) leaves the stored job's
-/// timeline as it was, and the refused job none: the `enqueued` entry is written with the job's
-/// row and only with it. The later inserts go to a queue the store knows already, the path on
-/// which PostgreSQL writes the row and its entry in one statement.
+/// A job met again by its idempotency key leaves the stored job's timeline as it was and the
+/// refused job none: the `enqueued` entry is written with the job's row and only with it. The
+/// later inserts go to a queue the store knows already, the path on which PostgreSQL writes the
+/// rows and their entries in one statement.
 pub async fn an_enqueue_met_again_adds_no_entry(s: Arc<dyn Store>) {
     let q = unique_queue("again");
     let mut first = new_job(&q, "t");
@@ -62,14 +61,12 @@ pub async fn an_enqueue_met_again_adds_no_entry(s: Arc<dyn Store>) {
     s.insert(vec![first]).await.unwrap();
     let second = new_job(&q, "t");
     let second_id = second.id;
-    let resent = second.clone();
     assert!(!s.insert(vec![second]).await.unwrap()[0].existed);
     let mut same_key = new_job(&q, "t");
     same_key.options.idempotency_key = key;
     let refused = same_key.id;
-    let out = s.insert(vec![resent, same_key]).await.unwrap();
-    assert_eq!((out[0].id, out[0].existed), (second_id, true));
-    assert_eq!((out[1].id, out[1].existed), (first_id, true));
+    let out = s.insert(vec![same_key]).await.unwrap();
+    assert_eq!((out[0].id, out[0].existed), (first_id, true));
     for id in [first_id, second_id] {
         let e = consistent(&*s, id).await;
         assert_eq!(kinds(&e), [Kind::Enqueued], "job {id}");
