@@ -1597,26 +1597,30 @@ async fn start_tx(
     }
     let mut started: HashMap<JobId, Job> = HashMap::new();
     if !to_run.is_empty() {
+        // Each run's `started` entry (history::started: the row as the start leaves it) is
+        // written by the update's own statement, from the rows it returns: one round trip fewer.
         let sql = format!(
-            "UPDATE homing_jobs SET state = 'running', epoch = epoch + 1, worker = $2, \
-             started_at = $3, dispatched = true, updated_at = $3 WHERE id = ANY($1) RETURNING {}",
+            "WITH started AS (\
+             UPDATE homing_jobs SET state = 'running', epoch = epoch + 1, worker = $2, \
+             started_at = $3, dispatched = true, updated_at = $3 WHERE id = ANY($1) RETURNING {}), \
+             timeline AS (\
+             INSERT INTO homing_job_history (job_id, at, kind, state, epoch, worker, attempts, \
+             crashes) \
+             SELECT id, $3, $4, state, epoch, worker, attempts, crashes FROM started) \
+             SELECT * FROM started",
             columns("")
         );
         for r in sqlx::query(AssertSqlSafe(sql))
             .bind(&to_run)
             .bind(worker)
             .bind(now)
+            .bind(history::Kind::Started.as_str())
             .fetch_all(&mut *tx)
             .await?
         {
             let j = row_to_job(&r)?;
             started.insert(j.id, j);
         }
-        let log: Vec<(JobId, history::Entry)> = started
-            .values()
-            .map(|j| (j.id, history::started(j, now)))
-            .collect();
-        write_history(&mut tx, &log).await?;
         // Only a start begins a run, so only a start can grow a timeline by more than a run's
         // entries: trimming here, once per batch, keeps every timeline near its bound.
         trim_history(&mut tx, &to_run).await?;
@@ -1721,17 +1725,28 @@ async fn complete_tx(
             dispatch,
         });
     }
-    if !ok_ids.is_empty() {
-        sqlx::query(
-            "UPDATE homing_jobs j SET state = 'succeeded', result = u.result, error = NULL, \
+    // The batch's timeline entries ride in the successes' statement when there is one (they
+    // depend on nothing it writes): one round trip fewer for most batches.
+    if ok_ids.is_empty() {
+        write_history(&mut tx, &log).await?;
+    } else {
+        let update = sqlx::query(
+            "WITH succeeded AS (\
+             UPDATE homing_jobs j SET state = 'succeeded', result = u.result, error = NULL, \
              finished_at = $3, updated_at = $3, completed_epoch = j.epoch \
-             FROM UNNEST($1::uuid[], $2::text[]) AS u(id, result) WHERE j.id = u.id",
+             FROM UNNEST($1::uuid[], $2::text[]) AS u(id, result) WHERE j.id = u.id) \
+             INSERT INTO homing_job_history (job_id, at, kind, state, epoch, worker, attempts, \
+             crashes, message, data) \
+             SELECT * FROM UNNEST($4::uuid[], $5::int8[], $6::text[], $7::text[], $8::int8[], \
+                                  $9::text[], $10::int4[], $11::int4[], $12::text[], $13::text[])",
         )
         .bind(&ok_ids)
         .bind(&ok_results)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
+        .bind(now);
+        TimelineRows::new(&log)
+            .bind(update)
+            .execute(&mut *tx)
+            .await?;
     }
     // Successes recorded their epoch in their own statement: a second update of the same rows
     // would write each a second row version and fire the count trigger again.
@@ -1747,7 +1762,6 @@ async fn complete_tx(
             .execute(&mut *tx)
             .await?;
     }
-    write_history(&mut tx, &log).await?;
     for id in with_event {
         terminal_event(&mut tx, id, now).await?;
     }
