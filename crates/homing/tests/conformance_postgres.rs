@@ -620,6 +620,42 @@ async fn a_retried_insert_whose_commit_was_not_heard_returns_the_job() {
     assert!(again.existed && again.id == nj.id && !again.needs_dispatch());
 }
 
+/// A batch that meets a stored idempotency key reads the stored job after its insert; when
+/// that read fails the batch's answer is an error, and then nothing of it may be stored (all or
+/// none: a producer that retries with fresh ids must not enqueue its new jobs twice). The read
+/// is made to fail with a row whose state this version does not know (a newer version's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_batch_whose_lookup_fails_stores_none_of_its_jobs() {
+    let s = fresh_store().await;
+    let q = homing::conformance::unique_queue("keyed");
+    let mut stored = new_job(&q, "t");
+    stored.options.idempotency_key = Some("k-stored".into());
+    s.insert(vec![stored.clone()]).await.unwrap();
+    // The queue is known to this process now: the batch below is not a new queue's admission.
+    sqlx::query("ALTER TABLE homing_jobs DROP CONSTRAINT homing_jobs_state_check")
+        .execute(s.pool())
+        .await
+        .unwrap();
+    sqlx::query("UPDATE homing_jobs SET state = 'from-the-future' WHERE id = $1")
+        .bind(stored.id)
+        .execute(s.pool())
+        .await
+        .unwrap();
+    let fresh = new_job(&q, "t");
+    let mut again = new_job(&q, "t");
+    again.options.idempotency_key = Some("k-stored".into());
+    let err = s
+        .insert(vec![fresh.clone(), again])
+        .await
+        .expect_err("the stored job cannot be read");
+    assert!(err.to_string().contains("state"), "{err}");
+    assert!(
+        s.get(fresh.id).await.unwrap().is_none(),
+        "a batch answered with an error stored its new job"
+    );
+    assert!(s.history(fresh.id).await.unwrap().entries.is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_server_is_unavailable_quickly_and_url_password_stays_secret() {
     let dir = tempfile::tempdir().unwrap();

@@ -50,6 +50,7 @@ macro_rules! store_poison_conformance {
             unwritable_job_fails_neither_its_start_batch_nor_its_neighbours,
             unwritable_completion_fails_neither_its_batch_nor_its_neighbours,
             out_of_range_counters_read_and_die_at_start,
+            counters_past_the_timelines_integer_still_start_claim_and_report,
             poisoned_running_row_is_reclaimed_by_mark_lost,
             unreclaimable_lost_job_is_made_dead,
             dead_at_start_is_not_marked_as_started,
@@ -517,6 +518,66 @@ pub async fn out_of_range_counters_read_and_die_at_start((s, t): Poisonable) {
             j.error
         );
         assert_eq!((j.epoch, j.worker.as_deref()), (0, None), "never started");
+    }
+}
+
+/// Counters a `u32` holds but a 32-bit signed column does not (above 2^31, reachable with huge
+/// `max_retries`/`max_crashes`, or written by hand): the job is claimed when due, starts and
+/// reports progress beside its neighbours, its timeline entries written with the counter at
+/// least `i32::MAX` (capped where the column is 32-bit), never failing the batch. A due job
+/// whose counter is far below zero (only by hand) is claimed with them too.
+pub async fn counters_past_the_timelines_integer_still_start_claim_and_report((s, t): Poisonable) {
+    const BIG: i64 = 3_000_000_000;
+    let q = unique_queue("poison-wide");
+    let mut big = new_job(&q, "t");
+    big.run_at = Some(big.created_at + 1_000);
+    let mut good = new_job(&q, "t");
+    good.run_at = big.run_at;
+    let mut negative = new_job(&q, "t");
+    negative.run_at = big.run_at;
+    s.insert(vec![big.clone(), good.clone(), negative.clone()])
+        .await
+        .unwrap();
+    t.set_job_int(big.id, "max_crashes", 4_000_000_000).await;
+    t.set_job_int(big.id, "attempts", BIG).await;
+    t.set_job_int(big.id, "crashes", BIG).await;
+    t.set_job_int(negative.id, "attempts", -(1 << 40)).await;
+
+    let claimed = s
+        .claim_due(big.created_at + 1_000_000, 10)
+        .await
+        .expect("a due batch holding wide counters is claimed");
+    let mut ids: Vec<JobId> = claimed.iter().map(|c| c.id).collect();
+    ids.sort();
+    let mut want = vec![big.id, good.id, negative.id];
+    want.sort();
+    assert_eq!(ids, want);
+
+    let out = s
+        .start(&[big.id, good.id], "w", now())
+        .await
+        .expect("a start batch holding wide counters starts");
+    assert!(
+        matches!(&out[0], StartOutcome::Run(j) if j.id == big.id && j.attempts as i64 == BIG),
+        "{out:?}"
+    );
+    assert!(
+        matches!(&out[1], StartOutcome::Run(j) if j.id == good.id),
+        "{out:?}"
+    );
+    assert!(s
+        .set_progress(big.id, 1, serde_json::json!({"done": 1}))
+        .await
+        .expect("progress of a job with wide counters"));
+
+    let h = s.history(big.id).await.unwrap();
+    let kinds: Vec<_> = h.entries.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["enqueued", "due", "started", "progress"], "{h:?}");
+    for e in &h.entries[1..] {
+        assert!(
+            e.attempts >= i32::MAX as u32 && e.crashes >= i32::MAX as u32,
+            "{e:?}"
+        );
     }
 }
 

@@ -625,6 +625,16 @@ async fn trim_history(conn: &mut PgConnection, ids: &[JobId]) -> sqlx::Result<()
     Ok(())
 }
 
+/// A job row's counters as a timeline entry stores them, for the statements that build entries
+/// in SQL: the row's counters are BIGINT, an entry's are INTEGER, and a count outside that
+/// range (above 2^31 with a huge retry budget, or below zero by hand) would fail the whole
+/// batch's statement. Clamped as `TimelineRows` clamps on the Rust side; negatives read as 0.
+macro_rules! entry_counters {
+    () => {
+        "LEAST(GREATEST(attempts, 0), 2147483647), LEAST(GREATEST(crashes, 0), 2147483647)"
+    };
+}
+
 fn row_to_entry(r: &PgRow) -> sqlx::Result<history::Entry> {
     let kind: String = r.try_get(1)?;
     let state: String = r.try_get(2)?;
@@ -1606,9 +1616,10 @@ async fn start_tx(
              timeline AS (\
              INSERT INTO homing_job_history (job_id, at, kind, state, epoch, worker, attempts, \
              crashes) \
-             SELECT id, $3, $4, state, epoch, worker, attempts, crashes FROM started) \
+             SELECT id, $3, $4, state, epoch, worker, {} FROM started) \
              SELECT * FROM started",
-            columns("")
+            columns(""),
+            entry_counters!()
         );
         for r in sqlx::query(AssertSqlSafe(sql))
             .bind(&to_run)
@@ -2017,12 +2028,19 @@ impl Store for PgStore {
 
     async fn insert(&self, jobs: Vec<NewJob>) -> Result<Vec<Inserted>> {
         let to_admit = self.known_queues.to_admit(&jobs);
-        // A batch of known queues without unique jobs is written by one statement (insert_jobs),
-        // which PostgreSQL runs as its own transaction: no BEGIN and COMMIT round trips on the
-        // path of every enqueue. A new queue's admission and the unique jobs' locks need a
-        // transaction around several statements.
-        let one_statement =
-            to_admit.is_none() && jobs.iter().all(|j| j.options.unique_for.is_none());
+        // A batch of known queues without unique jobs or idempotency keys is written by one
+        // statement (insert_jobs), which PostgreSQL runs as its own transaction: no BEGIN and
+        // COMMIT round trips on the path of every enqueue. A new queue's admission and the
+        // unique jobs' locks need a transaction around several statements, and so does a batch
+        // with keys: one that meets a stored key reads the stored job after the insert, and if
+        // that read failed after a commit of its own, the batch would be answered with an error
+        // though its new jobs were stored, and enqueued twice by a producer that retries with
+        // fresh ids. (A re-sent id makes the same read, but its producer is retrying already,
+        // with the same ids, which find the stored jobs.)
+        let one_statement = to_admit.is_none()
+            && jobs
+                .iter()
+                .all(|j| j.options.unique_for.is_none() && j.options.idempotency_key.is_none());
         let out = self
             .call(async {
                 if one_statement {
@@ -2229,7 +2247,7 @@ impl Store for PgStore {
         self.call(async {
             // SKIP LOCKED: a row another scheduler is claiming is left to it. A row it has
             // already claimed and committed fails the re-checked `state = 'scheduled'`.
-            let rows = sqlx::query(
+            let rows = sqlx::query(concat!(
                 "WITH due AS (SELECT id FROM homing_jobs \
                               WHERE state = 'scheduled' AND scheduled_at <= $1 \
                               ORDER BY scheduled_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
@@ -2237,9 +2255,10 @@ impl Store for PgStore {
                    updated_at = $1 FROM due WHERE j.id = due.id AND j.state = 'scheduled' \
                    RETURNING j.id, j.queue, j.priority, j.attempts, j.crashes), \
                  logged AS (INSERT INTO homing_job_history (job_id, at, kind, state, attempts, \
-                   crashes) SELECT id, $1, $3, 'queued', attempts, crashes FROM claimed) \
-                 SELECT id, queue, priority FROM claimed",
-            )
+                   crashes) SELECT id, $1, $3, 'queued', ",
+                entry_counters!(),
+                " FROM claimed) SELECT id, queue, priority FROM claimed"
+            ))
             .bind(now)
             .bind(limit.min(i64::MAX as usize) as i64)
             .bind(history::Kind::Due.as_str())
@@ -2480,11 +2499,13 @@ impl Store for PgStore {
             .execute(&mut *tx)
             .await?;
             if updated.rows_affected() == 0 {
-                sqlx::query(
+                sqlx::query(concat!(
                     "INSERT INTO homing_job_history (job_id, at, kind, state, epoch, worker, \
                      attempts, crashes, data) SELECT id, $2, 'progress', 'running', epoch, \
-                     worker, attempts, crashes, $3 FROM homing_jobs WHERE id = $1",
-                )
+                     worker, ",
+                    entry_counters!(),
+                    ", $3 FROM homing_jobs WHERE id = $1"
+                ))
                 .bind(id)
                 .bind(now)
                 .bind(&value)
