@@ -9,8 +9,12 @@
 //! whose built-in worker runs them (enqueue and worker in one process). One no-op job at a
 //! time: the next is enqueued only once the previous one has finished and a random pause of
 //! 5–15 ms has passed (random, so the samples do not fall in step with any poll). Latency is
-//! read from the job records (created → started: the enqueue's commit and publish, the wake-up,
-//! the reservation and the start transaction). Each setting also reports the CPU time its
+//! read from the job records (created → started: the enqueue's commit and publish, the wake-up
+//! and the reservation, up to the worker's call to start it). A worker stamps `started_at` when
+//! it asks the store to start the job, so the start transaction itself, and any wait in it for
+//! a row the producer still holds, is not in that figure: created → finished is reported beside
+//! it (for a no-op job, the start's commit, the handler and the committer's pickup; the
+//! completion's own commit comes after the stamp). Each setting also reports the CPU time its
 //! processes used over 10 s of idleness, from /proc/PID/stat: waiting must not be polling.
 
 use anyhow::Context as _;
@@ -36,6 +40,9 @@ struct Setting {
     p95_ms: f64,
     p99_ms: f64,
     max_ms: f64,
+    /// Created → finished of the same jobs.
+    done_p50_ms: f64,
+    done_p99_ms: f64,
     /// CPU time (user + system) of the setting's processes over `idle_window_s` of idleness.
     idle_cpu_ms: u64,
     idle_window_s: u64,
@@ -99,7 +106,10 @@ pub(super) async fn run(g: &Global, a: &BenchArgs) -> anyhow::Result<ExitCode> {
         );
         outln!("  broker {}  store {}", report.broker, report.store);
         output::table(
-            &["setting", "samples", "p50", "p95", "p99", "max", "idle CPU"],
+            &[
+                "setting", "samples", "p50", "p95", "p99", "max", "done p50", "done p99",
+                "idle CPU",
+            ],
             report
                 .settings
                 .iter()
@@ -111,6 +121,8 @@ pub(super) async fn run(g: &Global, a: &BenchArgs) -> anyhow::Result<ExitCode> {
                         format!("{} ms", s.p95_ms),
                         format!("{} ms", s.p99_ms),
                         format!("{} ms", s.max_ms),
+                        format!("{} ms", s.done_p50_ms),
+                        format!("{} ms", s.done_p99_ms),
                         format!("{} ms / {} s", s.idle_cpu_ms, s.idle_window_s),
                     ]
                 })
@@ -232,7 +244,8 @@ async fn pause(client: &Client, previous: Option<JobId>) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn latencies(client: &Client, ids: &[JobId]) -> anyhow::Result<Vec<f64>> {
+/// Each job's created → started and created → finished, in milliseconds.
+async fn latencies(client: &Client, ids: &[JobId]) -> anyhow::Result<Vec<(f64, f64)>> {
     let mut v = Vec::with_capacity(ids.len());
     for id in ids {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -252,14 +265,20 @@ async fn latencies(client: &Client, ids: &[JobId]) -> anyhow::Result<Vec<f64>> {
         let started = job
             .started_at
             .context("a finished job without a start time")?;
-        v.push((started - job.created_at) as f64 / 1000.0);
+        let finished = job
+            .finished_at
+            .context("a finished job without a finish time")?;
+        let ms = |t: i64| (t - job.created_at) as f64 / 1000.0;
+        v.push((ms(started), ms(finished)));
     }
     Ok(v)
 }
 
-fn setting(name: String, mut v: Vec<f64>, idle_cpu_ms: u64) -> Setting {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let at = |p: f64| {
+fn setting(name: String, v: Vec<(f64, f64)>, idle_cpu_ms: u64) -> Setting {
+    let (mut start, mut done): (Vec<f64>, Vec<f64>) = v.into_iter().unzip();
+    start.sort_by(|a, b| a.total_cmp(b));
+    done.sort_by(|a, b| a.total_cmp(b));
+    let at = |v: &[f64], p: f64| {
         if v.is_empty() {
             return 0.0;
         }
@@ -268,11 +287,13 @@ fn setting(name: String, mut v: Vec<f64>, idle_cpu_ms: u64) -> Setting {
     };
     Setting {
         setting: name,
-        samples: v.len(),
-        p50_ms: at(0.50),
-        p95_ms: at(0.95),
-        p99_ms: at(0.99),
-        max_ms: at(1.0),
+        samples: start.len(),
+        p50_ms: at(&start, 0.50),
+        p95_ms: at(&start, 0.95),
+        p99_ms: at(&start, 0.99),
+        max_ms: at(&start, 1.0),
+        done_p50_ms: at(&done, 0.50),
+        done_p99_ms: at(&done, 0.99),
         idle_cpu_ms,
         idle_window_s: IDLE_WINDOW.as_secs(),
     }

@@ -609,20 +609,27 @@ async fn trim_history(conn: &mut PgConnection, ids: &[JobId]) -> sqlx::Result<()
     if ids.is_empty() {
         return Ok(());
     }
-    sqlx::query(
+    sqlx::query(AssertSqlSafe(trim_sql("UNNEST($1::uuid[])", "$2")))
+        .bind(ids)
+        .bind(history::KEEP_LATEST as i64)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// The trim's `DELETE` for the jobs whose ids `ids` yields (an expression of one uuid column,
+/// named `job_id`), keeping the first entry and as many newest as `offset` says (the parameter
+/// that holds it): everything after the first up to the (offset + 1)-th newest goes.
+fn trim_sql(ids: &str, offset: &str) -> String {
+    format!(
         "DELETE FROM homing_job_history h USING (\
            SELECT u.job_id, \
              (SELECT min(f.id) FROM homing_job_history f WHERE f.job_id = u.job_id) AS first, \
              (SELECT n.id FROM homing_job_history n WHERE n.job_id = u.job_id \
-              ORDER BY n.id DESC OFFSET $2 LIMIT 1) AS bound \
-           FROM UNNEST($1::uuid[]) AS u(job_id)) b \
-         WHERE h.job_id = b.job_id AND h.id > b.first AND h.id <= b.bound",
+              ORDER BY n.id DESC OFFSET {offset} LIMIT 1) AS bound \
+           FROM {ids} AS u(job_id)) b \
+         WHERE h.job_id = b.job_id AND h.id > b.first AND h.id <= b.bound"
     )
-    .bind(ids)
-    .bind(history::KEEP_LATEST as i64)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
 }
 
 /// A job row's counters as a timeline entry stores them, for the statements that build entries
@@ -1224,13 +1231,48 @@ async fn lock_workflows_of(conn: &mut PgConnection, ids: &[JobId]) -> sqlx::Resu
     .bind(lock_order(ids))
     .fetch_all(&mut *conn)
     .await?;
+    lock_workflows(conn, &wfs).await
+}
+
+/// Locks workflow rows `wfs` (given in id order), the first locks of every transaction that
+/// changes their steps.
+async fn lock_workflows(conn: &mut PgConnection, wfs: &[uuid::Uuid]) -> sqlx::Result<()> {
     if !wfs.is_empty() {
         sqlx::query("SELECT id FROM homing_workflows WHERE id = ANY($1) ORDER BY id FOR UPDATE")
-            .bind(&wfs)
+            .bind(wfs)
             .fetch_all(&mut *conn)
             .await?;
     }
     Ok(())
+}
+
+/// What a transaction that starts, ends or reclaims jobs locks before the jobs themselves, in the
+/// order every such transaction takes it (their workflows, then their limited queues' settings;
+/// see `lock_limited`), returning the limited queues' limits. Most batches have neither: one
+/// statement finds that out, where a workflow probe and the limited queues' lock were two round
+/// trips each time. When the batch has workflows, their locks may wait, so the limits are read
+/// (and locked) after that wait, as before; otherwise the read that found no limited queue is
+/// the same read the lock would have made one round trip later (a limit committed meanwhile is
+/// not seen by either: a queue row without limits is not locked).
+async fn lock_ahead_of_jobs(
+    conn: &mut PgConnection,
+    ids: &[JobId],
+) -> sqlx::Result<HashMap<String, crate::limit::QueueLimits>> {
+    let (workflows, limited): (Vec<uuid::Uuid>, bool) = sqlx::query_as(
+        "SELECT ARRAY(SELECT DISTINCT workflow_id FROM homing_jobs WHERE id = ANY($1) \
+                      AND workflow_id IS NOT NULL ORDER BY workflow_id), \
+                EXISTS (SELECT 1 FROM homing_queues \
+                        WHERE name IN (SELECT queue FROM homing_jobs WHERE id = ANY($1)) \
+                        AND (concurrency IS NOT NULL OR rate_count IS NOT NULL))",
+    )
+    .bind(ids)
+    .fetch_one(&mut *conn)
+    .await?;
+    if workflows.is_empty() && !limited {
+        return Ok(HashMap::new());
+    }
+    lock_workflows(conn, &workflows).await?;
+    super::limits::postgres::lock_limited(conn, ids).await
 }
 
 /// A workflow's steps, as jobs.
@@ -1510,8 +1552,7 @@ async fn start_tx(
     now: Micros,
 ) -> sqlx::Result<Vec<StartOutcome>> {
     let mut tx = begin_fenced(pool, worker, Fence::Start).await?;
-    lock_workflows_of(&mut tx, ids).await?;
-    let limited = super::limits::postgres::lock_limited(&mut tx, ids).await?;
+    let limited = lock_ahead_of_jobs(&mut tx, ids).await?;
     let mut jobs = lock_jobs(&mut tx, ids).await?;
     // What the store counted per (queue, key), once per batch (the queue's row lock keeps it
     // true until the commit), plus what this batch has granted, not yet written.
@@ -1608,7 +1649,12 @@ async fn start_tx(
     let mut started: HashMap<JobId, Job> = HashMap::new();
     if !to_run.is_empty() {
         // Each run's `started` entry (history::started: the row as the start leaves it) is
-        // written by the update's own statement, from the rows it returns: one round trip fewer.
+        // written by the update's own statement, from the rows it returns, and the timelines
+        // are trimmed there too (trim_history's rule): two round trips fewer. Only a start
+        // begins a run, so only a start can grow a timeline by more than a run's entries:
+        // trimming here, once per batch, keeps every timeline near its bound. The trim reads
+        // the statement's snapshot, which does not hold the entry it adds: it keeps one
+        // fewer of the older entries, so the first and the latest KEEP_LATEST remain.
         let sql = format!(
             "WITH started AS (\
              UPDATE homing_jobs SET state = 'running', epoch = epoch + 1, worker = $2, \
@@ -1616,25 +1662,25 @@ async fn start_tx(
              timeline AS (\
              INSERT INTO homing_job_history (job_id, at, kind, state, epoch, worker, attempts, \
              crashes) \
-             SELECT id, $3, $4, state, epoch, worker, {} FROM started) \
+             SELECT id, $3, $4, state, epoch, worker, {} FROM started), \
+             trimmed AS ({}) \
              SELECT * FROM started",
             columns(""),
-            entry_counters!()
+            entry_counters!(),
+            trim_sql("(SELECT id FROM started)", "$5"),
         );
         for r in sqlx::query(AssertSqlSafe(sql))
             .bind(&to_run)
             .bind(worker)
             .bind(now)
             .bind(history::Kind::Started.as_str())
+            .bind(history::KEEP_LATEST as i64 - 1)
             .fetch_all(&mut *tx)
             .await?
         {
             let j = row_to_job(&r)?;
             started.insert(j.id, j);
         }
-        // Only a start begins a run, so only a start can grow a timeline by more than a run's
-        // entries: trimming here, once per batch, keeps every timeline near its bound.
-        trim_history(&mut tx, &to_run).await?;
         super::limits::postgres::granted(&mut tx, &grants, now).await?;
     }
     tx.commit().await?;
@@ -1658,8 +1704,7 @@ async fn complete_tx(
 ) -> sqlx::Result<Vec<Committed>> {
     let mut tx = pool.begin().await?;
     let ids: Vec<JobId> = done.iter().map(|c| c.id).collect();
-    lock_workflows_of(&mut tx, &ids).await?;
-    let limited = super::limits::postgres::lock_limited(&mut tx, &ids).await?;
+    let limited = lock_ahead_of_jobs(&mut tx, &ids).await?;
     let mut jobs = lock_jobs(&mut tx, &ids).await?;
     // Runs of limited queues this batch ends, with their completion's index: each frees a slot.
     let mut released: Vec<(usize, JobId, String)> = Vec::new();
@@ -1820,8 +1865,7 @@ async fn mark_lost_tx(
     now: Micros,
 ) -> sqlx::Result<(Lost, Option<ToPublish>)> {
     let mut tx = pool.begin().await?;
-    lock_workflows_of(&mut tx, &[id]).await?;
-    let limited = super::limits::postgres::lock_limited(&mut tx, &[id]).await?;
+    let limited = lock_ahead_of_jobs(&mut tx, &[id]).await?;
     // The row lock is what makes concurrent rescuers count one crash: the second one waits here
     // and then sees the job no longer running under `worker`.
     let Some(job) = get_job(&mut tx, id, true).await? else {
