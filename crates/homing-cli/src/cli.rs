@@ -598,8 +598,10 @@ pub struct BenchArgs {
     /// 100000): one no-op job at a time, each enqueued once the previous one finished and a
     /// random 5–15 ms passed, first into --workers separate `homing worker` processes (enqueued
     /// by this process), then through the HTTP API of one `homing up` that runs them itself.
-    /// Prints p50/p95/p99/max of created → started from the job records, and the CPU time the
-    /// processes use over 10 s of idleness (from /proc/PID/stat). Skips the throughput phases.
+    /// Prints p50/p95/p99/max of created → started from the job records (`started_at` is
+    /// stamped when the worker asks to start the job, before the start transaction), p50/p99 of
+    /// created → finished (which holds that transaction), and the CPU time the processes use
+    /// over 10 s of idleness (from /proc/PID/stat). Skips the throughput phases.
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = count_in(0, 100_000),
           conflicts_with_all = ["enqueue_only", "kills", "limit_concurrency", "limit_rate"])]
     pub latency: usize,
