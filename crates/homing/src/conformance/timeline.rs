@@ -332,9 +332,12 @@ pub async fn timeline_is_bounded_and_goes_with_its_job(s: Arc<dyn Store>) {
     let run = start(&*s, id, "w").await;
     complete(&*s, id, run.epoch, Outcome::Succeeded(serde_json::json!(1))).await;
     let h = s.history(id).await.unwrap();
-    // Trimmed at each start: at most one run's entries past the bound.
-    assert!(
-        h.entries.len() <= 1 + crate::history::KEEP_LATEST + 1,
+    // Trimmed at each start to the first and the latest KEEP_LATEST (the start's own entry
+    // among them); the run's end adds one more. Exact: one entry kept too many or too few is
+    // a trim that is off by one.
+    assert_eq!(
+        h.entries.len(),
+        1 + crate::history::KEEP_LATEST + 1,
         "{} entries",
         h.entries.len()
     );

@@ -1251,9 +1251,11 @@ async fn lock_workflows(conn: &mut PgConnection, wfs: &[uuid::Uuid]) -> sqlx::Re
 /// see `lock_limited`), returning the limited queues' limits. Most batches have neither: one
 /// statement finds that out, where a workflow probe and the limited queues' lock were two round
 /// trips each time. When the batch has workflows, their locks may wait, so the limits are read
-/// (and locked) after that wait, as before; otherwise the read that found no limited queue is
-/// the same read the lock would have made one round trip later (a limit committed meanwhile is
-/// not seen by either: a queue row without limits is not locked).
+/// (and locked) after that wait, as before. Otherwise the limits are read one round trip
+/// earlier than the locking read did, with no wait between: nothing orders a start against a
+/// `set_limits` in flight in either form (a queue row whose limits are not yet committed fails
+/// the locking read's filter and is not locked), so a limit committed in that round trip is
+/// one more such race, not a new kind.
 async fn lock_ahead_of_jobs(
     conn: &mut PgConnection,
     ids: &[JobId],
