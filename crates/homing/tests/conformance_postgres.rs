@@ -877,6 +877,162 @@ async fn start_held(
     (gate, start)
 }
 
+/// A batch's start and its completion plan each statement once per connection, as lookups by
+/// id, whatever the batch's size, and their planner settings end with their transactions.
+/// Left to itself PostgreSQL made a custom plan on most calls at the defaults' batches of 1 to 8
+/// jobs, and planning cost more than running the statements (BENCHMARKS.md).
+#[tokio::test]
+async fn starts_and_completions_plan_once_and_keep_their_settings_to_themselves() {
+    let s = one_connection().await;
+    let (w, _) = worker_and_job(&s, "plans").await;
+    let q = homing::conformance::unique_queue("plans");
+    // More rounds than the five custom plans PostgreSQL makes before it weighs a generic one.
+    let sizes = [1, 3, 8, 1, 2, 8, 1];
+    for size in sizes {
+        let jobs: Vec<_> = (0..size).map(|_| new_job(&q, "t")).collect();
+        let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+        s.insert(jobs).await.unwrap();
+        let done: Vec<Completion> = s
+            .start(&ids, &w, now())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| match o {
+                StartOutcome::Run(j) => Completion {
+                    id: j.id,
+                    epoch: j.epoch,
+                    outcome: Outcome::Succeeded(serde_json::json!(null)),
+                },
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        for c in s.complete(&done, now()).await.unwrap() {
+            assert!(matches!(c, Committed::Applied { .. }), "{c:?}");
+        }
+    }
+    // The pool's one connection ran every statement.
+    let mut conn = s.pool().acquire().await.unwrap();
+    let plans: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements \
+         WHERE statement NOT LIKE '%pg_prepared_statements%' \
+           AND (statement LIKE 'WITH started AS%' OR statement LIKE 'WITH succeeded AS%' \
+                OR statement LIKE '%SELECT DISTINCT workflow_id FROM homing_jobs%' \
+                OR statement LIKE '%WHERE id = ANY($1) ORDER BY id FOR UPDATE' \
+                OR statement LIKE '%FROM homing_queues WHERE paused AND name = ANY($1)%')",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    // The start's update, the completion's, the probe before the locks (a start's form and a
+    // completion's), the jobs' lock, the paused-queues read.
+    assert_eq!(plans.len(), 6, "{plans:#?}");
+    for (statement, generic, custom) in &plans {
+        assert_eq!(*custom, 0, "planned anew on a call: {statement}");
+        assert!(*generic >= 1, "never planned: {statement}");
+    }
+    for (setting, default) in [
+        ("plan_cache_mode", "auto"),
+        ("enable_seqscan", "on"),
+        ("enable_hashjoin", "on"),
+        ("enable_mergejoin", "on"),
+    ] {
+        let now_set: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SHOW {setting}")))
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(now_set, default, "{setting} outlived its transaction");
+    }
+}
+
+/// A completion's follow-up is inserted under the planner's defaults: the settings that make a
+/// batch's start and completion plan once (nested loops only) end before it. A plan stays with
+/// its statement on the connection, and the insert's statement is also a producer's enqueue:
+/// made without hash joins, its plan would match a later batch of 10,000 jobs to their timeline
+/// entries by a nested loop.
+#[tokio::test]
+async fn a_completions_follow_up_is_planned_with_the_defaults() {
+    let s = one_connection().await;
+    let (w, _) = worker_and_job(&s, "follow").await;
+    let mut job = new_job(&homing::conformance::unique_queue("follow"), "t");
+    job.options.on_success = Some(homing::FollowUp {
+        task: "t.next".into(),
+        queue: None,
+        args: serde_json::json!({}),
+    });
+    let id = job.id;
+    s.insert(vec![job]).await.unwrap();
+    let epoch = match &s.start(&[id], &w, now()).await.unwrap()[..] {
+        [StartOutcome::Run(j)] => j.epoch,
+        other => panic!("unexpected {other:?}"),
+    };
+    let done = Completion {
+        id,
+        epoch,
+        outcome: Outcome::Succeeded(serde_json::json!(null)),
+    };
+    match &s.complete(&[done], now()).await.unwrap()[..] {
+        [Committed::Applied { dispatch, .. }] => assert_eq!(dispatch.len(), 1, "{dispatch:?}"),
+        other => panic!("unexpected {other:?}"),
+    }
+    // Three inserts on the connection (a job of worker_and_job's, the parent, its follow-up):
+    // all custom plans under the defaults, where the keyed settings make the last a generic one.
+    assert_eq!(
+        insert_plans(&s).await,
+        (0, 3),
+        "the insert's generic and custom plans"
+    );
+}
+
+/// The same for a start that finds its job dead (out of crashes) and inserts its `on_failure`
+/// follow-up.
+#[tokio::test]
+async fn a_dead_starts_follow_up_is_planned_with_the_defaults() {
+    let s = one_connection().await;
+    let (w, _) = worker_and_job(&s, "dead").await;
+    let mut job = new_job(&homing::conformance::unique_queue("dead"), "t");
+    job.options.max_crashes = Some(0);
+    job.options.on_failure = Some(homing::FollowUp {
+        task: "t.next".into(),
+        queue: None,
+        args: serde_json::json!({}),
+    });
+    let id = job.id;
+    s.insert(vec![job]).await.unwrap();
+    assert_eq!(
+        s.start(&[id], &w, now()).await.unwrap(),
+        vec![StartOutcome::Dead]
+    );
+    assert_eq!(
+        insert_plans(&s).await,
+        (0, 3),
+        "the insert's generic and custom plans"
+    );
+}
+
+/// A store on a fresh database whose pool has one connection, so that every statement it sends
+/// is prepared on that connection.
+async fn one_connection() -> Arc<PgStore> {
+    with_options(PgOptions {
+        max_connections: 1,
+        ..PgOptions::default()
+    })
+    .await
+    .1
+}
+
+/// How often the one connection of `s` planned the jobs' insert statement generically and for
+/// its values.
+async fn insert_plans(s: &PgStore) -> (i64, i64) {
+    let mut conn = s.pool().acquire().await.unwrap();
+    sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
+         WHERE statement LIKE 'WITH ins AS (INSERT INTO homing_jobs%'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
 /// On a fresh database, a store with the defaults (which migrated it) and one with `options`.
 async fn with_options(options: PgOptions) -> (Arc<PgStore>, Arc<PgStore>) {
     let url = server().fresh_database().await;
@@ -931,12 +1087,7 @@ async fn a_start_during_a_presumption_waits_for_it_and_is_refused() {
     until_held(&s, "homing_workers").await;
     let (store, worker) = (s.clone(), w.clone());
     let start = tokio::spawn(async move { store.start(&[id], &worker, now()).await.unwrap() });
-    until_waiting(
-        &s,
-        ASLEEP_OR_ADVISORY,
-        "SELECT pg_advisory_xact_lock\\_shared(%",
-    )
-    .await;
+    until_waiting(&s, ASLEEP_OR_ADVISORY, "%pg_advisory_xact_lock\\_shared(%").await;
     gate.open().await;
     assert_eq!(presume.await.unwrap(), Presumption::Made);
     assert_eq!(

@@ -400,12 +400,21 @@ pub(crate) mod postgres {
         let running: i64 = if limits.concurrency.is_none() {
             0
         } else {
-            sqlx::query_scalar(
-                "SELECT COUNT(*) FROM homing_jobs WHERE queue = $1 AND state = 'running' \
-                 AND ($2::text IS NULL OR limit_key = $2)",
-            )
-            .bind(queue)
-            .bind(key)
+            // Two texts, not `($2 IS NULL OR limit_key = $2)`: a start plans its statements
+            // once, not knowing the key (`begin_keyed` in the PostgreSQL store), and that form
+            // would then count every running job of the queue, whatever its key.
+            match key {
+                None => sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM homing_jobs WHERE queue = $1 AND state = 'running'",
+                )
+                .bind(queue),
+                Some(key) => sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM homing_jobs WHERE queue = $1 AND state = 'running' \
+                     AND limit_key = $2",
+                )
+                .bind(queue)
+                .bind(key),
+            }
             .fetch_one(&mut *conn)
             .await?
         };

@@ -1256,20 +1256,49 @@ async fn lock_workflows(conn: &mut PgConnection, wfs: &[uuid::Uuid]) -> sqlx::Re
 /// `set_limits` in flight in either form (a queue row whose limits are not yet committed fails
 /// the locking read's filter and is not locked), so a limit committed in that round trip is
 /// one more such race, not a new kind.
+///
+/// A start gives its worker's fence key ([`FenceKey`]): the statement then also takes the
+/// fence's shared lock, the first lock of the transaction as before, one round trip fewer than
+/// a statement of its own. The statement's own reads were made before its wait for that lock,
+/// but they read only what a presumption does not change (a job's workflow and queue, the
+/// queues' limits); what the fence orders (the presumption, the jobs' states) is read by later
+/// statements.
 async fn lock_ahead_of_jobs(
     conn: &mut PgConnection,
     ids: &[JobId],
+    fence: Option<FenceKey>,
 ) -> sqlx::Result<HashMap<String, crate::limit::QueueLimits>> {
-    let (workflows, limited): (Vec<uuid::Uuid>, bool) = sqlx::query_as(
-        "SELECT ARRAY(SELECT DISTINCT workflow_id FROM homing_jobs WHERE id = ANY($1) \
-                      AND workflow_id IS NOT NULL ORDER BY workflow_id), \
-                EXISTS (SELECT 1 FROM homing_queues \
-                        WHERE name IN (SELECT queue FROM homing_jobs WHERE id = ANY($1)) \
-                        AND (concurrency IS NOT NULL OR rate_count IS NOT NULL))",
-    )
-    .bind(ids)
-    .fetch_one(&mut *conn)
-    .await?;
+    macro_rules! probe {
+        ($lock:literal) => {
+            concat!(
+                "SELECT ARRAY(SELECT DISTINCT workflow_id FROM homing_jobs WHERE id = ANY($1) \
+                              AND workflow_id IS NOT NULL ORDER BY workflow_id), \
+                        EXISTS (SELECT 1 FROM homing_queues \
+                                WHERE name IN (SELECT queue FROM homing_jobs WHERE id = ANY($1)) \
+                                AND (concurrency IS NOT NULL OR rate_count IS NOT NULL))",
+                $lock
+            )
+        };
+    }
+    // No FROM: one row, so the lock is taken exactly once.
+    let row = match fence {
+        None => {
+            sqlx::query(probe!(""))
+                .bind(ids)
+                .fetch_one(&mut *conn)
+                .await?
+        }
+        Some(FenceKey { class, key }) => {
+            sqlx::query(probe!(", pg_advisory_xact_lock_shared($2, $3)"))
+                .bind(ids)
+                .bind(class)
+                .bind(key)
+                .fetch_one(&mut *conn)
+                .await?
+        }
+    };
+    let workflows: Vec<uuid::Uuid> = row.try_get(0)?;
+    let limited: bool = row.try_get(1)?;
     if workflows.is_empty() && !limited {
         return Ok(HashMap::new());
     }
@@ -1497,50 +1526,86 @@ enum BuryIf<'a> {
     Owner(&'a str),
 }
 
-/// Which side of the start fence a transaction takes: a start shares it with the worker's other
-/// starts, a presumption ([`Store::presume_lost`]) holds it alone.
-#[derive(Clone, Copy)]
-enum Fence {
-    Start,
-    /// Waiting at most this long for the lock, and for any other lock the presumption takes.
-    Presume(Duration),
+/// Begins a transaction for the worker's hot path (a batch's start, its completion), whose every
+/// statement finds rows by their ids, with plans to match: each prepared statement is planned
+/// once per connection (`plan_cache_mode = force_generic_plan`), as index lookups joined by
+/// nested loops (`enable_seqscan`, `enable_hashjoin` and `enable_mergejoin` off), for the rest
+/// of the transaction only (`SET LOCAL`), in `BEGIN`'s own round trip. Left to itself
+/// PostgreSQL planned most of these statements anew on every call at the defaults' batches of
+/// 1 to 8 jobs (a generic plan of `id = ANY($1)` assumes ten ids, so a custom plan always
+/// looked cheaper), and planning cost more than running them: the start's update was planned
+/// in 270 µs and ran in 180. A generic plan chosen by cost alone would be worse: made while the
+/// table is small, it scans the whole table (or the whole primary key into a hash join), and is
+/// kept as the table grows until the next ANALYZE. With the plan shapes fixed, the one generic
+/// plan is right at every size: a lookup per id. Other transactions keep the defaults, and so
+/// do these once they leave the ids' path ([`unkey`]).
+async fn begin_keyed(pool: &PgPool) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    pool.begin_with(
+        "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; \
+         SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off",
+    )
+    .await
 }
 
-/// Begins a transaction holding the advisory lock that orders a worker's starts against its
-/// presumption. A presumption waits for the starts already past the lock and records their runs;
-/// a start that comes after it reads the presumption in a later statement, so in a later
-/// snapshot, and is refused. Without it a start could read "not presumed" while a presumption
-/// committed beside it that recorded none of its runs. An advisory lock writes nothing (a
-/// `FOR SHARE` on the worker row would write the row on every start). It is a statement of its
-/// own after `BEGIN` rather than part of it: should the wait fail (a statement timeout), the
-/// transaction is open by then and is rolled back, where a failed `BEGIN; SELECT ...` would
-/// leave its connection in an aborted transaction. The key is the worker id's FNV-1a hash under
-/// a class of its own; a collision only makes two workers' starts and presumptions wait for
-/// each other.
-///
-/// A presumption waits a bounded time (`lock_timeout`, for the rest of its transaction): a
-/// start paused mid-transaction holds the lock until its connection is ended, and a presumption
-/// queued behind it would in turn hold up every later start under the same key.
-async fn begin_fenced(
+/// Gives a [`begin_keyed`] transaction the planner's defaults back before it inserts jobs (a
+/// completion's follow-ups; a start's park or death, which takes the general path of
+/// [`transit`] and may insert one): the insert matches its timeline entries to the rows it
+/// inserted, a join of two lists that wants a hash. A plan is kept with its statement, whoever
+/// made it: one made without hash joins would serve a producer's later batch of 10,000 jobs on
+/// the same connection as a nested loop. One round trip, on these rare paths only.
+async fn unkey(conn: &mut PgConnection) -> sqlx::Result<()> {
+    sqlx::raw_sql(
+        "SET LOCAL plan_cache_mode = DEFAULT; SET LOCAL enable_seqscan = DEFAULT; \
+         SET LOCAL enable_hashjoin = DEFAULT; SET LOCAL enable_mergejoin = DEFAULT",
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// The key of the advisory lock that orders a worker's starts against its presumption. A start
+/// takes it shared, in the first statement after its `BEGIN` ([`lock_ahead_of_jobs`]); a
+/// presumption ([`Store::presume_lost`]) holds it alone ([`begin_presuming`]). A presumption
+/// waits for the starts already past the lock and records their runs; a start that comes after
+/// it reads the presumption in a later statement, so in a later snapshot, and is refused.
+/// Without it a start could read "not presumed" while a presumption committed beside it that
+/// recorded none of its runs. An advisory lock writes nothing (a `FOR SHARE` on the worker row
+/// would write the row on every start). It is taken in a statement after `BEGIN` rather than
+/// in `BEGIN`'s own query: should the wait fail (a statement timeout), the transaction is open
+/// by then and is rolled back, where a failed `BEGIN; SELECT ...` would leave its connection in
+/// an aborted transaction. The key is the worker id's FNV-1a hash under a class of its own; a
+/// collision only makes two workers' starts and presumptions wait for each other.
+#[derive(Clone, Copy)]
+struct FenceKey {
+    class: i32,
+    key: i32,
+}
+
+impl FenceKey {
+    fn of(worker: &str) -> Self {
+        /// "hsf\0": the class of the start fence's keys, apart from homing's one-key locks.
+        const CLASS: i32 = 0x6873_6600;
+        let key = worker.bytes().fold(0x811c_9dc5_u32, |h, b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        }) as i32;
+        FenceKey { class: CLASS, key }
+    }
+}
+
+/// Begins a presumption's transaction holding its worker's fence ([`FenceKey`]) alone. It waits
+/// a bounded time (`lock_timeout`, for the rest of its transaction): a start paused
+/// mid-transaction holds the lock until its connection is ended, and a presumption queued
+/// behind it would in turn hold up every later start under the same key.
+async fn begin_presuming(
     pool: &PgPool,
     worker: &str,
-    side: Fence,
+    wait: Duration,
 ) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
-    /// "hsf\0": the class of the start fence's keys, apart from homing's one-key locks.
-    const CLASS: i32 = 0x6873_6600;
-    let key = worker.bytes().fold(0x811c_9dc5_u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    }) as i32;
+    let FenceKey { class, key } = FenceKey::of(worker);
     let mut tx = pool.begin().await?;
-    let lock = match side {
-        Fence::Start => "SELECT pg_advisory_xact_lock_shared($1, $2)",
-        Fence::Presume(wait) => {
-            set_lock_timeout(&mut tx, wait).await?;
-            "SELECT pg_advisory_xact_lock($1, $2)"
-        }
-    };
-    sqlx::query(lock)
-        .bind(CLASS)
+    set_lock_timeout(&mut tx, wait).await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
+        .bind(class)
         .bind(key)
         .execute(&mut *tx)
         .await?;
@@ -1553,8 +1618,8 @@ async fn start_tx(
     worker: &str,
     now: Micros,
 ) -> sqlx::Result<Vec<StartOutcome>> {
-    let mut tx = begin_fenced(pool, worker, Fence::Start).await?;
-    let limited = lock_ahead_of_jobs(&mut tx, ids).await?;
+    let mut tx = begin_keyed(pool).await?;
+    let limited = lock_ahead_of_jobs(&mut tx, ids, Some(FenceKey::of(worker))).await?;
     let mut jobs = lock_jobs(&mut tx, ids).await?;
     // What the store counted per (queue, key), once per batch (the queue's row lock keeps it
     // true until the commit), plus what this batch has granted, not yet written.
@@ -1568,7 +1633,7 @@ async fn start_tx(
         .into_iter()
         .collect();
     // With the worker's presumption (Store::presume_lost) in the same round trip; the fence
-    // taken first makes this read exact (begin_fenced).
+    // taken first makes this read exact (FenceKey).
     let (paused, presumed): (Vec<String>, bool) = sqlx::query_as(
         "SELECT ARRAY(SELECT name FROM homing_queues WHERE paused AND name = ANY($1)), \
          EXISTS (SELECT 1 FROM homing_workers WHERE id = $2 AND presumed_dead_at IS NOT NULL)",
@@ -1588,6 +1653,8 @@ async fn start_tx(
     }
     let mut decisions = Vec::with_capacity(ids.len());
     let mut to_run = Vec::new();
+    // Parks and deaths take transit, which may insert a follow-up: see unkey.
+    let mut keyed = true;
     for id in ids {
         let Some(job) = jobs.get_mut(id) else {
             decisions.push(Decision::Done(StartOutcome::Missing));
@@ -1620,6 +1687,10 @@ async fn start_tx(
             }
             transition::Start::Park => {
                 let change = transition::park();
+                if keyed {
+                    unkey(&mut tx).await?;
+                    keyed = false;
+                }
                 transit(&mut tx, job, &change, Cause::Start, now).await?;
                 super::limits::postgres::parked(&mut tx, job.id, key.as_deref()).await?;
                 *job = change.apply(job, now);
@@ -1628,6 +1699,10 @@ async fn start_tx(
             transition::Start::Defer(at) => decisions.push(Decision::Done(StartOutcome::Defer(at))),
             transition::Start::Dead(reason) => {
                 let change = Change::dead(reason);
+                if keyed {
+                    unkey(&mut tx).await?;
+                    keyed = false;
+                }
                 transit(&mut tx, job, &change, Cause::Start, now).await?;
                 *job = change.apply(job, now);
                 decisions.push(Decision::Done(StartOutcome::Dead));
@@ -1704,9 +1779,9 @@ async fn complete_tx(
     done: &[Completion],
     now: Micros,
 ) -> sqlx::Result<Vec<Committed>> {
-    let mut tx = pool.begin().await?;
+    let mut tx = begin_keyed(pool).await?;
     let ids: Vec<JobId> = done.iter().map(|c| c.id).collect();
-    let limited = lock_ahead_of_jobs(&mut tx, &ids).await?;
+    let limited = lock_ahead_of_jobs(&mut tx, &ids, None).await?;
     let mut jobs = lock_jobs(&mut tx, &ids).await?;
     // Runs of limited queues this batch ends, with their completion's index: each frees a slot.
     let mut released: Vec<(usize, JobId, String)> = Vec::new();
@@ -1824,6 +1899,7 @@ async fn complete_tx(
         terminal_event(&mut tx, id, now).await?;
     }
     if !follow_ups.is_empty() {
+        unkey(&mut tx).await?;
         let new: Vec<NewJob> = follow_ups.iter().map(|(_, j)| j.clone()).collect();
         let inserted = insert_jobs(&mut tx, &new).await?;
         for ((idx, job), ins) in follow_ups.iter().zip(inserted) {
@@ -1867,7 +1943,7 @@ async fn mark_lost_tx(
     now: Micros,
 ) -> sqlx::Result<(Lost, Option<ToPublish>)> {
     let mut tx = pool.begin().await?;
-    let limited = lock_ahead_of_jobs(&mut tx, &[id]).await?;
+    let limited = lock_ahead_of_jobs(&mut tx, &[id], None).await?;
     // The row lock is what makes concurrent rescuers count one crash: the second one waits here
     // and then sees the job no longer running under `worker`.
     let Some(job) = get_job(&mut tx, id, true).await? else {
@@ -3089,9 +3165,9 @@ impl Store for PgStore {
         .await
     }
 
-    /// The fence (begin_fenced) waits for the worker's starts in flight, and the statement after
-    /// it reads in a snapshot that holds their runs, so every run begun before the presumption
-    /// is recorded. It also makes concurrent first calls agree: the second waits for the first's
+    /// The fence ([`FenceKey`], [`begin_presuming`]) waits for the worker's starts in flight,
+    /// and the statement after it reads in a snapshot that holds their runs, so every run begun
+    /// before the presumption is recorded. It also makes concurrent first calls agree: the second waits for the first's
     /// commit, finds the time set and records nothing. A wait for a lock that outlasts
     /// `fence_wait` (kept under half the statement timeout, so that it, not the statement
     /// timeout, ends the wait) fails with "lock not available" and the transaction, which has
@@ -3105,7 +3181,7 @@ impl Store for PgStore {
             self.options.fence_wait.min(statement / 2)
         };
         let written = async {
-            let mut tx = begin_fenced(&self.pool, worker, Fence::Presume(wait)).await?;
+            let mut tx = begin_presuming(&self.pool, worker, wait).await?;
             sqlx::query(
                 "WITH first AS (UPDATE homing_workers SET presumed_dead_at = GREATEST($2, \
                  (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
