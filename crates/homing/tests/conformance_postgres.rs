@@ -884,7 +884,13 @@ async fn start_held(
 #[tokio::test]
 async fn starts_and_completions_plan_once_and_keep_their_settings_to_themselves() {
     let s = one_connection().await;
-    let (w, _) = worker_and_job(&s, "plans").await;
+    let (w, other) = worker_and_job(&s, "plans").await;
+    // Another caller of the jobs' lock (an operator's retry) plans its statement by PostgreSQL's
+    // own rule first, six times, on a table of one job: the keyed transactions must not take
+    // its plan (without a text of their own they would, and its five custom plans would show).
+    for _ in 0..6 {
+        s.retry_many(&[other], now()).await.unwrap();
+    }
     let q = homing::conformance::unique_queue("plans");
     // More rounds than the five custom plans PostgreSQL makes before it weighs a generic one.
     let sizes = [1, 3, 8, 1, 2, 8, 1];
@@ -916,8 +922,9 @@ async fn starts_and_completions_plan_once_and_keep_their_settings_to_themselves(
         "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements \
          WHERE statement NOT LIKE '%pg_prepared_statements%' \
            AND (statement LIKE 'WITH started AS%' OR statement LIKE 'WITH succeeded AS%' \
-                OR statement LIKE '%SELECT DISTINCT workflow_id FROM homing_jobs%' \
-                OR statement LIKE '%WHERE id = ANY($1) ORDER BY id FOR UPDATE' \
+                OR statement LIKE '/* keyed */ SELECT ARRAY(SELECT DISTINCT workflow_id%' \
+                OR statement LIKE '%pg_advisory_xact_lock_shared($2, $3)' \
+                OR statement LIKE '/* keyed */ SELECT id, %FOR UPDATE' \
                 OR statement LIKE '%FROM homing_queues WHERE paused AND name = ANY($1)%')",
     )
     .fetch_all(&mut *conn)
@@ -926,6 +933,14 @@ async fn starts_and_completions_plan_once_and_keep_their_settings_to_themselves(
     // The start's update, the completion's, the probe before the locks (a start's form and a
     // completion's), the jobs' lock, the paused-queues read.
     assert_eq!(plans.len(), 6, "{plans:#?}");
+    let retry_plans: i64 = sqlx::query_scalar(
+        "SELECT generic_plans + custom_plans FROM pg_prepared_statements \
+         WHERE statement LIKE 'SELECT id, %FOR UPDATE'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(retry_plans, 6, "the retries' own statement");
     for (statement, generic, custom) in &plans {
         assert_eq!(*custom, 0, "planned anew on a call: {statement}");
         assert!(*generic >= 1, "never planned: {statement}");
@@ -1018,6 +1033,56 @@ async fn one_connection() -> Arc<PgStore> {
     })
     .await
     .1
+}
+
+/// The same for a completion that ends a workflow's step: the workflow is settled under the
+/// defaults. Its statements find steps by workflow and state, and a generic plan made with the
+/// keyed settings on a small table can pick an index that walks every waiting job.
+#[tokio::test]
+async fn a_workflow_step_is_settled_with_the_defaults() {
+    use homing::workflow::{plan, StepSpec, WorkflowSpec};
+    let s = one_connection().await;
+    let (w, _) = worker_and_job(&s, "settle").await;
+    let q = homing::conformance::unique_queue("settle");
+    let spec = WorkflowSpec::new("settle")
+        .with_step("a", StepSpec::new("t.a", serde_json::json!({})))
+        .with_step("b", {
+            let mut st = StepSpec::new("t.b", serde_json::json!({}));
+            st.after = vec!["a".into()];
+            st
+        });
+    let wf = plan(spec, now(), |_, st| Ok(new_job(&q, &st.task))).expect("a valid graph");
+    let first = s
+        .create_workflow(wf)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|i| i.state == JobState::Queued)
+        .expect("a runnable step")
+        .id;
+    let epoch = match &s.start(&[first], &w, now()).await.unwrap()[..] {
+        [StartOutcome::Run(j)] => j.epoch,
+        other => panic!("unexpected {other:?}"),
+    };
+    let done = Completion {
+        id: first,
+        epoch,
+        outcome: Outcome::Succeeded(serde_json::json!(null)),
+    };
+    match &s.complete(&[done], now()).await.unwrap()[..] {
+        [Committed::Applied { dispatch, .. }] => assert_eq!(dispatch.len(), 1, "{dispatch:?}"),
+        other => panic!("unexpected {other:?}"),
+    }
+    let mut conn = s.pool().acquire().await.unwrap();
+    let (generic, custom): (i64, i64) = sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
+         WHERE statement LIKE 'UPDATE homing_jobs SET state = ''queued'', dispatched = false, \
+         parents = $2%'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!((generic, custom), (0, 1), "the step made runnable");
 }
 
 /// How often the one connection of `s` planned the jobs' insert statement generically and for

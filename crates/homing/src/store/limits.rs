@@ -402,7 +402,7 @@ pub(crate) mod postgres {
         } else {
             // Two texts, not `($2 IS NULL OR limit_key = $2)`: a start plans its statements
             // once, not knowing the key (`begin_keyed` in the PostgreSQL store), and that form
-            // would then count every running job of the queue, whatever its key.
+            // would then read every running job of the queue to count those of one key.
             match key {
                 None => sqlx::query_scalar(
                     "SELECT COUNT(*) FROM homing_jobs WHERE queue = $1 AND state = 'running'",

@@ -492,10 +492,16 @@ async fn get_job(conn: &mut PgConnection, id: JobId, lock: bool) -> sqlx::Result
         .transpose()
 }
 
-/// Locks the rows of `ids` (in id order) and returns them by id.
-async fn lock_jobs(conn: &mut PgConnection, ids: &[JobId]) -> sqlx::Result<HashMap<JobId, Job>> {
+/// Locks the rows of `ids` (in id order) and returns them by id. `plans` keeps the statement of
+/// a [`begin_keyed`] transaction apart from everyone else's ([`Plans`]).
+async fn lock_jobs(
+    conn: &mut PgConnection,
+    ids: &[JobId],
+    plans: Plans,
+) -> sqlx::Result<HashMap<JobId, Job>> {
     let sql = format!(
-        "SELECT {} FROM homing_jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+        "{}SELECT {} FROM homing_jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+        plans.tag(),
         columns("")
     );
     let rows = sqlx::query(AssertSqlSafe(sql))
@@ -1266,7 +1272,7 @@ async fn lock_workflows(conn: &mut PgConnection, wfs: &[uuid::Uuid]) -> sqlx::Re
 async fn lock_ahead_of_jobs(
     conn: &mut PgConnection,
     ids: &[JobId],
-    fence: Option<FenceKey>,
+    fence: Fenced,
 ) -> sqlx::Result<HashMap<String, crate::limit::QueueLimits>> {
     macro_rules! probe {
         ($lock:literal) => {
@@ -1282,13 +1288,19 @@ async fn lock_ahead_of_jobs(
     }
     // No FROM: one row, so the lock is taken exactly once.
     let row = match fence {
-        None => {
+        Fenced::No(Plans::Own) => {
             sqlx::query(probe!(""))
                 .bind(ids)
                 .fetch_one(&mut *conn)
                 .await?
         }
-        Some(FenceKey { class, key }) => {
+        Fenced::No(Plans::Keyed) => {
+            sqlx::query(concat!("/* keyed */ ", probe!("")))
+                .bind(ids)
+                .fetch_one(&mut *conn)
+                .await?
+        }
+        Fenced::Start(FenceKey { class, key }) => {
             sqlx::query(probe!(", pg_advisory_xact_lock_shared($2, $3)"))
                 .bind(ids)
                 .bind(class)
@@ -1547,12 +1559,15 @@ async fn begin_keyed(pool: &PgPool) -> sqlx::Result<sqlx::Transaction<'static, s
     .await
 }
 
-/// Gives a [`begin_keyed`] transaction the planner's defaults back before it inserts jobs (a
-/// completion's follow-ups; a start's park or death, which takes the general path of
-/// [`transit`] and may insert one): the insert matches its timeline entries to the rows it
-/// inserted, a join of two lists that wants a hash. A plan is kept with its statement, whoever
-/// made it: one made without hash joins would serve a producer's later batch of 10,000 jobs on
-/// the same connection as a nested loop. One round trip, on these rare paths only.
+/// Gives a [`begin_keyed`] transaction the planner's defaults back before it leaves the ids'
+/// path: before it inserts jobs (a completion's follow-ups; a start's death, which takes the
+/// general path of [`transit`] and may insert one) or settles workflows. The insert matches its
+/// timeline entries to the rows it inserted, a join of two lists that wants a hash, and a plan
+/// is kept with its statement, whoever made it: one made without hash joins would serve a
+/// producer's later batch of 10,000 jobs on the same connection as a nested loop. A workflow's
+/// statements find steps by workflow and state: a generic plan made on an empty table chose an
+/// index of `(state, queue, id)` for `id = $1 AND state = 'waiting'` and, with the table grown,
+/// walked every waiting job. One round trip, on these paths only.
 async fn unkey(conn: &mut PgConnection) -> sqlx::Result<()> {
     sqlx::raw_sql(
         "SET LOCAL plan_cache_mode = DEFAULT; SET LOCAL enable_seqscan = DEFAULT; \
@@ -1592,6 +1607,35 @@ impl FenceKey {
     }
 }
 
+/// Whether [`lock_ahead_of_jobs`] takes a start's fence lock (only a start's form has one) and,
+/// if not, for which transaction.
+#[derive(Clone, Copy)]
+enum Fenced {
+    Start(FenceKey),
+    No(Plans),
+}
+
+/// Whose plans a statement shares. PostgreSQL keeps one plan per prepared statement on a
+/// connection, whoever made it and under whatever settings, and a forced generic plan takes the
+/// one there is. A statement that both a [`begin_keyed`] transaction and another sends could
+/// therefore run, keyed, on a plan the other made by PostgreSQL's own rule (after five calls,
+/// while the table was small: a sequential scan). The hot ones are told apart by a comment at
+/// the head of the keyed text, so that each text has one kind of caller.
+#[derive(Clone, Copy)]
+enum Plans {
+    Keyed,
+    Own,
+}
+
+impl Plans {
+    fn tag(self) -> &'static str {
+        match self {
+            Plans::Keyed => "/* keyed */ ",
+            Plans::Own => "",
+        }
+    }
+}
+
 /// Begins a presumption's transaction holding its worker's fence ([`FenceKey`]) alone. It waits
 /// a bounded time (`lock_timeout`, for the rest of its transaction): a start paused
 /// mid-transaction holds the lock until its connection is ended, and a presumption queued
@@ -1619,8 +1663,8 @@ async fn start_tx(
     now: Micros,
 ) -> sqlx::Result<Vec<StartOutcome>> {
     let mut tx = begin_keyed(pool).await?;
-    let limited = lock_ahead_of_jobs(&mut tx, ids, Some(FenceKey::of(worker))).await?;
-    let mut jobs = lock_jobs(&mut tx, ids).await?;
+    let limited = lock_ahead_of_jobs(&mut tx, ids, Fenced::Start(FenceKey::of(worker))).await?;
+    let mut jobs = lock_jobs(&mut tx, ids, Plans::Keyed).await?;
     // What the store counted per (queue, key), once per batch (the queue's row lock keeps it
     // true until the commit), plus what this batch has granted, not yet written.
     let mut usage_here: HashMap<(String, Option<String>), crate::limit::Usage> = HashMap::new();
@@ -1653,7 +1697,7 @@ async fn start_tx(
     }
     let mut decisions = Vec::with_capacity(ids.len());
     let mut to_run = Vec::new();
-    // Parks and deaths take transit, which may insert a follow-up: see unkey.
+    // A death may insert a follow-up and settle its workflow: see unkey.
     let mut keyed = true;
     for id in ids {
         let Some(job) = jobs.get_mut(id) else {
@@ -1687,10 +1731,6 @@ async fn start_tx(
             }
             transition::Start::Park => {
                 let change = transition::park();
-                if keyed {
-                    unkey(&mut tx).await?;
-                    keyed = false;
-                }
                 transit(&mut tx, job, &change, Cause::Start, now).await?;
                 super::limits::postgres::parked(&mut tx, job.id, key.as_deref()).await?;
                 *job = change.apply(job, now);
@@ -1781,8 +1821,8 @@ async fn complete_tx(
 ) -> sqlx::Result<Vec<Committed>> {
     let mut tx = begin_keyed(pool).await?;
     let ids: Vec<JobId> = done.iter().map(|c| c.id).collect();
-    let limited = lock_ahead_of_jobs(&mut tx, &ids, None).await?;
-    let mut jobs = lock_jobs(&mut tx, &ids).await?;
+    let limited = lock_ahead_of_jobs(&mut tx, &ids, Fenced::No(Plans::Keyed)).await?;
+    let mut jobs = lock_jobs(&mut tx, &ids, Plans::Keyed).await?;
     // Runs of limited queues this batch ends, with their completion's index: each frees a slot.
     let mut released: Vec<(usize, JobId, String)> = Vec::new();
     // The workflows whose step this batch ends, each with the first such completion, which
@@ -1898,8 +1938,11 @@ async fn complete_tx(
     for id in with_event {
         terminal_event(&mut tx, id, now).await?;
     }
-    if !follow_ups.is_empty() {
+    // Follow-ups and workflows leave the ids' path: see unkey.
+    if !follow_ups.is_empty() || !workflows.is_empty() {
         unkey(&mut tx).await?;
+    }
+    if !follow_ups.is_empty() {
         let new: Vec<NewJob> = follow_ups.iter().map(|(_, j)| j.clone()).collect();
         let inserted = insert_jobs(&mut tx, &new).await?;
         for ((idx, job), ins) in follow_ups.iter().zip(inserted) {
@@ -1943,7 +1986,7 @@ async fn mark_lost_tx(
     now: Micros,
 ) -> sqlx::Result<(Lost, Option<ToPublish>)> {
     let mut tx = pool.begin().await?;
-    let limited = lock_ahead_of_jobs(&mut tx, &[id], None).await?;
+    let limited = lock_ahead_of_jobs(&mut tx, &[id], Fenced::No(Plans::Own)).await?;
     // The row lock is what makes concurrent rescuers count one crash: the second one waits here
     // and then sees the job no longer running under `worker`.
     let Some(job) = get_job(&mut tx, id, true).await? else {
@@ -2825,7 +2868,7 @@ impl Store for PgStore {
         // statement. Two round trips per step instead of three per job.
         self.call(async {
             let mut tx = self.pool.begin().await?;
-            let locked = lock_jobs(&mut tx, ids).await?;
+            let locked = lock_jobs(&mut tx, ids, Plans::Own).await?;
             let take: Vec<JobId> = lock_order(ids)
                 .into_iter()
                 .filter(|id| {
@@ -3020,7 +3063,7 @@ impl Store for PgStore {
                     .bind(id)
                     .fetch_all(&mut *tx)
                     .await?;
-            let jobs = lock_jobs(&mut tx, &ids).await?;
+            let jobs = lock_jobs(&mut tx, &ids, Plans::Own).await?;
             // Waiting steps first, without settling: no finaliser may be made runnable by its
             // parents' cancellation.
             for j in lock_order(&ids).iter().filter_map(|i| jobs.get(i)) {
