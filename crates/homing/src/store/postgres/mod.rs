@@ -1538,19 +1538,20 @@ enum BuryIf<'a> {
     Owner(&'a str),
 }
 
-/// Begins a transaction for the worker's hot path (a batch's start, its completion), whose every
-/// statement finds rows by their ids, with plans to match: each prepared statement is planned
-/// once per connection (`plan_cache_mode = force_generic_plan`), as index lookups joined by
-/// nested loops (`enable_seqscan`, `enable_hashjoin` and `enable_mergejoin` off), for the rest
-/// of the transaction only (`SET LOCAL`), in `BEGIN`'s own round trip. Left to itself
-/// PostgreSQL planned most of these statements anew on every call at the defaults' batches of
-/// 1 to 8 jobs (a generic plan of `id = ANY($1)` assumes ten ids, so a custom plan always
-/// looked cheaper), and planning cost more than running them: the start's update was planned
-/// in 270 µs and ran in 180. A generic plan chosen by cost alone would be worse: made while the
-/// table is small, it scans the whole table (or the whole primary key into a hash join), and is
-/// kept as the table grows until the next ANALYZE. With the plan shapes fixed, the one generic
-/// plan is right at every size: a lookup per id. Other transactions keep the defaults, and so
-/// do these once they leave the ids' path ([`unkey`]).
+/// Begins a transaction for the worker's hot path (a batch's start, its completion), whose
+/// statements find rows by their ids (the limits' by an index of their queue), with plans to
+/// match until [`unkey`]: each prepared statement is planned once per connection
+/// (`plan_cache_mode = force_generic_plan`), as index lookups joined by nested loops
+/// (`enable_seqscan`, `enable_hashjoin` and `enable_mergejoin` off), for the rest of the
+/// transaction only (`SET LOCAL`), in `BEGIN`'s own round trip. Left to itself PostgreSQL
+/// planned most of these statements anew on every call at the defaults' batches of 1 to 8 jobs
+/// (a generic plan of `id = ANY($1)` assumes ten ids, so a custom plan always looked cheaper),
+/// and planning cost more than running them: the start's update was planned in 270 µs and ran
+/// in 180. A generic plan chosen by cost alone would be worse: made while the table is small,
+/// it scans the whole table (or the whole primary key into a hash join), and is kept as the
+/// table grows until the next ANALYZE. With the plan shapes fixed, the one generic plan is
+/// right at every size: a lookup per id. Other transactions keep the defaults; the statements
+/// they share with these are told apart ([`Plans`]).
 async fn begin_keyed(pool: &PgPool) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
     pool.begin_with(
         "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; \
