@@ -898,21 +898,7 @@ async fn starts_and_completions_plan_once_and_keep_their_settings_to_themselves(
         let jobs: Vec<_> = (0..size).map(|_| new_job(&q, "t")).collect();
         let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
         s.insert(jobs).await.unwrap();
-        let done: Vec<Completion> = s
-            .start(&ids, &w, now())
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|o| match o {
-                StartOutcome::Run(j) => Completion {
-                    id: j.id,
-                    epoch: j.epoch,
-                    outcome: Outcome::Succeeded(serde_json::json!(null)),
-                },
-                other => panic!("unexpected {other:?}"),
-            })
-            .collect();
-        for c in s.complete(&done, now()).await.unwrap() {
+        for c in run_to_success(&s, &ids, &w).await {
             assert!(matches!(c, Committed::Applied { .. }), "{c:?}");
         }
     }
@@ -976,16 +962,7 @@ async fn a_completions_follow_up_is_planned_with_the_defaults() {
     });
     let id = job.id;
     s.insert(vec![job]).await.unwrap();
-    let epoch = match &s.start(&[id], &w, now()).await.unwrap()[..] {
-        [StartOutcome::Run(j)] => j.epoch,
-        other => panic!("unexpected {other:?}"),
-    };
-    let done = Completion {
-        id,
-        epoch,
-        outcome: Outcome::Succeeded(serde_json::json!(null)),
-    };
-    match &s.complete(&[done], now()).await.unwrap()[..] {
+    match &run_to_success(&s, &[id], &w).await[..] {
         [Committed::Applied { dispatch, .. }] => assert_eq!(dispatch.len(), 1, "{dispatch:?}"),
         other => panic!("unexpected {other:?}"),
     }
@@ -1024,17 +1001,6 @@ async fn a_dead_starts_follow_up_is_planned_with_the_defaults() {
     );
 }
 
-/// A store on a fresh database whose pool has one connection, so that every statement it sends
-/// is prepared on that connection.
-async fn one_connection() -> Arc<PgStore> {
-    with_options(PgOptions {
-        max_connections: 1,
-        ..PgOptions::default()
-    })
-    .await
-    .1
-}
-
 /// The same for a completion that ends a workflow's step: the workflow is settled under the
 /// defaults. Its statements find steps by workflow and state, and a generic plan made with the
 /// keyed settings on a small table can pick an index that walks every waiting job.
@@ -1060,42 +1026,67 @@ async fn a_workflow_step_is_settled_with_the_defaults() {
         .find(|i| i.state == JobState::Queued)
         .expect("a runnable step")
         .id;
-    let epoch = match &s.start(&[first], &w, now()).await.unwrap()[..] {
-        [StartOutcome::Run(j)] => j.epoch,
-        other => panic!("unexpected {other:?}"),
-    };
-    let done = Completion {
-        id: first,
-        epoch,
-        outcome: Outcome::Succeeded(serde_json::json!(null)),
-    };
-    match &s.complete(&[done], now()).await.unwrap()[..] {
+    match &run_to_success(&s, &[first], &w).await[..] {
         [Committed::Applied { dispatch, .. }] => assert_eq!(dispatch.len(), 1, "{dispatch:?}"),
         other => panic!("unexpected {other:?}"),
     }
-    let mut conn = s.pool().acquire().await.unwrap();
-    let (generic, custom): (i64, i64) = sqlx::query_as(
-        "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
-         WHERE statement LIKE 'UPDATE homing_jobs SET state = ''queued'', dispatched = false, \
-         parents = $2%'",
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .unwrap();
-    assert_eq!((generic, custom), (0, 1), "the step made runnable");
+    assert_eq!(
+        plans_of(
+            &s,
+            "UPDATE homing_jobs SET state = 'queued', dispatched = false, parents = $2%"
+        )
+        .await,
+        (0, 1),
+        "the step made runnable"
+    );
 }
 
-/// How often the one connection of `s` planned the jobs' insert statement generically and for
-/// its values.
-async fn insert_plans(s: &PgStore) -> (i64, i64) {
+/// A store on a fresh database whose pool has one connection, so that every statement it sends
+/// is prepared on that connection.
+async fn one_connection() -> Arc<PgStore> {
+    with_options(PgOptions {
+        max_connections: 1,
+        ..PgOptions::default()
+    })
+    .await
+    .1
+}
+
+/// Starts `ids` under `w` (each must run) and completes them as succeeded.
+async fn run_to_success(s: &PgStore, ids: &[JobId], w: &str) -> Vec<Committed> {
+    let done: Vec<Completion> = s
+        .start(ids, w, now())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| match o {
+            StartOutcome::Run(j) => Completion {
+                id: j.id,
+                epoch: j.epoch,
+                outcome: Outcome::Succeeded(serde_json::json!(null)),
+            },
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    s.complete(&done, now()).await.unwrap()
+}
+
+/// How often the one connection of `s` planned the statement whose text is `LIKE` `pattern`:
+/// (generically, for its values).
+async fn plans_of(s: &PgStore, pattern: &str) -> (i64, i64) {
     let mut conn = s.pool().acquire().await.unwrap();
     sqlx::query_as(
-        "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
-         WHERE statement LIKE 'WITH ins AS (INSERT INTO homing_jobs%'",
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE $1",
     )
+    .bind(pattern)
     .fetch_one(&mut *conn)
     .await
     .unwrap()
+}
+
+/// The same for the jobs' insert statement.
+async fn insert_plans(s: &PgStore) -> (i64, i64) {
+    plans_of(s, "WITH ins AS (INSERT INTO homing_jobs%").await
 }
 
 /// On a fresh database, a store with the defaults (which migrated it) and one with `options`.

@@ -1288,14 +1288,8 @@ async fn lock_ahead_of_jobs(
     }
     // No FROM: one row, so the lock is taken exactly once.
     let row = match fence {
-        Fenced::No(Plans::Own) => {
-            sqlx::query(probe!(""))
-                .bind(ids)
-                .fetch_one(&mut *conn)
-                .await?
-        }
-        Fenced::No(Plans::Keyed) => {
-            sqlx::query(concat!("/* keyed */ ", probe!("")))
+        Fenced::No(plans) => {
+            sqlx::query(AssertSqlSafe(format!("{}{}", plans.tag(), probe!(""))))
                 .bind(ids)
                 .fetch_one(&mut *conn)
                 .await?
@@ -3211,12 +3205,13 @@ impl Store for PgStore {
 
     /// The fence ([`FenceKey`], [`begin_presuming`]) waits for the worker's starts in flight,
     /// and the statement after it reads in a snapshot that holds their runs, so every run begun
-    /// before the presumption is recorded. It also makes concurrent first calls agree: the second waits for the first's
-    /// commit, finds the time set and records nothing. A wait for a lock that outlasts
-    /// `fence_wait` (kept under half the statement timeout, so that it, not the statement
-    /// timeout, ends the wait) fails with "lock not available" and the transaction, which has
-    /// written nothing, is rolled back; the worker is then deferred unless it was presumed
-    /// already (a start that came after the presumption, to be refused, can hold the fence too).
+    /// before the presumption is recorded. It also makes concurrent first calls agree: the
+    /// second waits for the first's commit, finds the time set and records nothing. A wait for
+    /// a lock that outlasts `fence_wait` (kept under half the statement timeout, so that it,
+    /// not the statement timeout, ends the wait) fails with "lock not available" and the
+    /// transaction, which has written nothing, is rolled back; the worker is then deferred
+    /// unless it was presumed already (a start that came after the presumption, to be refused,
+    /// can hold the fence too).
     async fn presume_lost(&self, worker: &str, now: Micros) -> Result<Presumption> {
         let statement = self.options.statement_timeout;
         let wait = if statement.is_zero() {
