@@ -166,8 +166,10 @@ pub struct Db {
     checkpointing: AtomicBool,
     /// The connection checkpoints run on, off the committing path.
     checkpointer: Mutex<Option<Connection>>,
+    /// The checkpoint and backstop thresholds in this file's frames.
+    frames: WalFrames,
     /// The log length (frames) before which the backstop is not tried again
-    /// ([`BACKSTOP_FRAMES`]), and how many of its tries in a row failed.
+    /// ([`BACKSTOP_BYTES`]), and how many of its tries in a row failed.
     backstop_at: AtomicI32,
     backstop_misses: AtomicU32,
     writer: Mutex<Connection>,
@@ -220,22 +222,51 @@ fn wait_for_lock(tries: i32) -> bool {
 /// Past this size the write-ahead log is checkpointed and restarted (and, at its restart,
 /// truncated back to it: `journal_size_limit`).
 const WAL_RESTART_BYTES: u64 = 32 << 20;
-/// Each time the log grows past another multiple of this many frames, a checkpoint runs (SQLite's
-/// own automatic threshold).
-const CHECKPOINT_FRAMES: i32 = 1000;
-/// A log this long (4 MiB past [`WAL_RESTART_BYTES`], in frames of a 4 KiB page and its 24-byte
-/// header) means the checkpoints on their own thread are not keeping up: a RESTART checkpoint on
-/// another thread rarely finds every reader done while commits go on, and on a busy machine or a
-/// slow disk the log grew to 45–80 MB in the tests below. Past it, the committing thread runs
-/// the RESTART itself while it still holds this process's write connection, so no commit of
-/// this process grows the log meanwhile; the price is that one commit's caller waits for the
-/// checkpoint (up to about 100 ms for readers, holding the file's write lock meanwhile). A
-/// reader that holds an old snapshot longer (in another process) defeats any checkpoint, so a
-/// failed try is repeated only [`BACKSTOP_EVERY`] frames later, and each further failure in a
-/// row doubles that gap (up to 64 times).
-const BACKSTOP_FRAMES: i32 = ((WAL_RESTART_BYTES + (4 << 20)) / (4096 + 24)) as i32;
+/// The page size of the files homing creates. Each round of a worker writes every page it
+/// changes whole into the write-ahead log (and a checkpoint copies it again), and a round of a
+/// few jobs changes a page or two in each of some twenty B-trees, a few entries on each: at
+/// 2 KiB those pages are half the bytes of SQLite's default 4 KiB ones, and a round of 8 no-op
+/// jobs wrote about 76 KB of log instead of 120 KB (BENCHMARKS.md, "Smaller pages"). SQLite
+/// takes a page size only while the file is empty, so a file made by an older build keeps its
+/// own; everything below that depends on it asks the file ([`WalFrames`]).
+const PAGE_SIZE: i64 = 2048;
+/// A checkpoint runs each time the log has grown by about this much: SQLite's own automatic
+/// threshold (1,000 frames) at its default page size, so files of 4 KiB pages behave as before.
+const CHECKPOINT_BYTES: u64 = 1000 * (4096 + 24);
+/// A log this long (4 MiB past [`WAL_RESTART_BYTES`]) means the checkpoints on their own thread
+/// are not keeping up: a RESTART checkpoint on another thread rarely finds every reader done
+/// while commits go on, and on a busy machine or a slow disk the log grew to 45–80 MB in the
+/// tests below. Past it, the committing thread runs the RESTART itself while it still holds
+/// this process's write connection, so no commit of this process grows the log meanwhile; the
+/// price is that one commit's caller waits for the checkpoint (up to about 100 ms for readers,
+/// holding the file's write lock meanwhile). A reader that holds an old snapshot longer (in
+/// another process) defeats any checkpoint, so a failed try is repeated only
+/// [`BACKSTOP_GAP_BYTES`] of log later, and each further failure in a row doubles that gap (up
+/// to 64 times).
+const BACKSTOP_BYTES: u64 = WAL_RESTART_BYTES + (4 << 20);
 /// About 1 MiB of log between a try of the backstop and the next.
-const BACKSTOP_EVERY: i32 = 250;
+const BACKSTOP_GAP_BYTES: u64 = 250 * (4096 + 24);
+
+/// The log lengths above in frames, which is what SQLite's WAL hook reports: a frame is one page
+/// and its 24-byte header, so the counts depend on the file's page size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WalFrames {
+    checkpoint: i32,
+    backstop: i32,
+    backstop_gap: i32,
+}
+
+impl WalFrames {
+    fn for_page_size(page_size: u64) -> WalFrames {
+        let frames =
+            |bytes: u64| (bytes / (page_size.max(512) + 24)).clamp(1, i32::MAX as u64) as i32;
+        WalFrames {
+            checkpoint: frames(CHECKPOINT_BYTES),
+            backstop: frames(BACKSTOP_BYTES),
+            backstop_gap: frames(BACKSTOP_GAP_BYTES),
+        }
+    }
+}
 
 thread_local! {
     /// The log's length in frames after the last commit on this thread, from [`note_wal_frames`].
@@ -293,7 +324,7 @@ fn brief(tries: i32) -> bool {
     true
 }
 
-/// The backstop's patience ([`BACKSTOP_FRAMES`]): the first 100 ms of [`wait_for_lock`]'s
+/// The backstop's patience ([`BACKSTOP_BYTES`]): the first 100 ms of [`wait_for_lock`]'s
 /// schedule. Only a log already far too long gets here, so holding this process's writes that
 /// long is the point: they are what grows it.
 fn backstop(tries: i32) -> bool {
@@ -363,6 +394,8 @@ fn open_conn_once(path: &Path) -> rusqlite::Result<Connection> {
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     conn.busy_handler(Some(wait_for_lock))?;
+    // Before anything creates the file's first page; on a file that has one it changes nothing.
+    conn.pragma_update(None, "page_size", PAGE_SIZE)?;
     // WAL lets readers run beside the one writer; NORMAL syncs at checkpoints, which keeps every
     // committed transaction through a process crash (kill -9), the failure homing is built for.
     conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -446,6 +479,9 @@ impl Db {
         })?;
         check_integrity(&writer, &path)?;
         let migrated = migrate(&writer).map_err(map_err)?;
+        let page_size: u64 = writer
+            .pragma_query_value(None, "page_size", |r| r.get(0))
+            .map_err(map_err)?;
         let published = Arc::new(tokio::sync::Notify::new());
         Ok(Arc::new(Db {
             migrated,
@@ -457,6 +493,7 @@ impl Db {
             wal_frames: AtomicI32::new(0),
             checkpointing: AtomicBool::new(false),
             checkpointer: Mutex::new(None),
+            frames: WalFrames::for_page_size(page_size),
             backstop_at: AtomicI32::new(0),
             backstop_misses: AtomicU32::new(0),
             path,
@@ -493,7 +530,7 @@ impl Db {
     }
 
     /// Starts a checkpoint on another thread each time the log has grown past another
-    /// [`CHECKPOINT_FRAMES`] (`frames` is its length after the commit, -1 if unknown), unless one
+    /// [`CHECKPOINT_BYTES`] (`frames` is its length after the commit, -1 if unknown), unless one
     /// of this process is still running. Other processes' commits grow the log too; each process
     /// counts what it sees after its own.
     fn after_commit(self: &Arc<Self>, frames: i32) {
@@ -503,7 +540,8 @@ impl Db {
         let before = self.wal_frames.swap(frames, Ordering::Relaxed);
         // A shorter log started over since: count from its start.
         let before = if frames < before { 0 } else { before };
-        if frames / CHECKPOINT_FRAMES <= before / CHECKPOINT_FRAMES {
+        let every = self.frames.checkpoint;
+        if frames / every <= before / every {
             return;
         }
         if self.checkpointing.swap(true, Ordering::AcqRel) {
@@ -520,7 +558,7 @@ impl Db {
         }
     }
 
-    /// The backstop ([`BACKSTOP_FRAMES`]): after a commit that left the log `frames` long, on
+    /// The backstop ([`BACKSTOP_BYTES`]): after a commit that left the log `frames` long, on
     /// the writer connection the caller still holds, so no commit of this process grows the
     /// log meanwhile.
     fn restart_if_behind(&self, conn: &Connection, frames: i32) {
@@ -529,7 +567,7 @@ impl Db {
             self.backstop_misses.store(0, Ordering::Relaxed);
             self.backstop_at.store(0, Ordering::Relaxed);
         }
-        if frames < BACKSTOP_FRAMES || frames < self.backstop_at.load(Ordering::Relaxed) {
+        if frames < self.frames.backstop || frames < self.backstop_at.load(Ordering::Relaxed) {
             return;
         }
         // The checkpoints on their own thread fell behind (a busy CPU, a slow disk). This
@@ -547,7 +585,7 @@ impl Db {
         } else {
             self.backstop_misses.fetch_add(1, Ordering::Relaxed) + 1
         };
-        let gap = BACKSTOP_EVERY << misses.min(6);
+        let gap = self.frames.backstop_gap << misses.min(6);
         self.backstop_at
             .store(frames.saturating_add(gap), Ordering::Relaxed);
     }
@@ -913,6 +951,69 @@ mod tests {
             longest < WAL_RESTART_BYTES + (8 << 20),
             "the log grew to {longest} bytes"
         );
+    }
+
+    /// A file homing creates has small pages; a file an older build created keeps its own page
+    /// size, opens, migrates and takes writes as before.
+    #[tokio::test]
+    async fn new_files_get_small_pages_and_old_files_keep_theirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let page_size = |path: &Path| -> i64 {
+            Connection::open(path)
+                .unwrap()
+                .pragma_query_value(None, "page_size", |r| r.get(0))
+                .unwrap()
+        };
+        let new = dir.path().join("new.db");
+        let db = Db::open(&new).unwrap();
+        assert_eq!(page_size(&new), PAGE_SIZE);
+        assert_eq!(db.frames, WalFrames::for_page_size(PAGE_SIZE as u64));
+        drop(db);
+
+        let old = dir.path().join("old.db");
+        let c = Connection::open(&old).unwrap();
+        c.pragma_update(None, "page_size", 4096).unwrap();
+        c.pragma_update(None, "journal_mode", "WAL").unwrap();
+        c.execute_batch("CREATE TABLE before_homing (x)").unwrap();
+        drop(c);
+        let db = Db::open(&old).unwrap();
+        assert_eq!(db.frames, WalFrames::for_page_size(4096));
+        db.write(|tx| tx.execute("INSERT INTO before_homing VALUES (1)", []))
+            .await
+            .unwrap();
+        drop(db);
+        assert_eq!(page_size(&old), 4096);
+        // Reopened by this build, it is still the old size.
+        let _ = Db::open(&old).unwrap();
+        assert_eq!(page_size(&old), 4096);
+    }
+
+    /// The log's thresholds are lengths in bytes; the hook counts frames. A file of 4 KiB pages
+    /// keeps the counts it always had, and a file of smaller pages gets more frames for the
+    /// same bytes, not an earlier backstop.
+    #[test]
+    fn the_logs_thresholds_are_the_same_bytes_whatever_the_page_size() {
+        assert_eq!(
+            WalFrames::for_page_size(4096),
+            WalFrames {
+                checkpoint: 1000,
+                backstop: ((WAL_RESTART_BYTES + (4 << 20)) / 4120) as i32,
+                backstop_gap: 250,
+            }
+        );
+        for page in [512u64, 1024, 2048, 4096, 8192, 65536] {
+            let f = WalFrames::for_page_size(page);
+            let bytes = |frames: i32| frames as u64 * (page + 24);
+            for (frames, target) in [
+                (f.checkpoint, CHECKPOINT_BYTES),
+                (f.backstop, BACKSTOP_BYTES),
+                (f.backstop_gap, BACKSTOP_GAP_BYTES),
+            ] {
+                assert!(bytes(frames) <= target, "{page}: {f:?}");
+                assert!(bytes(frames + 1) > target, "{page}: {f:?}");
+            }
+            assert!(bytes(f.backstop) > WAL_RESTART_BYTES, "{page}: {f:?}");
+        }
     }
 
     /// Checkpoints run beside the commits, not in them, and still keep the log bounded under
