@@ -262,6 +262,7 @@ async fn a_damaged_database_file_refuses_to_start() {
             .write(true)
             .open(env.db_path())
             .unwrap();
+        // 64 KiB of garbage at a 4 KiB boundary: whole pages at 2 KiB (new files) or 4 KiB.
         let page = 4096;
         let start = (len / 2) / page * page;
         f.seek(SeekFrom::Start(start)).unwrap();

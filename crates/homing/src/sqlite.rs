@@ -230,8 +230,9 @@ const WAL_RESTART_BYTES: u64 = 32 << 20;
 /// takes a page size only while the file is empty, so a file made by an older build keeps its
 /// own; everything below that depends on it asks the file ([`WalFrames`]).
 const PAGE_SIZE: i64 = 2048;
-/// A checkpoint runs each time the log has grown by about this much: SQLite's own automatic
-/// threshold (1,000 frames) at its default page size, so files of 4 KiB pages behave as before.
+/// A checkpoint runs each time the log has grown by about this much (about 4 MB): SQLite's own
+/// automatic threshold (1,000 frames) at its default page size, so files of 4 KiB pages behave as
+/// before.
 const CHECKPOINT_BYTES: u64 = 1000 * (4096 + 24);
 /// A log this long (4 MiB past [`WAL_RESTART_BYTES`]) means the checkpoints on their own thread
 /// are not keeping up: a RESTART checkpoint on another thread rarely finds every reader done
@@ -290,7 +291,7 @@ fn wal_path(db: &Path) -> PathBuf {
 }
 
 /// Keeps the write-ahead log from growing without end under steady load (run by
-/// [`Db::checkpoint`], every 1,000 frames). A PASSIVE checkpoint copies frames back to the
+/// [`Db::checkpoint`], every [`CHECKPOINT_BYTES`] of log). A PASSIVE checkpoint copies frames back to the
 /// file, but the log starts over from its beginning only in a write transaction that began
 /// after a checkpoint had copied every frame, with no reader still using one; with several
 /// processes writing and reading without pause that moment never came (nor does it for a
@@ -901,7 +902,7 @@ mod tests {
 
     /// Under steady writes with a read transaction always open somewhere, the write-ahead log
     /// still starts over: it stays near `WAL_RESTART_BYTES` instead of growing with every
-    /// commit (without `keep_wal_short` this run leaves a log of about 70 MB).
+    /// commit (without `keep_wal_short` this run left a log of about 70 MB, on 4 KiB pages).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_log_starts_over_under_overlapping_readers() {
         let dir = tempfile::tempdir().unwrap();
@@ -974,14 +975,24 @@ mod tests {
         let c = Connection::open(&old).unwrap();
         c.pragma_update(None, "page_size", 4096).unwrap();
         c.pragma_update(None, "journal_mode", "WAL").unwrap();
-        c.execute_batch("CREATE TABLE before_homing (x)").unwrap();
-        drop(c);
+        c.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
+        c.execute_batch("CREATE TABLE before_homing (x); INSERT INTO before_homing VALUES (0)")
+            .unwrap();
+        // Held open, so its rows are still only in the log when homing opens the file.
+        let log_len = std::fs::metadata(wal_path(&old)).unwrap().len();
+        assert!(log_len > 0);
         let db = Db::open(&old).unwrap();
         assert_eq!(db.frames, WalFrames::for_page_size(4096));
         db.write(|tx| tx.execute("INSERT INTO before_homing VALUES (1)", []))
             .await
             .unwrap();
+        let rows: i64 = db
+            .read(|c| c.query_row("SELECT count(*) FROM before_homing", [], |r| r.get(0)))
+            .await
+            .unwrap();
+        assert_eq!(rows, 2);
         drop(db);
+        drop(c);
         assert_eq!(page_size(&old), 4096);
         // Reopened by this build, it is still the old size.
         let _ = Db::open(&old).unwrap();
@@ -1016,13 +1027,66 @@ mod tests {
         }
     }
 
+    /// On a file of small pages the backstop comes at its length in bytes, not at the frame count
+    /// of 4 KiB pages (which would be about 18 MiB of 2 KiB frames, below the 32 MiB where the
+    /// ordinary restart begins, and would hold every writer up to 100 ms each time). A reader
+    /// holding one snapshot keeps the log from starting over, so it only grows.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_backstop_waits_for_its_bytes_on_a_file_of_small_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        let db = Db::open(&path).unwrap();
+        assert_eq!(db.frames, WalFrames::for_page_size(2048));
+        db.write(|tx| tx.execute_batch("CREATE TABLE blobs (x BLOB)"))
+            .await
+            .unwrap();
+        let reader = open_conn(&path).unwrap();
+        reader.execute_batch("BEGIN").unwrap();
+        let _: i64 = reader
+            .query_row("SELECT count(*) FROM blobs", [], |r| r.get(0))
+            .unwrap();
+        let wal = wal_path(&path);
+        let log = || std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+        let grow = |until: u64| {
+            let db = db.clone();
+            async move {
+                while std::fs::metadata(wal_path(&db.path))
+                    .map(|m| m.len())
+                    .unwrap_or(0)
+                    < until
+                {
+                    db.write(|tx| tx.execute("INSERT INTO blobs VALUES (zeroblob(65536))", []))
+                        .await
+                        .unwrap();
+                }
+            }
+        };
+        grow(WAL_RESTART_BYTES - (2 << 20)).await;
+        assert_eq!(
+            (
+                db.backstop_misses.load(Ordering::Relaxed),
+                db.backstop_at.load(Ordering::Relaxed)
+            ),
+            (0, 0),
+            "the backstop was tried before {} bytes of log",
+            log()
+        );
+        grow(BACKSTOP_BYTES + (1 << 20)).await;
+        assert!(
+            db.backstop_misses.load(Ordering::Relaxed) >= 1,
+            "the backstop was not tried by {} bytes of log",
+            log()
+        );
+        reader.execute_batch("COMMIT").unwrap();
+    }
+
     /// Checkpoints run beside the commits, not in them, and still keep the log bounded under
     /// writes without a pause. SQLite starts a log over only in a write transaction that began
     /// after a checkpoint copied every frame, a moment a checkpoint on another thread seldom
     /// catches while commits go on, so the PASSIVE ones keep the main file up to date and the
     /// RESTART past 32 MiB starts the log over: the log must stay within 40 MiB. With no
     /// checkpoint started after the commits (the hook in place of SQLite's own), every frame
-    /// of the 6,000 commits stays in the log (173 MB).
+    /// of the 6,000 commits stays in the log (173 MB on 4 KiB pages).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn checkpoints_off_the_commit_keep_the_log_short() {
         let dir = tempfile::tempdir().unwrap();
