@@ -355,23 +355,10 @@ async fn two_dispatchers_fan_out_each_event_once() {
         .collect();
     let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
     a.insert(jobs).await.unwrap();
-    let done: Vec<Completion> = a
-        .start(&ids, "w-fan", now())
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| match o {
-            StartOutcome::Run(j) => Completion {
-                id: j.id,
-                epoch: j.epoch,
-                outcome: Outcome::Failed {
-                    error: "boom".into(),
-                },
-            },
-            other => panic!("unexpected {other:?}"),
-        })
-        .collect();
-    a.complete(&done, now()).await.unwrap();
+    let failed = Outcome::Failed {
+        error: "boom".into(),
+    };
+    homing::conformance::start_and_complete(&*a, &ids, "w-fan", failed).await;
     for e in a.events(0, 10_000).await.unwrap() {
         if e.job_id.is_some_and(|j| ids.contains(&j)) {
             events += 1;
@@ -898,7 +885,7 @@ async fn starts_and_completions_plan_once_and_keep_their_settings_to_themselves(
         let jobs: Vec<_> = (0..size).map(|_| new_job(&q, "t")).collect();
         let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
         s.insert(jobs).await.unwrap();
-        for c in run_to_success(&s, &ids, &w).await {
+        for c in homing::conformance::run_to_success(&*s, &ids, &w).await {
             assert!(matches!(c, Committed::Applied { .. }), "{c:?}");
         }
     }
@@ -955,14 +942,10 @@ async fn a_completions_follow_up_is_planned_with_the_defaults() {
     let s = one_connection().await;
     let (w, _) = worker_and_job(&s, "follow").await;
     let mut job = new_job(&homing::conformance::unique_queue("follow"), "t");
-    job.options.on_success = Some(homing::FollowUp {
-        task: "t.next".into(),
-        queue: None,
-        args: serde_json::json!({}),
-    });
+    job.options.on_success = Some(follow_up());
     let id = job.id;
     s.insert(vec![job]).await.unwrap();
-    match &run_to_success(&s, &[id], &w).await[..] {
+    match &homing::conformance::run_to_success(&*s, &[id], &w).await[..] {
         [Committed::Applied { dispatch, .. }] => assert_eq!(dispatch.len(), 1, "{dispatch:?}"),
         other => panic!("unexpected {other:?}"),
     }
@@ -983,11 +966,7 @@ async fn a_dead_starts_follow_up_is_planned_with_the_defaults() {
     let (w, _) = worker_and_job(&s, "dead").await;
     let mut job = new_job(&homing::conformance::unique_queue("dead"), "t");
     job.options.max_crashes = Some(0);
-    job.options.on_failure = Some(homing::FollowUp {
-        task: "t.next".into(),
-        queue: None,
-        args: serde_json::json!({}),
-    });
+    job.options.on_failure = Some(follow_up());
     let id = job.id;
     s.insert(vec![job]).await.unwrap();
     assert_eq!(
@@ -1026,7 +1005,7 @@ async fn a_workflow_step_is_settled_with_the_defaults() {
         .find(|i| i.state == JobState::Queued)
         .expect("a runnable step")
         .id;
-    match &run_to_success(&s, &[first], &w).await[..] {
+    match &homing::conformance::run_to_success(&*s, &[first], &w).await[..] {
         [Committed::Applied { dispatch, .. }] => assert_eq!(dispatch.len(), 1, "{dispatch:?}"),
         other => panic!("unexpected {other:?}"),
     }
@@ -1041,6 +1020,15 @@ async fn a_workflow_step_is_settled_with_the_defaults() {
     );
 }
 
+/// The follow-up the plan cases' jobs carry.
+fn follow_up() -> homing::FollowUp {
+    homing::FollowUp {
+        task: "t.next".into(),
+        queue: None,
+        args: serde_json::json!({}),
+    }
+}
+
 /// A store on a fresh database whose pool has one connection, so that every statement it sends
 /// is prepared on that connection.
 async fn one_connection() -> Arc<PgStore> {
@@ -1050,25 +1038,6 @@ async fn one_connection() -> Arc<PgStore> {
     })
     .await
     .1
-}
-
-/// Starts `ids` under `w` (each must run) and completes them as succeeded.
-async fn run_to_success(s: &PgStore, ids: &[JobId], w: &str) -> Vec<Committed> {
-    let done: Vec<Completion> = s
-        .start(ids, w, now())
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| match o {
-            StartOutcome::Run(j) => Completion {
-                id: j.id,
-                epoch: j.epoch,
-                outcome: Outcome::Succeeded(serde_json::json!(null)),
-            },
-            other => panic!("unexpected {other:?}"),
-        })
-        .collect();
-    s.complete(&done, now()).await.unwrap()
 }
 
 /// How often the one connection of `s` planned the statement whose text is `LIKE` `pattern`:

@@ -30,6 +30,42 @@ pub fn unique_queue(prefix: &str) -> String {
     format!("{prefix}-{}", &new_job_id().simple().to_string()[20..])
 }
 
+/// Starts `ids` under `worker` (each must run) and completes each with `outcome`; the commit's
+/// answers.
+pub async fn start_and_complete(
+    s: &dyn crate::store::Store,
+    ids: &[crate::job::JobId],
+    worker: &str,
+    outcome: crate::store::Outcome,
+) -> Vec<crate::store::Committed> {
+    use crate::store::{Completion, StartOutcome};
+    let done: Vec<Completion> = s
+        .start(ids, worker, crate::time::now())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| match o {
+            StartOutcome::Run(j) => Completion {
+                id: j.id,
+                epoch: j.epoch,
+                outcome: outcome.clone(),
+            },
+            other => panic!("expected Run, got {other:?}"),
+        })
+        .collect();
+    s.complete(&done, crate::time::now()).await.unwrap()
+}
+
+/// [`start_and_complete`] with every job succeeded.
+pub async fn run_to_success(
+    s: &dyn crate::store::Store,
+    ids: &[crate::job::JobId],
+    worker: &str,
+) -> Vec<crate::store::Committed> {
+    let succeeded = crate::store::Outcome::Succeeded(serde_json::json!(null));
+    start_and_complete(s, ids, worker, succeeded).await
+}
+
 /// A plain job for `queue`.
 pub fn new_job(queue: &str, task: &str) -> NewJob {
     NewJob {

@@ -1006,21 +1006,7 @@ pub async fn pruner_passes_delete_old_finished_jobs_and_nothing_unfinished(s: Ar
     let ids: Vec<_> = jobs.iter().map(|j| j.id).collect();
     let (finished, rest) = ids.split_at(1200);
     for chunk in finished.chunks(200) {
-        let done: Vec<Completion> = s
-            .start(chunk, "w", now())
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|o| match o {
-                StartOutcome::Run(j) => Completion {
-                    id: j.id,
-                    epoch: j.epoch,
-                    outcome: Outcome::Succeeded(serde_json::json!(null)),
-                },
-                other => panic!("expected Run, got {other:?}"),
-            })
-            .collect();
-        s.complete(&done, now()).await.unwrap();
+        super::run_to_success(&*s, chunk, "w").await;
     }
     s.start(&rest[..50], "w", now()).await.unwrap();
     let cut = now() + 1;
