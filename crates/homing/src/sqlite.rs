@@ -305,15 +305,52 @@ fn wal_path(db: &Path) -> PathBuf {
 ///
 /// Below that size a PASSIVE checkpoint copies what it can and waits for nothing, as SQLite's
 /// automatic one did; so the RESTART finds little left to copy.
-fn keep_wal_short(conn: &Connection, wal: &Path) {
+///
+/// Whether the checkpoint copied the whole log (then [`start_log_over`] follows).
+fn keep_wal_short(conn: &Connection, wal: &Path) -> bool {
     let long = std::fs::metadata(wal).is_ok_and(|m| m.len() > WAL_RESTART_BYTES);
     if !long {
-        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-            tracing::debug!(error = %e, "write-ahead log checkpoint deferred");
-        }
-        return;
+        let outcome = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        });
+        return match outcome {
+            Ok((busy, frames, copied)) => busy == 0 && frames > 0 && copied == frames,
+            Err(e) => {
+                tracing::debug!(error = %e, "write-ahead log checkpoint deferred");
+                false
+            }
+        };
     }
-    restart_wal(conn, brief);
+    restart_wal(conn, brief)
+}
+
+/// Starts the log over from the checkpoint thread, after a checkpoint that copied all of it.
+/// The first writer after such a checkpoint writes a new log header at the log's start, and
+/// SQLite syncs that header before the commit's frames (an out-of-order write after a restart
+/// could otherwise damage the file; only `synchronous=OFF` skips it): on an idle file that
+/// writer was the next enqueue, whose commit then took 0.8-1.0 ms instead of about 50 µs (4 to 11
+/// enqueues in 1,000; BENCHMARKS.md, "Where the embedded idle tail comes from"). A
+/// one-page write here (the schema's `user_version`, rewritten with its own value) makes this
+/// thread that writer. It gives up at once if another connection is writing (that writer
+/// restarts the log itself, as before); if a reader still holds the old log's frames, SQLite
+/// appends the page instead and the log starts over later, as before.
+fn start_log_over(conn: &Connection) {
+    let _ = conn.busy_handler(None);
+    let written = (|| -> rusqlite::Result<()> {
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        conn.pragma_update(None, "user_version", version)?;
+        conn.execute_batch("COMMIT")
+    })();
+    if let Err(e) = written {
+        let _ = conn.execute_batch("ROLLBACK");
+        tracing::trace!(error = %e, "the write-ahead log is left to the next writer to start over");
+    }
+    let _ = conn.busy_handler(Some(wait_for_lock));
 }
 
 /// The off-thread checkpoint's patience: about 10 ms.
@@ -604,7 +641,9 @@ impl Db {
             }
         }
         if let Some(conn) = slot.as_ref() {
-            keep_wal_short(conn, &self.wal);
+            if keep_wal_short(conn, &self.wal) {
+                start_log_over(conn);
+            }
         }
     }
 
@@ -997,6 +1036,54 @@ mod tests {
         // Reopened by this build, it is still the old size.
         let _ = Db::open(&old).unwrap();
         assert_eq!(page_size(&old), 4096);
+    }
+
+    /// A checkpoint that copied the whole log starts it over on the checkpoint thread, so the
+    /// next commit appends to a new log instead of writing (and syncing) its header.
+    #[tokio::test]
+    async fn a_checkpoint_that_copies_the_whole_log_starts_it_over_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        let db = Db::open(&path).unwrap();
+        db.write(|tx| tx.execute_batch("CREATE TABLE scratch (x)"))
+            .await
+            .unwrap();
+        for i in 0..20 {
+            db.write(move |tx| tx.execute("INSERT INTO scratch VALUES (?1)", [i]))
+                .await
+                .unwrap();
+        }
+        // The log header's checkpoint sequence number (bytes 12..16) goes up at every restart.
+        let restarts = || {
+            let head = std::fs::read(wal_path(&path)).unwrap();
+            u32::from_be_bytes(head[12..16].try_into().unwrap())
+        };
+        let before = restarts();
+        db.checkpoint();
+        let after = restarts();
+        assert_ne!(
+            before, after,
+            "the checkpoint left the log for the next writer to restart"
+        );
+        db.write(|tx| tx.execute("INSERT INTO scratch VALUES (20)", []))
+            .await
+            .unwrap();
+        assert_eq!(
+            restarts(),
+            after,
+            "the next commit started the log over again"
+        );
+        let (rows, version): (i64, i64) = db
+            .read(|c| {
+                Ok((
+                    c.query_row("SELECT count(*) FROM scratch", [], |r| r.get(0))?,
+                    c.query_row("PRAGMA user_version", [], |r| r.get(0))?,
+                ))
+            })
+            .await
+            .unwrap();
+        assert_eq!(rows, 21);
+        assert_eq!(version, i64::from(db.migrated.1));
     }
 
     /// The log's thresholds are lengths in bytes; the hook counts frames. A file of 4 KiB pages
