@@ -337,7 +337,9 @@ fn keep_wal_short(conn: &Connection, wal: &Path) -> bool {
 /// one-page write here (the schema's `user_version`, rewritten with its own value) makes this
 /// thread that writer. It gives up at once if another connection is writing (that writer
 /// restarts the log itself, as before); if a reader still holds the old log's frames, SQLite
-/// appends the page instead and the log starts over later, as before.
+/// appends the page instead and the log starts over later, as before. A commit arriving during
+/// this write waits for it, sync included (its busy handler), so the move makes the cost rarer
+/// on the enqueue path, not impossible.
 fn start_log_over(conn: &Connection) {
     let _ = conn.busy_handler(None);
     let written = (|| -> rusqlite::Result<()> {
