@@ -550,23 +550,71 @@ impl Db {
         T: Send + 'static,
         F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
     {
+        self.write_waking(f, |_| false).await
+    }
+
+    /// As [`Db::write`], and when `wakes` says of `f`'s answer that the transaction made
+    /// messages ready, wakes the reservations waiting on this file from the thread that
+    /// committed it, as soon as it has: this process's in memory at once, other processes' by
+    /// the doorbell once the write connection is free. A waiting worker then starts to look
+    /// while the caller is still on its way back to the runtime (one thread hand-off sooner than
+    /// waking them from the caller; docs/fastpath.md, item 8).
+    pub(crate) async fn write_waking<T, F>(
+        self: &Arc<Self>,
+        f: F,
+        wakes: fn(&T) -> bool,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
+    {
         let db = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut conn = db.writer.lock().unwrap_or_else(|p| p.into_inner());
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(map_err)?;
-            let out = f(&tx).map_err(map_err)?;
-            WAL_FRAMES.with(|f| f.set(-1));
-            tx.commit().map_err(map_err)?;
-            let frames = WAL_FRAMES.with(|f| f.get());
-            db.restart_if_behind(&conn, frames);
-            drop(conn);
-            db.after_commit(frames);
-            Ok(out)
+        on_blocking_pool(move || db.write_now(f, wakes)).await
+    }
+
+    /// Looks first (`look`, on a read connection) and runs `f` in a write transaction only if
+    /// the look says yes (`Ok(None)` when it did not), both in one trip to the blocking pool: a
+    /// read and then a write as two calls cost two hand-offs to a pool thread and back.
+    pub(crate) async fn write_if<T, L, F>(self: &Arc<Self>, look: L, f: F) -> Result<Option<T>>
+    where
+        T: Send + 'static,
+        L: FnOnce(&Connection) -> rusqlite::Result<bool> + Send + 'static,
+        F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
+    {
+        let db = self.clone();
+        on_blocking_pool(move || {
+            if !db.read_now(look)? {
+                return Ok(None);
+            }
+            db.write_now(f, |_| false).map(Some)
         })
         .await
-        .map_err(|e| Error::backend_from(BACKEND, e).context("database task failed"))?
+    }
+
+    /// The body of every write, on a blocking thread.
+    fn write_now<T, F>(self: &Arc<Self>, f: F, wakes: fn(&T) -> bool) -> Result<T>
+    where
+        F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>,
+    {
+        let mut conn = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(map_err)?;
+        let out = f(&tx).map_err(map_err)?;
+        WAL_FRAMES.with(|f| f.set(-1));
+        tx.commit().map_err(map_err)?;
+        let wake = wakes(&out);
+        if wake {
+            self.published.notify_waiters();
+        }
+        let frames = WAL_FRAMES.with(|f| f.get());
+        self.restart_if_behind(&conn, frames);
+        drop(conn);
+        if wake {
+            self.doorbell.ring();
+        }
+        self.after_commit(frames);
+        Ok(out)
     }
 
     /// Starts a checkpoint on another thread each time the log has grown past another
@@ -657,22 +705,35 @@ impl Db {
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
         let db = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let conn = db.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            let conn = match conn {
-                Some(c) => c,
-                None => open_conn(&db.path).map_err(map_err)?,
-            };
-            let out = f(&conn).map_err(map_err);
-            let mut pool = db.readers.lock().unwrap_or_else(|p| p.into_inner());
-            if pool.len() < 8 {
-                pool.push(conn);
-            }
-            out
-        })
+        on_blocking_pool(move || db.read_now(f)).await
+    }
+
+    /// The body of every read, on a blocking thread: a pooled read connection, or a new one.
+    fn read_now<T, F>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(&Connection) -> rusqlite::Result<T>,
+    {
+        let conn = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let conn = match conn {
+            Some(c) => c,
+            None => open_conn(&self.path).map_err(map_err)?,
+        };
+        let out = f(&conn).map_err(map_err);
+        let mut pool = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.len() < 8 {
+            pool.push(conn);
+        }
+        out
+    }
+}
+
+/// Runs `f` on the runtime's blocking pool: every SQLite call blocks its thread.
+async fn on_blocking_pool<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::backend_from(BACKEND, e).context("database task failed"))?
-    }
 }
 
 /// How many of `PRAGMA quick_check`'s findings an error names: the first few say what is wrong,

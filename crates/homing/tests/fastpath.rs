@@ -72,6 +72,138 @@ async fn a_publish_in_another_process_rings_the_waiting_reservation() {
     assert!(began.elapsed() < Duration::from_secs(50));
 }
 
+/// A publish wakes the reservations waiting on the file from the thread that committed it, before
+/// its caller is back on the runtime: here the publisher's runtime (one thread) is kept busy
+/// until the waiter, on a runtime of its own with a minute-long poll, says it was woken. Waking
+/// from the caller, as before, would come only once its runtime is free, after the waiter's
+/// deadline. Both kinds of waiter: one in the same process (the same open of the file, woken in
+/// memory) and one in another (another open, woken by the doorbell).
+#[test]
+fn a_publish_wakes_the_waiters_before_its_caller_is_back() {
+    for same_process in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("homing.db");
+        let publisher_db = Db::open(&path).unwrap();
+        let waiter_db = if same_process {
+            publisher_db.clone()
+        } else {
+            Db::open(&path).unwrap()
+        };
+        let q = unique_queue("wake");
+        let (woken_tx, woken_rx) = std::sync::mpsc::channel();
+        let (waiting_tx, waiting_rx) = std::sync::mpsc::channel();
+        let qs = vec![q.clone()];
+        let waiter = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let b = SqliteBroker::new(waiter_db).with_poll(Duration::from_secs(60));
+                let wait =
+                    tokio::spawn(async move { b.wait_ready(&qs, Duration::from_secs(60)).await });
+                // Time for its first look (nothing yet): then it waits for a wake.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                waiting_tx.send(()).unwrap();
+                let woken = wait.await.unwrap().unwrap();
+                woken_tx.send(woken).unwrap();
+            });
+        });
+        waiting_rx.recv().unwrap();
+        if !same_process {
+            bound_sockets_blocking(&dir.path().join("homing.db.doorbell"), 1);
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let publisher = SqliteBroker::new(publisher_db);
+        let job = new_job(&q, "t");
+        // Another connection holds the file's write lock, so the publish's write is still
+        // waiting for it when the runtime's thread is taken below; a thread lets it go later.
+        let holder = rusqlite::Connection::open(&path).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        rt.block_on(async {
+            let publish = tokio::spawn(async move {
+                publisher
+                    .publish(&[ToPublish {
+                        id: job.id,
+                        queue: q.clone(),
+                        priority: 0,
+                    }])
+                    .await
+            });
+            // The publish's task has run up to its write on the blocking pool, which waits for
+            // the lock.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let releaser = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                holder.execute_batch("COMMIT").unwrap();
+            });
+            // The runtime's one thread is held here: the publish's caller cannot resume.
+            let woken = woken_rx.recv_timeout(Duration::from_secs(20));
+            releaser.join().unwrap();
+            assert_eq!(
+                woken,
+                Ok(true),
+                "same process: {same_process}: the waiter was not woken while the publisher's \
+                 caller could not run (the wake came from the caller, not the committing thread)"
+            );
+            publish.await.unwrap().unwrap();
+        });
+        waiter.join().unwrap();
+    }
+}
+
+/// A reservation's wait on the embedded file answers as soon as a publish wakes it, even one of
+/// another queue: the worker's take after it looks for itself, in the same trip to the file as its
+/// write (`store::sqlite::take_if_ready`), so the wait does not look again. Without a wake it
+/// still answers only when a message is ready or the wait is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_a_ready_message_answers_at_a_wake() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path().join("homing.db")).unwrap();
+    let waiting = SqliteBroker::new(db.clone()).with_poll(Duration::from_secs(60));
+    let (q, other) = (unique_queue("wait"), unique_queue("other"));
+    assert!(
+        !waiting
+            .wait_ready(std::slice::from_ref(&q), Duration::from_millis(200))
+            .await
+            .unwrap(),
+        "nothing was published and nothing woke it"
+    );
+    let qs = vec![q.clone()];
+    let w = waiting.clone();
+    let wait = tokio::spawn(async move { w.wait_ready(&qs, Duration::from_secs(60)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    SqliteBroker::new(db)
+        .publish(&[ToPublish {
+            id: new_job(&other, "t").id,
+            queue: other.clone(),
+            priority: 0,
+        }])
+        .await
+        .unwrap();
+    let woken = tokio::time::timeout(Duration::from_secs(20), wait)
+        .await
+        .expect("the wait slept on after a wake (it would have waited for its minute)")
+        .unwrap()
+        .unwrap();
+    assert!(woken);
+}
+
+/// As [`bound_sockets`], for a thread outside a runtime.
+fn bound_sockets_blocking(bell_dir: &std::path::Path, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_dir(bell_dir).map_or(0, |d| d.count()) < n {
+        assert!(
+            Instant::now() < deadline,
+            "the waiters never bound their doorbell"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Waits until `n` sockets are bound in the file's doorbell directory.
 async fn bound_sockets(bell_dir: &std::path::Path, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -82,10 +82,12 @@ pub trait Broker: Send + Sync + 'static {
         wait: Duration,
     ) -> Result<Vec<Delivery>>;
 
-    /// Waits up to `wait` until a message of `queues` looks ready to reserve, without reserving
-    /// it: `Ok(false)` when none came. A hint (another consumer may take it first). The worker
-    /// on the embedded file uses it to reserve and start in one write; a broker that blocks in
-    /// [`Broker::reserve`] instead has nothing to wait for here and says `true` at once.
+    /// Waits up to `wait` until a message of `queues` looks ready to reserve, or a publish woke
+    /// the wait (the embedded file: its caller looks again itself, in the same trip to the file
+    /// as its write), without reserving anything: `Ok(false)` when neither came. A hint (another
+    /// consumer may take the message first). The worker on the embedded file uses it to reserve
+    /// and start in one write; a broker that blocks in [`Broker::reserve`] instead has nothing to
+    /// wait for here and says `true` at once.
     async fn wait_ready(&self, _queues: &[String], _wait: Duration) -> Result<bool> {
         Ok(true)
     }

@@ -63,19 +63,7 @@ impl SqliteBroker {
     /// Whether any of `queues` has a ready message: a read, which takes no lock.
     async fn any_ready(&self, queues: &[String]) -> Result<bool> {
         let qs = queues.to_vec();
-        self.db
-            .read(move |c| {
-                let mut st = c.prepare_cached(
-                    "SELECT 1 FROM messages WHERE queue = ?1 AND consumer IS NULL LIMIT 1",
-                )?;
-                for q in &qs {
-                    if st.exists([q])? {
-                        return Ok(true);
-                    }
-                }
-                Ok(false)
-            })
-            .await
+        self.db.read(move |c| any_ready_in(c, &qs)).await
     }
 
     async fn try_reserve(
@@ -84,19 +72,29 @@ impl SqliteBroker {
         queues: &[String],
         max: usize,
     ) -> Result<Vec<Delivery>> {
-        // A cheap read first: an idle worker must not take the write lock every poll.
-        if !self.any_ready(queues).await? {
-            return Ok(Vec::new());
-        }
+        // A cheap read first (an idle worker must not take the write lock every poll), in the
+        // same trip to the blocking pool as the write.
         let (consumer, queues) = (consumer.to_string(), queues.to_vec());
-        self.db
-            .write(move |tx| reserve_in(tx, &consumer, &queues, max))
-            .await
+        let looked = queues.clone();
+        let got = self
+            .db
+            .write_if(
+                move |c| any_ready_in(c, &looked),
+                move |tx| reserve_in(tx, &consumer, &queues, max),
+            )
+            .await?;
+        Ok(got.unwrap_or_default())
     }
 
     /// Tries `attempt` until it finds something or `wait` has passed, sleeping in between until
-    /// a publish of this process or a doorbell ring wakes it, or the poll comes round.
-    async fn until<T, F, Fut>(&self, wait: Duration, mut attempt: F) -> Result<Option<T>>
+    /// a publish of this process or a doorbell ring wakes it, or the poll comes round. With
+    /// `woken`, a wake answers it at once instead of another attempt (the caller looks itself).
+    async fn until<T, F, Fut>(
+        &self,
+        wait: Duration,
+        mut woken: Option<T>,
+        mut attempt: F,
+    ) -> Result<Option<T>>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<Option<T>>>,
@@ -118,11 +116,28 @@ impl SqliteBroker {
             }
             let nap = poll.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
             tokio::select! {
-                _ = notified => {}
+                _ = notified => {
+                    if woken.is_some() {
+                        return Ok(woken.take());
+                    }
+                }
                 _ = tokio::time::sleep(nap) => {}
             }
         }
     }
+}
+
+/// Whether any message of `queues` is ready to reserve: a read, so an idle worker does not take
+/// the write lock every time it looks.
+pub(crate) fn any_ready_in(c: &rusqlite::Connection, queues: &[String]) -> rusqlite::Result<bool> {
+    let mut st =
+        c.prepare_cached("SELECT 1 FROM messages WHERE queue = ?1 AND consumer IS NULL LIMIT 1")?;
+    for q in queues {
+        if st.exists([q])? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Reserves up to `max` ready messages of `queues` for `consumer` in the caller's write
@@ -195,13 +210,6 @@ pub(crate) fn publish_in(tx: &rusqlite::Connection, jobs: &[ToPublish]) -> rusql
     Ok(())
 }
 
-/// Wakes the reservations waiting on this file, in this process and in others, after messages
-/// were committed.
-pub(crate) fn published(db: &Db) {
-    db.published.notify_waiters();
-    db.doorbell.ring();
-}
-
 pub(crate) fn tags(deliveries: &[Delivery]) -> Vec<(i64, i64)> {
     deliveries
         .iter()
@@ -263,9 +271,9 @@ impl Broker for SqliteBroker {
             return Ok(());
         }
         let jobs = jobs.to_vec();
-        self.db.write(move |tx| publish_in(tx, &jobs)).await?;
-        published(&self.db);
-        Ok(())
+        self.db
+            .write_waking(move |tx| publish_in(tx, &jobs), |_| true)
+            .await
     }
 
     async fn reserve(
@@ -280,7 +288,7 @@ impl Broker for SqliteBroker {
             return Ok(Vec::new());
         }
         let got = self
-            .until(wait, || async {
+            .until(wait, None, || async {
                 let got = self.try_reserve(consumer, queues, max).await?;
                 Ok((!got.is_empty()).then_some(got))
             })
@@ -293,8 +301,10 @@ impl Broker for SqliteBroker {
             tokio::time::sleep(wait).await;
             return Ok(false);
         }
+        // A wake answers at once: the worker's take looks again in its own trip to the file
+        // (`store::sqlite::take_if_ready`), so a look here would be one hand-off too many.
         let found = self
-            .until(wait, || async {
+            .until(wait, Some(()), || async {
                 Ok(self.any_ready(queues).await?.then_some(()))
             })
             .await?;
@@ -321,25 +331,22 @@ impl Broker for SqliteBroker {
     async fn requeue(&self, consumer: &str, deliveries: &[Delivery]) -> Result<usize> {
         let ids = tags(deliveries);
         let consumer = consumer.to_string();
-        let n = self
-            .db
-            .write(move |tx| {
-                let mut st = tx.prepare_cached(
-                    "UPDATE messages SET consumer = NULL, reserved_at = NULL, generation = generation + 1 \
-                     WHERE id = ?1 AND generation = ?2 AND consumer = ?3",
-                )?;
-                let mut n = 0;
-                for (id, gen) in &ids {
-                    n += st.execute(params![id, gen, consumer])?;
-                }
-                Ok(n)
-            })
-            .await?;
-        if n > 0 {
-            self.db.published.notify_waiters();
-            self.db.doorbell.ring();
-        }
-        Ok(n)
+        self.db
+            .write_waking(
+                move |tx| {
+                    let mut st = tx.prepare_cached(
+                        "UPDATE messages SET consumer = NULL, reserved_at = NULL, generation = generation + 1 \
+                         WHERE id = ?1 AND generation = ?2 AND consumer = ?3",
+                    )?;
+                    let mut n = 0;
+                    for (id, gen) in &ids {
+                        n += st.execute(params![id, gen, consumer])?;
+                    }
+                    Ok(n)
+                },
+                |n| *n > 0,
+            )
+            .await
     }
 
     async fn dead_letter(&self, d: &Delivery, reason: &str) -> Result<()> {

@@ -733,28 +733,51 @@ pub(crate) async fn complete_and_take(
         for (id, gen) in &acks {
             st.execute([id, gen])?;
         }
-        let mut taken: Vec<Taken> = Vec::new();
-        if take.max > 0 {
-            let reserved =
-                crate::broker::sqlite::reserve_in(tx, &take.worker, &take.queues, take.max)?;
-            let ids: Vec<String> = reserved
-                .iter()
-                .filter_map(|d| d.job.as_ref().ok().map(|id| id.to_string()))
-                .collect();
-            // The start's time is read under the write lock, not taken from the caller: a
-            // message reserved here may have been published by a transaction that committed
-            // while this one waited for the lock (a workflow step made ready by its last
-            // parent), and its start must not be stamped before what made it ready.
-            let started_at = crate::time::now().max(now);
-            let mut started = start_in(tx, &ids, &take.worker, started_at)?.into_iter();
-            for d in reserved {
-                let outcome = if d.job.is_ok() { started.next() } else { None };
-                taken.push((d, outcome));
-            }
-        }
+        let taken = take_in(tx, &take, now)?;
         Ok((out, taken))
     })
     .await
+}
+
+/// An idle worker's take on the embedded file after a wake: looks for a ready message of
+/// `take.queues` and, if there is one, reserves and starts up to `take.max` in one write
+/// (the round of [`complete_and_take`] with nothing to complete), the look and the write in one
+/// trip to the blocking pool. `Ok(None)`: nothing looked ready, and nothing was written.
+pub(crate) async fn take_if_ready(
+    db: &Arc<Db>,
+    take: Take,
+    now: Micros,
+) -> Result<Option<Vec<Taken>>> {
+    let queues = take.queues.clone();
+    db.write_if(
+        move |c| crate::broker::sqlite::any_ready_in(c, &queues),
+        move |tx| take_in(tx, &take, now),
+    )
+    .await
+}
+
+/// Reserves and starts what `take` asks for, in the caller's write transaction.
+fn take_in(tx: &Transaction<'_>, take: &Take, now: Micros) -> rusqlite::Result<Vec<Taken>> {
+    let mut taken: Vec<Taken> = Vec::new();
+    if take.max == 0 {
+        return Ok(taken);
+    }
+    let reserved = crate::broker::sqlite::reserve_in(tx, &take.worker, &take.queues, take.max)?;
+    let ids: Vec<String> = reserved
+        .iter()
+        .filter_map(|d| d.job.as_ref().ok().map(|id| id.to_string()))
+        .collect();
+    // The start's time is read under the write lock, not taken from the caller: a message
+    // reserved here may have been published by a transaction that committed while this one
+    // waited for the lock (a workflow step made ready by its last parent), and its start must
+    // not be stamped before what made it ready.
+    let started_at = crate::time::now().max(now);
+    let mut started = start_in(tx, &ids, &take.worker, started_at)?.into_iter();
+    for d in reserved {
+        let outcome = if d.job.is_ok() { started.next() } else { None };
+        taken.push((d, outcome));
+    }
+    Ok(taken)
 }
 
 /// What a worker's round takes after its commit ([`complete_and_take`]): up to `max` messages of
@@ -1531,30 +1554,31 @@ impl Store for SqliteStore {
         let max_queues = self.max_queues;
         let to_admit = self.known_queues.to_admit(&jobs);
         let admit = to_admit.is_some();
-        let (out, published) = self
+        // Waits for messages are woken by the committing thread (`Db::write_waking`).
+        let (out, _) = self
             .db
-            .write(move |tx| {
-                if admit {
-                    super::queues::admit_sqlite(tx, &jobs, max_queues, crate::time::now())?;
-                }
-                let out = jobs
-                    .iter()
-                    .map(|j| insert_one(tx, j))
-                    .collect::<rusqlite::Result<Vec<Inserted>>>()?;
-                let to_send = crate::store::to_dispatch(&out, &priorities);
-                crate::broker::sqlite::publish_in(tx, &to_send)?;
-                let mut st = tx.prepare_cached(
-                    "UPDATE jobs SET dispatched = 1 WHERE id = ?1 AND state = 'queued'",
-                )?;
-                for j in &to_send {
-                    st.execute([j.id.to_string()])?;
-                }
-                Ok((out, !to_send.is_empty()))
-            })
+            .write_waking(
+                move |tx| {
+                    if admit {
+                        super::queues::admit_sqlite(tx, &jobs, max_queues, crate::time::now())?;
+                    }
+                    let out = jobs
+                        .iter()
+                        .map(|j| insert_one(tx, j))
+                        .collect::<rusqlite::Result<Vec<Inserted>>>()?;
+                    let to_send = crate::store::to_dispatch(&out, &priorities);
+                    crate::broker::sqlite::publish_in(tx, &to_send)?;
+                    let mut st = tx.prepare_cached(
+                        "UPDATE jobs SET dispatched = 1 WHERE id = ?1 AND state = 'queued'",
+                    )?;
+                    for j in &to_send {
+                        st.execute([j.id.to_string()])?;
+                    }
+                    Ok((out, !to_send.is_empty()))
+                },
+                |(_, published)| *published,
+            )
             .await?;
-        if published {
-            crate::broker::sqlite::published(&self.db);
-        }
         if let Some(names) = to_admit {
             self.known_queues.remember(names);
         }
@@ -3280,5 +3304,61 @@ mod round_tests {
             let j = store.get(j.id).await.unwrap().unwrap();
             assert_eq!(j.state, JobState::Succeeded);
         }
+    }
+
+    /// An idle worker's take after a wake looks before it writes: with nothing ready it answers
+    /// `None` without asking for the write lock (held meanwhile by another connection, which a
+    /// write would wait up to 30 s for and then fail), and with a message ready it reserves and
+    /// starts it in one write.
+    #[tokio::test]
+    async fn a_take_after_a_wake_looks_before_it_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        let db = Db::open(&path).unwrap();
+        let (store, broker) = (SqliteStore::new(db.clone()), SqliteBroker::new(db.clone()));
+        let take = |q: &str| Take {
+            worker: "w".into(),
+            queues: vec![q.into()],
+            max: 2,
+        };
+        let j = job("q");
+        store.insert(vec![j.clone()]).await.unwrap();
+        broker
+            .publish(&[ToPublish {
+                id: j.id,
+                queue: "q".into(),
+                priority: 0,
+            }])
+            .await
+            .unwrap();
+
+        let other = rusqlite::Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let began = std::time::Instant::now();
+        let got = take_if_ready(&db, take("empty"), crate::time::now())
+            .await
+            .expect("a take with nothing ready must not touch the write lock");
+        assert!(got.is_none(), "{got:?}");
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(10),
+            "it waited for the write lock: it wrote without looking"
+        );
+        other.execute_batch("COMMIT").unwrap();
+
+        let taken = take_if_ready(&db, take("q"), crate::time::now())
+            .await
+            .unwrap()
+            .expect("a message was ready");
+        assert_eq!(taken.len(), 1, "{taken:?}");
+        assert!(
+            matches!(&taken[0].1, Some(StartOutcome::Run(r)) if r.id == j.id && r.worker.as_deref() == Some("w")),
+            "{taken:?}"
+        );
+        let depth = broker.depths().await.unwrap();
+        assert_eq!((depth[0].ready, depth[0].reserved), (0, 1));
+        assert!(take_if_ready(&db, take("q"), crate::time::now())
+            .await
+            .unwrap()
+            .is_none());
     }
 }

@@ -97,17 +97,19 @@ async fn settle(s: &Session, permits: &mut Vec<tokio::sync::OwnedSemaphorePermit
     }
 }
 
-/// On the embedded file (store and broker in one SQLite file): waits until a message is ready,
-/// then reserves and starts as many as there are free slots in one write transaction
-/// (`store::sqlite::complete_and_take` with nothing to complete), instead of a reservation and
-/// then a start: an idle worker's job starts one transaction sooner. Each message taken holds a
-/// reservation and a slot from before the transaction, so the messages held never exceed the
+/// On the embedded file (store and broker in one SQLite file): waits until a message is ready
+/// (or a publish woke it), then looks and, if one is ready, reserves and starts as many as there
+/// are free slots in one write transaction (`store::sqlite::take_if_ready`, the look and the
+/// write in one trip to the blocking pool), instead of a reservation and then a start: an idle
+/// worker's job starts one transaction and two thread hand-offs sooner. Each message taken holds
+/// a reservation and a slot from before the transaction, so the messages held never exceed the
 /// prefetch (docs/fastpath.md, "The at-risk bound").
 ///
 /// Gives the reservations back (`Some`) when the ordinary reservation should run instead: no
 /// slot is free (a prefetched message then waits for one, after those already waiting), the
 /// write was refused or failed (the ordinary path isolates a job the store cannot start, and
-/// backs off), or it found nothing after all. `None`: done, or nothing came within the wait.
+/// backs off), or it found nothing after all. `None`: done, nothing came within the wait, or a
+/// wake whose look found nothing ready (the next turn waits again).
 #[cfg(feature = "sqlite")]
 async fn take_at_once(
     s: &Arc<Session>,
@@ -150,9 +152,14 @@ async fn take_at_once(
         queues: s.config.queues.clone(),
         max: slots.len(),
     };
-    match crate::store::sqlite::complete_and_take(db, &[], &[], take, crate::time::now()).await {
-        Ok((_, taken)) if !taken.is_empty() => {
+    match crate::store::sqlite::take_if_ready(db, take, crate::time::now()).await {
+        Ok(Some(taken)) if !taken.is_empty() => {
             executor::take_started(s, taken, permits, slots, gate).await;
+            None
+        }
+        Ok(None) => {
+            // A publish of another queue, or one another worker took before this look.
+            tracing::trace!("woken, but nothing is ready; waiting again");
             None
         }
         Ok(_) => {
