@@ -583,7 +583,10 @@ impl Db {
     {
         let db = self.clone();
         on_blocking_pool(move || {
-            if !db.read_now(look)? {
+            if !db
+                .read_now(look)
+                .map_err(|e| e.context("looking before the write"))?
+            {
                 return Ok(None);
             }
             db.write_now(f, |_| false).map(Some)
@@ -603,12 +606,13 @@ impl Db {
         let out = f(&tx).map_err(map_err)?;
         WAL_FRAMES.with(|f| f.set(-1));
         tx.commit().map_err(map_err)?;
+        let frames = WAL_FRAMES.with(|f| f.get());
+        // Before the wake: a woken worker's take would only wait for this connection.
+        self.restart_if_behind(&conn, frames);
         let wake = wakes(&out);
         if wake {
             self.published.notify_waiters();
         }
-        let frames = WAL_FRAMES.with(|f| f.get());
-        self.restart_if_behind(&conn, frames);
         drop(conn);
         if wake {
             self.doorbell.ring();

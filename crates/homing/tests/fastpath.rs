@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use homing::broker::sqlite::SqliteBroker;
-use homing::broker::Broker;
+use homing::broker::{Broker, Readiness};
 use homing::conformance::{new_job, unique_queue};
 use homing::sqlite::Db;
 use homing::store::{Store, ToPublish};
@@ -145,7 +145,7 @@ fn a_publish_wakes_the_waiters_before_its_caller_is_back() {
             releaser.join().unwrap();
             assert_eq!(
                 woken,
-                Ok(true),
+                Ok(Readiness::Woken),
                 "same process: {same_process}: the waiter was not woken while the publisher's \
                  caller could not run (the wake came from the caller, not the committing thread)"
             );
@@ -158,38 +158,61 @@ fn a_publish_wakes_the_waiters_before_its_caller_is_back() {
 /// A reservation's wait on the embedded file answers as soon as a publish wakes it, even one of
 /// another queue: the worker's take after it looks for itself, in the same trip to the file as its
 /// write (`store::sqlite::take_if_ready`), so the wait does not look again. Without a wake it
-/// still answers only when a message is ready or the wait is over.
+/// answers only when a message is ready or the wait is over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_for_a_ready_message_answers_at_a_wake() {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path().join("homing.db")).unwrap();
     let waiting = SqliteBroker::new(db.clone()).with_poll(Duration::from_secs(60));
+    let publishing = SqliteBroker::new(db);
     let (q, other) = (unique_queue("wait"), unique_queue("other"));
-    assert!(
-        !waiting
+    assert_eq!(
+        waiting
             .wait_ready(std::slice::from_ref(&q), Duration::from_millis(200))
             .await
             .unwrap(),
+        Readiness::Nothing,
         "nothing was published and nothing woke it"
     );
     let qs = vec![q.clone()];
     let w = waiting.clone();
-    let wait = tokio::spawn(async move { w.wait_ready(&qs, Duration::from_secs(60)).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    SqliteBroker::new(db)
+    let mut wait = tokio::spawn(async move { w.wait_ready(&qs, Duration::from_secs(60)).await });
+    // Published again until the wait answers, so a wait that began late still hears one.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let seen = loop {
+        publishing
+            .publish(&[ToPublish {
+                id: new_job(&other, "t").id,
+                queue: other.clone(),
+                priority: 0,
+            }])
+            .await
+            .unwrap();
+        match tokio::time::timeout(Duration::from_millis(50), &mut wait).await {
+            Ok(answer) => break answer.unwrap().unwrap(),
+            Err(_) => assert!(
+                Instant::now() < deadline,
+                "the wait slept on after wakes (it would have waited for its minute)"
+            ),
+        }
+    };
+    assert_eq!(seen, Readiness::Woken);
+    publishing
         .publish(&[ToPublish {
-            id: new_job(&other, "t").id,
-            queue: other.clone(),
+            id: new_job(&q, "t").id,
+            queue: q.clone(),
             priority: 0,
         }])
         .await
         .unwrap();
-    let woken = tokio::time::timeout(Duration::from_secs(20), wait)
-        .await
-        .expect("the wait slept on after a wake (it would have waited for its minute)")
-        .unwrap()
-        .unwrap();
-    assert!(woken);
+    assert_eq!(
+        waiting
+            .wait_ready(std::slice::from_ref(&q), Duration::from_secs(60))
+            .await
+            .unwrap(),
+        Readiness::Ready,
+        "a ready message answers the wait's first look"
+    );
 }
 
 /// As [`bound_sockets`], for a thread outside a runtime.

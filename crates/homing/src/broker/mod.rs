@@ -20,6 +20,18 @@ use crate::error::Result;
 use crate::job::JobId;
 use crate::store::ToPublish;
 
+/// What [`Broker::wait_ready`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Nothing within the wait.
+    Nothing,
+    /// A message looked ready.
+    Ready,
+    /// A publish woke the wait, and nothing was looked at since: maybe a message of another
+    /// queue.
+    Woken,
+}
+
 /// One reserved message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
@@ -82,14 +94,14 @@ pub trait Broker: Send + Sync + 'static {
         wait: Duration,
     ) -> Result<Vec<Delivery>>;
 
-    /// Waits up to `wait` until a message of `queues` looks ready to reserve, or a publish woke
-    /// the wait (the embedded file: its caller looks again itself, in the same trip to the file
-    /// as its write), without reserving anything: `Ok(false)` when neither came. A hint (another
-    /// consumer may take the message first). The worker on the embedded file uses it to reserve
-    /// and start in one write; a broker that blocks in [`Broker::reserve`] instead has nothing to
-    /// wait for here and says `true` at once.
-    async fn wait_ready(&self, _queues: &[String], _wait: Duration) -> Result<bool> {
-        Ok(true)
+    /// Waits up to `wait` until a message of `queues` looks ready to reserve, or a publish wakes
+    /// the wait, without reserving anything (a hint: another consumer may take the message
+    /// first). The worker on the embedded file uses it to reserve and start in one write, and
+    /// after a wake looks for itself in the same trip to the file as that write. A broker that
+    /// blocks in [`Broker::reserve`] instead has nothing to wait for here and says
+    /// [`Readiness::Ready`] at once.
+    async fn wait_ready(&self, _queues: &[String], _wait: Duration) -> Result<Readiness> {
+        Ok(Readiness::Ready)
     }
 
     /// Removes messages for good (late ack: only after the store committed the job's new state).

@@ -72,17 +72,11 @@ impl SqliteBroker {
         queues: &[String],
         max: usize,
     ) -> Result<Vec<Delivery>> {
-        // A cheap read first (an idle worker must not take the write lock every poll), in the
-        // same trip to the blocking pool as the write.
         let (consumer, queues) = (consumer.to_string(), queues.to_vec());
-        let looked = queues.clone();
-        let got = self
-            .db
-            .write_if(
-                move |c| any_ready_in(c, &looked),
-                move |tx| reserve_in(tx, &consumer, &queues, max),
-            )
-            .await?;
+        let got = write_if_ready(&self.db, queues.clone(), move |tx| {
+            reserve_in(tx, &consumer, &queues, max)
+        })
+        .await?;
         Ok(got.unwrap_or_default())
     }
 
@@ -127,9 +121,23 @@ impl SqliteBroker {
     }
 }
 
-/// Whether any message of `queues` is ready to reserve: a read, so an idle worker does not take
-/// the write lock every time it looks.
-pub(crate) fn any_ready_in(c: &rusqlite::Connection, queues: &[String]) -> rusqlite::Result<bool> {
+/// Runs `f` in a write transaction only if a message of `queues` looks ready (`Ok(None)` when
+/// none did): the look is a read, so an idle worker does not take the write lock every time it
+/// looks, and it is made in the same trip to the blocking pool as the write.
+pub(crate) async fn write_if_ready<T, F>(
+    db: &Arc<Db>,
+    queues: Vec<String>,
+    f: F,
+) -> Result<Option<T>>
+where
+    T: Send + 'static,
+    F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
+{
+    db.write_if(move |c| any_ready_in(c, &queues), f).await
+}
+
+/// Whether any message of `queues` is ready to reserve.
+fn any_ready_in(c: &rusqlite::Connection, queues: &[String]) -> rusqlite::Result<bool> {
     let mut st =
         c.prepare_cached("SELECT 1 FROM messages WHERE queue = ?1 AND consumer IS NULL LIMIT 1")?;
     for q in queues {
@@ -200,7 +208,8 @@ fn parse_tag(tag: &str) -> Option<(i64, i64)> {
     Some((id.parse().ok()?, gen.parse().ok()?))
 }
 
-/// Appends one message per job, in the caller's transaction. Call [`published`] after it commits.
+/// Appends one message per job, in the caller's transaction. Commit it with
+/// [`Db::write_waking`], saying that it published, so that waiting reservations are woken.
 pub(crate) fn publish_in(tx: &rusqlite::Connection, jobs: &[ToPublish]) -> rusqlite::Result<()> {
     let mut st =
         tx.prepare_cached("INSERT INTO messages (queue, payload, priority) VALUES (?1, ?2, ?3)")?;
@@ -296,19 +305,19 @@ impl Broker for SqliteBroker {
         Ok(got.unwrap_or_default())
     }
 
-    async fn wait_ready(&self, queues: &[String], wait: Duration) -> Result<bool> {
+    async fn wait_ready(&self, queues: &[String], wait: Duration) -> Result<Readiness> {
         if queues.is_empty() {
             tokio::time::sleep(wait).await;
-            return Ok(false);
+            return Ok(Readiness::Nothing);
         }
         // A wake answers at once: the worker's take looks again in its own trip to the file
         // (`store::sqlite::take_if_ready`), so a look here would be one hand-off too many.
-        let found = self
-            .until(wait, Some(()), || async {
-                Ok(self.any_ready(queues).await?.then_some(()))
+        let seen = self
+            .until(wait, Some(Readiness::Woken), || async {
+                Ok(self.any_ready(queues).await?.then_some(Readiness::Ready))
             })
             .await?;
-        Ok(found.is_some())
+        Ok(seen.unwrap_or(Readiness::Nothing))
     }
 
     async fn ack(&self, deliveries: &[Delivery]) -> Result<()> {

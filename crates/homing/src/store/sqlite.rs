@@ -739,20 +739,18 @@ pub(crate) async fn complete_and_take(
     .await
 }
 
-/// An idle worker's take on the embedded file after a wake: looks for a ready message of
-/// `take.queues` and, if there is one, reserves and starts up to `take.max` in one write
-/// (the round of [`complete_and_take`] with nothing to complete), the look and the write in one
-/// trip to the blocking pool. `Ok(None)`: nothing looked ready, and nothing was written.
+/// An idle worker's take on the embedded file: looks for a ready message of `take.queues` and,
+/// if there is one, reserves and starts up to `take.max` in one write (the round of
+/// [`complete_and_take`] with nothing to complete), the look and the write in one trip to the
+/// blocking pool. `Ok(None)`: nothing looked ready, and nothing was written.
 pub(crate) async fn take_if_ready(
     db: &Arc<Db>,
     take: Take,
     now: Micros,
 ) -> Result<Option<Vec<Taken>>> {
-    let queues = take.queues.clone();
-    db.write_if(
-        move |c| crate::broker::sqlite::any_ready_in(c, &queues),
-        move |tx| take_in(tx, &take, now),
-    )
+    crate::broker::sqlite::write_if_ready(db, take.queues.clone(), move |tx| {
+        take_in(tx, &take, now)
+    })
     .await
 }
 

@@ -105,27 +105,29 @@ async fn settle(s: &Session, permits: &mut Vec<tokio::sync::OwnedSemaphorePermit
 /// a reservation and a slot from before the transaction, so the messages held never exceed the
 /// prefetch (docs/fastpath.md, "The at-risk bound").
 ///
-/// Gives the reservations back (`Some`) when the ordinary reservation should run instead: no
-/// slot is free (a prefetched message then waits for one, after those already waiting), the
-/// write was refused or failed (the ordinary path isolates a job the store cannot start, and
-/// backs off), or it found nothing after all. `None`: done, nothing came within the wait, or a
-/// wake whose look found nothing ready (the next turn waits again).
+/// Gives the reservations back (`Some`) when the ordinary reservation should run instead: a
+/// message looked ready and no slot is free (it then waits for one, after those already
+/// waiting), the look or the write failed or was refused (the ordinary path isolates a job the
+/// store cannot start, and backs off), or the write found nothing after all. `None`: done,
+/// nothing came within the wait, or a wake after which no slot was free or the look found
+/// nothing ready (the next turn looks and waits again).
 #[cfg(feature = "sqlite")]
 async fn take_at_once(
     s: &Arc<Session>,
     db: &Arc<crate::sqlite::Db>,
     mut permits: Vec<tokio::sync::OwnedSemaphorePermit>,
 ) -> Option<Vec<tokio::sync::OwnedSemaphorePermit>> {
-    match s.broker.wait_ready(&s.config.queues, RESERVE_WAIT).await {
-        Ok(true) => {}
-        Ok(false) => return None,
+    use crate::broker::Readiness;
+    let seen = match s.broker.wait_ready(&s.config.queues, RESERVE_WAIT).await {
+        Ok(Readiness::Nothing) => return None,
+        Ok(seen) => seen,
         Err(e) => {
             // The ordinary reservation reports what persists; this only says why the fast
             // path was skipped (`HOMING_LOG=homing=debug`).
             tracing::debug!(error = %e, "looking for a ready message failed; taking the ordinary way");
             return Some(permits);
         }
-    }
+    };
     if s.stopping.is_cancelled() || s.lost.is_cancelled() {
         return None;
     }
@@ -137,6 +139,11 @@ async fn take_at_once(
         }
     }
     if slots.is_empty() {
+        if seen == Readiness::Woken {
+            // Perhaps nothing for this worker: the next turn looks first, and a message it
+            // finds ready then waits for a slot the ordinary way.
+            return None;
+        }
         tracing::trace!("no handler slot free; the message waits the ordinary way");
         return Some(permits);
     }
@@ -158,7 +165,9 @@ async fn take_at_once(
             None
         }
         Ok(None) => {
-            // A publish of another queue, or one another worker took before this look.
+            // A publish of another queue, or one another worker took before this look. A wake
+            // of that kind costs two looks (this one and the next turn's first), where it cost
+            // one when the wait looked after every wake.
             tracing::trace!("woken, but nothing is ready; waiting again");
             None
         }
@@ -169,12 +178,13 @@ async fn take_at_once(
             Some(permits)
         }
         Err(e) => {
+            // The error says whether it was the look or the write.
             if e.is_transient() {
                 // Said, though quietly: a file that keeps failing here loses the fast path,
                 // and nothing else would show it.
-                tracing::debug!(error = %e, "reserving and starting in one write failed; taking the ordinary way");
+                tracing::debug!(error = %e, "looking, reserving and starting in one trip failed; taking the ordinary way");
             } else {
-                tracing::warn!(error = %e, "reserving and starting in one write was refused; taking the ordinary way");
+                tracing::warn!(error = %e, "looking, reserving and starting in one trip was refused; taking the ordinary way");
             }
             Some(permits)
         }
