@@ -290,6 +290,14 @@ fn wal_path(db: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
+/// Runs `PRAGMA wal_checkpoint(<mode>)` and reads its answer: whether it was kept from
+/// finishing (1 if so), the log's length in frames, and how many of them it copied back.
+fn checkpoint(conn: &Connection, mode: &'static str) -> rusqlite::Result<(i64, i64, i64)> {
+    conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+    })
+}
+
 /// Keeps the write-ahead log from growing without end under steady load (run by
 /// [`Db::checkpoint`], every [`CHECKPOINT_BYTES`] of log). A PASSIVE checkpoint copies frames back to the
 /// file, but the log starts over from its beginning only in a write transaction that began
@@ -310,13 +318,7 @@ fn wal_path(db: &Path) -> PathBuf {
 fn keep_wal_short(conn: &Connection, wal: &Path) -> bool {
     let long = std::fs::metadata(wal).is_ok_and(|m| m.len() > WAL_RESTART_BYTES);
     if !long {
-        let outcome = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, i64>(2)?,
-            ))
-        });
+        let outcome = checkpoint(conn, "PASSIVE");
         return match outcome {
             Ok((busy, frames, copied)) => busy == 0 && frames > 0 && copied == frames,
             Err(e) => {
@@ -375,13 +377,7 @@ fn backstop(tries: i32) -> bool {
 /// finished (every frame copied and no reader left on one, so the next commit starts over).
 fn restart_wal(conn: &Connection, patience: fn(i32) -> bool) -> bool {
     let _ = conn.busy_handler(Some(patience));
-    let outcome = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
-        Ok((
-            r.get::<_, i64>(0)?,
-            r.get::<_, i64>(1)?,
-            r.get::<_, i64>(2)?,
-        ))
-    });
+    let outcome = checkpoint(conn, "RESTART");
     let _ = conn.busy_handler(Some(wait_for_lock));
     match outcome {
         Ok((busy, frames, copied)) => {
