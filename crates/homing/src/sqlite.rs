@@ -318,8 +318,7 @@ fn checkpoint(conn: &Connection, mode: &'static str) -> rusqlite::Result<(i64, i
 fn keep_wal_short(conn: &Connection, wal: &Path) -> bool {
     let long = std::fs::metadata(wal).is_ok_and(|m| m.len() > WAL_RESTART_BYTES);
     if !long {
-        let outcome = checkpoint(conn, "PASSIVE");
-        return match outcome {
+        return match checkpoint(conn, "PASSIVE") {
             Ok((busy, frames, copied)) => busy == 0 && frames > 0 && copied == frames,
             Err(e) => {
                 tracing::debug!(error = %e, "write-ahead log checkpoint deferred");

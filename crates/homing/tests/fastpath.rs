@@ -55,14 +55,7 @@ async fn a_publish_in_another_process_rings_the_waiting_reservation() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let job = new_job(&q, "t");
-    publishing
-        .publish(&[ToPublish {
-            id: job.id,
-            queue: q.clone(),
-            priority: 0,
-        }])
-        .await
-        .unwrap();
+    publishing.publish(&[message(job.id, &q)]).await.unwrap();
     let got = tokio::time::timeout(Duration::from_secs(30), reserve)
         .await
         .expect("the reservation slept through the ring (it would have waited for its 60 s poll)")
@@ -124,15 +117,8 @@ fn a_publish_wakes_the_waiters_before_its_caller_is_back() {
         let holder = rusqlite::Connection::open(&path).unwrap();
         holder.execute_batch("BEGIN IMMEDIATE").unwrap();
         rt.block_on(async {
-            let publish = tokio::spawn(async move {
-                publisher
-                    .publish(&[ToPublish {
-                        id: job.id,
-                        queue: q.clone(),
-                        priority: 0,
-                    }])
-                    .await
-            });
+            let publish =
+                tokio::spawn(async move { publisher.publish(&[message(job.id, &q)]).await });
             // The publish's task has run up to its write on the blocking pool, which waits for
             // the lock.
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -181,11 +167,7 @@ async fn a_wait_for_a_ready_message_answers_at_a_wake() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let seen = loop {
         publishing
-            .publish(&[ToPublish {
-                id: new_job(&other, "t").id,
-                queue: other.clone(),
-                priority: 0,
-            }])
+            .publish(&[message(new_job(&other, "t").id, &other)])
             .await
             .unwrap();
         match tokio::time::timeout(Duration::from_millis(50), &mut wait).await {
@@ -198,11 +180,7 @@ async fn a_wait_for_a_ready_message_answers_at_a_wake() {
     };
     assert_eq!(seen, Readiness::Woken);
     publishing
-        .publish(&[ToPublish {
-            id: new_job(&q, "t").id,
-            queue: q.clone(),
-            priority: 0,
-        }])
+        .publish(&[message(new_job(&q, "t").id, &q)])
         .await
         .unwrap();
     assert_eq!(
@@ -224,6 +202,15 @@ fn bound_sockets_blocking(bell_dir: &std::path::Path, n: usize) {
             "the waiters never bound their doorbell"
         );
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// One message for job `id` on `queue`, at the default priority.
+fn message(id: homing::JobId, queue: &str) -> ToPublish {
+    ToPublish {
+        id,
+        queue: queue.to_string(),
+        priority: 0,
     }
 }
 
@@ -264,11 +251,7 @@ async fn one_ring_wakes_every_waiter_of_a_process() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let jobs: Vec<ToPublish> = queues
         .iter()
-        .map(|q| ToPublish {
-            id: new_job(q, "t").id,
-            queue: q.clone(),
-            priority: 0,
-        })
+        .map(|q| message(new_job(q, "t").id, q))
         .collect();
     publishing.publish(&jobs).await.unwrap();
     for (w, j) in waiters.into_iter().zip(&jobs) {
@@ -302,11 +285,7 @@ async fn a_full_send_buffer_does_not_silence_later_rings() {
     // Enough rings to use up a socket's send buffer on datagrams stuck at the frozen ones.
     for _ in 0..100 {
         publishing
-            .publish(&[ToPublish {
-                id: new_job("other", "t").id,
-                queue: "other".into(),
-                priority: 0,
-            }])
+            .publish(&[message(new_job("other", "t").id, "other")])
             .await
             .unwrap();
     }
@@ -321,14 +300,7 @@ async fn a_full_send_buffer_does_not_silence_later_rings() {
     bound_sockets(&bell_dir, frozen.len() + 1).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let job = new_job(&q, "t");
-    publishing
-        .publish(&[ToPublish {
-            id: job.id,
-            queue: q.clone(),
-            priority: 0,
-        }])
-        .await
-        .unwrap();
+    publishing.publish(&[message(job.id, &q)]).await.unwrap();
     let got = tokio::time::timeout(Duration::from_secs(30), reserve)
         .await
         .expect("the ring was not sent (the waiter would have waited for its 60 s poll)")
@@ -364,14 +336,7 @@ fn without_an_io_driver_the_reservation_polls_instead_of_panicking() {
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
         let job = new_job(&q, "t");
-        publishing
-            .publish(&[ToPublish {
-                id: job.id,
-                queue: q.clone(),
-                priority: 0,
-            }])
-            .await
-            .unwrap();
+        publishing.publish(&[message(job.id, &q)]).await.unwrap();
         (job.id, reserve.await.expect("the reservation panicked"))
     });
     assert_eq!(got.1.len(), 1);
@@ -395,11 +360,7 @@ async fn a_dead_process_doorbell_is_swept_and_harmless() {
     let broker = SqliteBroker::new(Db::open(&path).unwrap());
     let q = unique_queue("stale");
     broker
-        .publish(&[ToPublish {
-            id: new_job(&q, "t").id,
-            queue: q.clone(),
-            priority: 0,
-        }])
+        .publish(&[message(new_job(&q, "t").id, &q)])
         .await
         .unwrap();
     assert!(!stale.exists(), "the dead socket was not swept");
