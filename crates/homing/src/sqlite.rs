@@ -151,6 +151,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0025_presumed_runs",
         sql: include_str!("sqlite/migrations/0025_presumed_runs.sql"),
     },
+    Migration {
+        version: 26,
+        name: "0026_counts_without_upserts",
+        sql: include_str!("sqlite/migrations/0026_counts_without_upserts.sql"),
+    },
 ];
 
 /// An open database file.

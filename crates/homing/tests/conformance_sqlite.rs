@@ -519,3 +519,151 @@ async fn queue_counts_are_backfilled_from_existing_jobs() {
     assert!(!s.queue_stats().await.unwrap().is_empty());
     homing::conformance::counts::assert_counts_exact(&s, "backfill").await;
 }
+
+/// A file whose counts were kept by the triggers of versions 17 and 23 (some of its rows
+/// missing, others at 0) gets every row of every counted queue from migration 26, the count
+/// triggers a worker's round fires upsert nothing, and its job counts and message depths stay
+/// equal to a fresh count through further changes, on the queues it had and on a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_kept_by_the_old_triggers_carry_over_to_the_new_ones() {
+    use homing::broker::QueueDepth;
+    use homing::store::ToPublish;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("homing.db");
+    let db = Db::open(&path).expect("open sqlite");
+    let (s, b) = (SqliteStore::new(db.clone()), SqliteBroker::new(db.clone()));
+    homing::conformance::counts::jobs_in_several_states(&s).await;
+    let old_q = homing::conformance::unique_queue("old");
+    let publish = |q: &str, n: usize| -> Vec<ToPublish> {
+        (0..n)
+            .map(|_| ToPublish {
+                id: homing::job::new_job_id(),
+                queue: q.to_string(),
+                priority: 0,
+            })
+            .collect()
+    };
+    b.publish(&publish(&old_q, 3)).await.unwrap();
+    let old_jobs: Vec<_> = (0..3)
+        .map(|_| homing::conformance::new_job(&old_q, "t"))
+        .collect();
+    s.insert(old_jobs.clone()).await.unwrap();
+    // Back to version 25: the old triggers, the rows they never made.
+    db.write(|tx| {
+        tx.execute_batch(
+            "DROP TRIGGER jobs_count_insert; DROP TRIGGER jobs_count_delete; \
+             DROP TRIGGER jobs_count_update; DROP TRIGGER messages_ready_insert; \
+             DROP TRIGGER messages_ready_delete; DROP TRIGGER messages_ready_leave; \
+             DROP TRIGGER messages_ready_enter; DROP TRIGGER dead_letters_count_insert; \
+             DROP TRIGGER dead_letters_count_delete; DROP TRIGGER queue_counts_seed; \
+             DROP TRIGGER broker_counts_seed; DROP TRIGGER jobs_count_move; \
+             DROP TRIGGER messages_ready_move; \
+             DELETE FROM queue_counts WHERE n = 0; DELETE FROM broker_counts WHERE n = 0; \
+             DELETE FROM homing_migrations WHERE version = 26;",
+        )?;
+        tx.execute_batch(include_str!(
+            "../src/sqlite/migrations/0017_queue_counts.sql"
+        ))?;
+        tx.execute_batch(include_str!(
+            "../src/sqlite/migrations/0023_broker_counts.sql"
+        ))
+    })
+    .await
+    .unwrap();
+    let got = b
+        .reserve("c", std::slice::from_ref(&old_q), 2, Duration::ZERO)
+        .await
+        .unwrap();
+    b.ack(&got[..1]).await.unwrap();
+    let upserts: i64 = db
+        .read(|c| {
+            c.query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND sql LIKE '%DO UPDATE%'",
+                [],
+                |r| r.get(0),
+            )
+        })
+        .await
+        .unwrap();
+    assert!(upserts > 0, "the old triggers are back");
+    drop((s, b));
+    drop(db);
+
+    let db = Db::open(&path).expect("reopen and migrate");
+    let (s, b) = (SqliteStore::new(db.clone()), SqliteBroker::new(db.clone()));
+    let (upserts, partial): (i64, i64) = db
+        .read(|c| {
+            c.query_row(
+                "SELECT (SELECT count(*) FROM sqlite_master WHERE type = 'trigger' \
+                         AND sql LIKE '%DO UPDATE%' AND name IN ('jobs_count_update', \
+                         'messages_ready_delete', 'messages_ready_leave', \
+                         'messages_ready_enter')), \
+                        (SELECT count(*) FROM (SELECT queue FROM queue_counts GROUP BY queue \
+                         HAVING count(*) <> 8)) + \
+                        (SELECT count(*) FROM (SELECT queue FROM broker_counts GROUP BY queue \
+                         HAVING count(*) <> 2))",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+        })
+        .await
+        .unwrap();
+    assert_eq!(upserts, 0, "no upsert in the count triggers a round fires");
+    assert_eq!(partial, 0, "every counted queue has all its rows");
+    homing::conformance::counts::assert_counts_exact(&s, "migration 26").await;
+    // Further changes on the old queues and on a new one.
+    let now = homing::time::now();
+    let started = s.start(&[old_jobs[0].id], "w", now).await.unwrap();
+    let Some(homing::store::StartOutcome::Run(job)) = started.into_iter().next() else {
+        panic!("the old queue's job did not start");
+    };
+    let done = homing::store::Completion {
+        id: job.id,
+        epoch: job.epoch,
+        outcome: homing::store::Outcome::Succeeded(serde_json::json!(1)),
+    };
+    s.complete(&[done], now).await.unwrap();
+    s.cancel(old_jobs[1].id, now).await.unwrap();
+    // Moves homing never makes, by hand: a job and the ready messages into queues never counted.
+    let (moved_jobs, moved_msgs) = (
+        homing::conformance::unique_queue("moved"),
+        homing::conformance::unique_queue("moved"),
+    );
+    let (id, q1, q2, from) = (
+        old_jobs[2].id.to_string(),
+        moved_jobs.clone(),
+        moved_msgs.clone(),
+        old_q.clone(),
+    );
+    db.write(move |tx| {
+        tx.execute("UPDATE jobs SET queue = ?1 WHERE id = ?2", [&q1, &id])?;
+        tx.execute(
+            "UPDATE messages SET queue = ?1 WHERE queue = ?2 AND consumer IS NULL",
+            [&q2, &from],
+        )
+    })
+    .await
+    .unwrap();
+    homing::conformance::counts::assert_counts_exact(&s, "a job moved by hand").await;
+    homing::conformance::counts::jobs_in_several_states(&s).await;
+    homing::conformance::counts::assert_counts_exact(&s, "changes after migration 26").await;
+    let new_q = homing::conformance::unique_queue("new");
+    b.publish(&publish(&old_q, 2)).await.unwrap();
+    b.publish(&publish(&new_q, 2)).await.unwrap();
+    b.requeue("c", &got[1..]).await.unwrap();
+    let more = b
+        .reserve("c", &[old_q.clone(), new_q.clone()], 10, Duration::ZERO)
+        .await
+        .unwrap();
+    b.ack(&more[..2]).await.unwrap();
+    b.dead_letter(&more[2], "garbage").await.unwrap();
+    let mine = |ds: Vec<QueueDepth>| -> Vec<QueueDepth> {
+        ds.into_iter()
+            .filter(|d| d.queue == old_q || d.queue == new_q || d.queue == moved_msgs)
+            .collect()
+    };
+    let kept = mine(b.depths().await.unwrap());
+    assert_eq!(kept.len(), 3, "{kept:?}");
+    assert_eq!(kept, mine(b.depths_recounted().await.unwrap()));
+}

@@ -477,8 +477,10 @@ fn write_change(
     now: Micros,
 ) -> rusqlite::Result<Option<Job>> {
     let mut vals: Vec<Box<dyn rusqlite::ToSql>> = vec![Box::new(id.to_string()), Box::new(now)];
+    // OR FAIL: with the count triggers (migration 26) nothing in this statement can abort,
+    // so SQLite keeps no statement journal for it (docs/counts.md, "No statement journal").
     let mut sql = format!(
-        "UPDATE jobs SET state = '{}', updated_at = ?2",
+        "UPDATE OR FAIL jobs SET state = '{}', updated_at = ?2",
         change.state.as_str()
     );
     let mut bind = |sql: &mut String, col: &str, v: Box<dyn rusqlite::ToSql>| {
@@ -951,8 +953,9 @@ fn start_each(
     let mut out = Vec::with_capacity(ids.len());
     // The starts' timeline entries, written together once the batch is decided.
     let mut log = Timeline::new();
+    // OR FAIL, as in `write_change`: no statement journal.
     let mut fast = tx.prepare_cached(&format!(
-        "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
+        "UPDATE OR FAIL jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
          started_at = ?3, dispatched = 1, parked = 0, updated_at = ?3 WHERE id = ?1 \
          AND {START_RUNS} AND {OPEN_QUEUE} RETURNING {COLUMNS}"
     ))?;
@@ -1051,7 +1054,7 @@ fn start_each(
                 }
                 let job = tx
                     .prepare_cached(&format!(
-                        "UPDATE jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
+                        "UPDATE OR FAIL jobs SET state = 'running', epoch = epoch + 1, worker = ?2, \
                          started_at = ?3, dispatched = 1, parked = 0, updated_at = ?3 \
                          WHERE id = ?1 RETURNING {COLUMNS}"
                     ))?
