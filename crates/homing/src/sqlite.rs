@@ -925,8 +925,9 @@ mod tests {
         assert_eq!(st.get_status(StatementStatus::RePrepare), 0);
     }
 
-    /// A file upgraded to version 23 with messages and dead letters in it starts its broker
-    /// counts from them, and the triggers carry on from there.
+    /// A file upgraded from version 22 with messages and dead letters in it starts its broker
+    /// counts from them (versions 23 and 26), also for a queue whose only messages are
+    /// reserved, and the triggers carry on from there.
     #[test]
     fn broker_counts_start_from_the_messages_a_file_holds() {
         let dir = tempfile::tempdir().unwrap();
@@ -937,19 +938,25 @@ mod tests {
         conn.execute_batch(
             "DROP TRIGGER messages_ready_insert; DROP TRIGGER messages_ready_delete; \
              DROP TRIGGER messages_ready_leave; DROP TRIGGER messages_ready_enter; \
+             DROP TRIGGER messages_ready_move; \
              DROP TRIGGER dead_letters_count_insert; DROP TRIGGER dead_letters_count_delete; \
-             DROP TABLE broker_counts; DELETE FROM homing_migrations WHERE version = 23; \
+             DROP TABLE broker_counts; \
+             DELETE FROM homing_migrations WHERE version IN (23, 26); \
              INSERT INTO messages (queue, payload) VALUES ('a', 'x'), ('a', 'y'), ('b', 'z'); \
              INSERT INTO messages (queue, payload, consumer) VALUES ('a', 'w', 'c1'); \
+             INSERT INTO messages (queue, payload, consumer) VALUES ('d', 'r', 'c1'); \
              INSERT INTO dead_letters (queue, payload, reason, at) VALUES ('b', 'v', 'r', 1);",
         )
         .unwrap();
         drop(conn);
         let (applied, _) = migrate_file(&path).unwrap();
-        assert_eq!(applied, vec!["0023_broker_counts"]);
+        assert_eq!(
+            applied,
+            vec!["0023_broker_counts", "0026_counts_without_upserts"]
+        );
         let conn = open_conn(&path).unwrap();
         // Reserved, released, reserved again, passed to another consumer, a ready one removed,
-        // a reserved one acknowledged, one added.
+        // a reserved one acknowledged, one added, and the reserved-only queue's one released.
         for sql in [
             "UPDATE messages SET consumer = 'c2' WHERE payload = 'x'",
             "UPDATE messages SET consumer = NULL WHERE payload = 'w'",
@@ -958,6 +965,7 @@ mod tests {
             "DELETE FROM messages WHERE payload = 'z'",
             "DELETE FROM messages WHERE payload = 'x'",
             "INSERT INTO messages (queue, payload) VALUES ('c', 'u')",
+            "UPDATE messages SET consumer = NULL WHERE payload = 'r'",
         ] {
             conn.execute(sql, []).unwrap();
         }
@@ -972,10 +980,14 @@ mod tests {
         assert_eq!(
             counts,
             vec![
+                row("a", "dead", 0),
                 row("a", "ready", 1),
                 row("b", "dead", 1),
                 row("b", "ready", 0),
+                row("c", "dead", 0),
                 row("c", "ready", 1),
+                row("d", "dead", 0),
+                row("d", "ready", 1),
             ]
         );
     }

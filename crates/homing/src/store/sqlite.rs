@@ -928,12 +928,18 @@ fn start_in(
     }
     exec_cached(tx, "SAVEPOINT batch_start")?;
     let first = start_each(tx, ids, worker, now, false);
-    let careful = matches!(first, Ok(None));
-    if careful || first.is_err() {
-        exec_cached(tx, "ROLLBACK TO batch_start")?;
+    if !matches!(first, Ok(Some(_))) {
+        let undone = exec_cached(tx, "ROLLBACK TO batch_start");
+        // After an error the statement's own is the one to report: one that ended the whole
+        // transaction (a full disk, say; no statement journal undoes the statement alone) took
+        // the savepoint with it, and the caller rolls back whatever is left.
+        if first.is_ok() {
+            undone?;
+        }
     }
+    let first = first?;
     exec_cached(tx, "RELEASE batch_start")?;
-    match first? {
+    match first {
         Some(out) => Ok(out),
         None => start_each(tx, ids, worker, now, true)
             .map(|out| out.expect("job by job, every row is decided")),
