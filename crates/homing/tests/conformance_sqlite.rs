@@ -601,18 +601,21 @@ async fn counts_kept_by_the_old_triggers_carry_over_to_the_new_ones() {
 
     let db = Db::open(&path).expect("reopen and migrate");
     let (s, b) = (SqliteStore::new(db.clone()), SqliteBroker::new(db.clone()));
+    // Every state a job can be in has its row: a state missing from the seed would be counted
+    // nowhere.
+    let states = homing::job::JobState::ALL.len() as i64;
     let (upserts, partial): (i64, i64) = db
-        .read(|c| {
+        .read(move |c| {
             c.query_row(
                 "SELECT (SELECT count(*) FROM sqlite_master WHERE type = 'trigger' \
                          AND sql LIKE '%DO UPDATE%' AND name IN ('jobs_count_update', \
                          'messages_ready_delete', 'messages_ready_leave', \
                          'messages_ready_enter')), \
                         (SELECT count(*) FROM (SELECT queue FROM queue_counts GROUP BY queue \
-                         HAVING count(*) <> 8)) + \
+                         HAVING count(*) <> ?1)) + \
                         (SELECT count(*) FROM (SELECT queue FROM broker_counts GROUP BY queue \
                          HAVING count(*) <> 2))",
-                [],
+                [states],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
         })
@@ -622,17 +625,8 @@ async fn counts_kept_by_the_old_triggers_carry_over_to_the_new_ones() {
     assert_eq!(partial, 0, "every counted queue has all its rows");
     homing::conformance::counts::assert_counts_exact(&s, "migration 26").await;
     // Further changes on the old queues and on a new one.
+    homing::conformance::run_to_success(&s, &[old_jobs[0].id], "w").await;
     let now = homing::time::now();
-    let started = s.start(&[old_jobs[0].id], "w", now).await.unwrap();
-    let Some(homing::store::StartOutcome::Run(job)) = started.into_iter().next() else {
-        panic!("the old queue's job did not start");
-    };
-    let done = homing::store::Completion {
-        id: job.id,
-        epoch: job.epoch,
-        outcome: homing::store::Outcome::Succeeded(serde_json::json!(1)),
-    };
-    s.complete(&[done], now).await.unwrap();
     s.cancel(old_jobs[1].id, now).await.unwrap();
     b.requeue("c", &busy[..1]).await.unwrap();
     // What homing never does, by hand: a job moved into a queue never counted (then changed
