@@ -28,6 +28,25 @@ fn init_tracing(format: &str, default: &str) {
     }
 }
 
+/// A worker's runtime has the threads it asks for (one by default: its hand-offs between the
+/// fetcher, the jobs and the committer then wake no other thread, which on a busy machine costs
+/// more than the jobs; BENCHMARKS.md, "One runtime thread per worker"); a single thread is the
+/// main one. Every other command keeps tokio's default of one thread per core, so the API
+/// serves requests in parallel.
+fn runtime_builder(command: &cli::Command) -> tokio::runtime::Builder {
+    match command {
+        cli::Command::Worker(a) if a.runtime_threads == 1 => {
+            tokio::runtime::Builder::new_current_thread()
+        }
+        cli::Command::Worker(a) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(a.runtime_threads);
+            b
+        }
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    }
+}
+
 fn main() -> std::process::ExitCode {
     // Before any thread exists (docs/pruner.md, "memory").
     alloc::limit_arenas();
@@ -57,10 +76,7 @@ fn main() -> std::process::ExitCode {
         Some(Ok(guard)) => guard,
         None => None,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime_builder(&cli.command).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
@@ -83,6 +99,57 @@ fn main() -> std::process::ExitCode {
             }
             eprintln!("error: {msg}");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::runtime::RuntimeFlavor;
+
+    fn runtime(args: &[&str]) -> tokio::runtime::Runtime {
+        let cli = cli::Cli::try_parse_from(args).expect("the arguments parse");
+        runtime_builder(&cli.command).enable_all().build().unwrap()
+    }
+
+    /// A worker runs on the main thread unless told otherwise, on as many threads as it is
+    /// told, and nothing else changes: the server keeps one thread per core.
+    #[test]
+    fn a_worker_gets_the_runtime_threads_it_asks_for() {
+        let one = runtime(&["homing", "worker", "--queue", "q"]);
+        assert_eq!(one.handle().runtime_flavor(), RuntimeFlavor::CurrentThread);
+        assert_eq!(one.metrics().num_workers(), 1);
+        // Blocking work still has threads of its own beside the single runtime thread.
+        let main = std::thread::current().id();
+        let other = one
+            .block_on(async { tokio::task::spawn_blocking(|| std::thread::current().id()).await });
+        assert_ne!(other.unwrap(), main);
+
+        let three = runtime(&["homing", "worker", "--queue", "q", "--runtime-threads", "3"]);
+        assert_eq!(three.handle().runtime_flavor(), RuntimeFlavor::MultiThread);
+        assert_eq!(three.metrics().num_workers(), 3);
+
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let server = runtime(&["homing", "server"]);
+        assert_eq!(server.handle().runtime_flavor(), RuntimeFlavor::MultiThread);
+        assert_eq!(server.metrics().num_workers(), cores);
+    }
+
+    #[test]
+    fn runtime_threads_out_of_range_are_refused_with_the_range() {
+        for bad in ["0", "1025", "many", "1.5"] {
+            let e = cli::Cli::try_parse_from([
+                "homing",
+                "worker",
+                "--queue",
+                "q",
+                "--runtime-threads",
+                bad,
+            ])
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("from 1 to 1024"), "{bad}: {e}");
         }
     }
 }
