@@ -112,12 +112,17 @@ pub fn is_redis_url(url: &str) -> bool {
 pub struct OpenOptions {
     /// Distinct queue names the store accepts from enqueue (`store::queues`).
     pub max_queues: u64,
+    /// An embedded file's calls made on a current-thread runtime run on that thread when they
+    /// need not wait for another connection (`sqlite::Db::run_calls_here`). For a process
+    /// whose runtime is one thread and does little else, as `homing worker` by default.
+    pub sqlite_calls_here: bool,
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
         Self {
             max_queues: crate::store::queues::DEFAULT_MAX_QUEUES,
+            sqlite_calls_here: false,
         }
     }
 }
@@ -147,6 +152,7 @@ impl Backends {
                 }
             }
             let db = crate::sqlite::Db::open(&path)?;
+            db.run_calls_here(options.sqlite_calls_here);
             sqlite = Some((path, db.clone()));
             Ok(Some(db))
         };

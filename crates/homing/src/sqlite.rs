@@ -184,6 +184,16 @@ pub struct Db {
     pub(crate) published: Arc<tokio::sync::Notify>,
     /// Wakes reservations in other processes on the same file (a hint: they poll anyway).
     pub(crate) doorbell: doorbell::Doorbell,
+    /// Whether calls made on a current-thread runtime run on its thread when they need not wait
+    /// for another connection ([`Db::run_calls_here`]).
+    here: AtomicBool,
+}
+
+thread_local! {
+    /// Set while an attempt on the runtime's own thread begins its transaction: the lock is
+    /// then waited for only through [`wait_for_lock`]'s first millisecond of naps (a round
+    /// holds it a few hundred µs), then given up for the pool to wait with.
+    static SHORT_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 impl std::fmt::Debug for Db {
@@ -201,6 +211,9 @@ impl std::fmt::Debug for Db {
 fn wait_for_lock(tries: i32) -> bool {
     const FIRST: Duration = Duration::from_micros(50);
     const FIRST_TRIES: u32 = 20; // the first millisecond
+    if tries.max(0) as u32 >= FIRST_TRIES && SHORT_WAIT.with(|w| w.get()) {
+        return false;
+    }
     const SHORT: Duration = Duration::from_micros(250);
     const SHORT_TRIES: u32 = 416; // then up to the first 100 ms
     const LONG: Duration = Duration::from_millis(5);
@@ -537,6 +550,7 @@ impl Db {
             backstop_at: AtomicI32::new(0),
             backstop_misses: AtomicU32::new(0),
             path,
+            here: AtomicBool::new(false),
         }))
     }
 
@@ -568,19 +582,72 @@ impl Db {
         T: Send + 'static,
         F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
     {
+        let f = if self.calls_here() {
+            match self.write_here(f, wakes) {
+                Ok(done) => return done,
+                Err(f) => f,
+            }
+        } else {
+            f
+        };
         let db = self.clone();
         on_blocking_pool(move || db.write_now(f, wakes)).await
     }
 
+    /// Lets calls made on a current-thread runtime run on its thread instead of a blocking
+    /// pool's, when they need not wait long: a write whose lock another connection holds for
+    /// more than about a millisecond goes to the pool and waits there, so the runtime's other
+    /// tasks (a heartbeat, the jobs) are never held up longer than that by a lock. `homing worker` turns it on when its runtime is one thread
+    /// (docs/fastpath.md, item 15): the two thread hand-offs of each call cost more than most
+    /// of its statements. Elsewhere (the server, a program's own runtime) calls stay off the
+    /// runtime's threads.
+    pub fn run_calls_here(&self, on: bool) {
+        self.here.store(on, Ordering::Relaxed);
+    }
+
+    fn calls_here(&self) -> bool {
+        self.here.load(Ordering::Relaxed)
+            && tokio::runtime::Handle::try_current()
+                .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
+    }
+
+    /// [`Db::write_now`] on the calling thread if the write lock can be had at once in this
+    /// process and within about a millisecond in the file; `Err(f)` untouched otherwise, for
+    /// the pool to wait with.
+    fn write_here<T, F>(
+        self: &Arc<Self>,
+        f: F,
+        wakes: fn(&T) -> bool,
+    ) -> std::result::Result<Result<T>, F>
+    where
+        F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>,
+    {
+        match self.writer.try_lock() {
+            Ok(conn) => self.write_with(conn, true, f, wakes),
+            Err(_) => Err(f),
+        }
+    }
+
     /// Looks first (`look`, on a read connection) and runs `f` in a write transaction only if
     /// the look says yes (`Ok(None)` when it did not), both in one trip to the blocking pool: a
-    /// read and then a write as two calls cost two hand-offs to a pool thread and back.
+    /// read and then a write as two calls cost two hand-offs to a pool thread and back. Where
+    /// calls run here ([`Db::run_calls_here`]), both run on the caller's thread unless the
+    /// write would wait.
     pub(crate) async fn write_if<T, L, F>(self: &Arc<Self>, look: L, f: F) -> Result<Option<T>>
     where
         T: Send + 'static,
         L: FnOnce(&Connection) -> rusqlite::Result<bool> + Send + 'static,
         F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
     {
+        if self.calls_here() {
+            if !self
+                .read_now(look)
+                .map_err(|e| e.context("looking before the write"))?
+            {
+                return Ok(None);
+            }
+            return self.write_waking(f, |_| false).await.map(Some);
+        }
         let db = self.clone();
         on_blocking_pool(move || {
             if !db
@@ -599,13 +666,48 @@ impl Db {
     where
         F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>,
     {
-        let mut conn = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(map_err)?;
-        let out = f(&tx).map_err(map_err)?;
+        let conn = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        match self.write_with(conn, false, f, wakes) {
+            Ok(done) => done,
+            // Only a write that may not wait gives its body back.
+            Err(_) => Err(Error::unavailable(BACKEND, "the write lock was not taken")),
+        }
+    }
+
+    /// One write transaction on the writer connection: begin, `f`, commit, and what follows a
+    /// commit (the backstop, the wakes, the checkpoint). With `briefly` another connection's
+    /// lock is waited for only about a millisecond, and if it is still held, `f` comes back
+    /// untouched.
+    fn write_with<T, F>(
+        self: &Arc<Self>,
+        mut conn: std::sync::MutexGuard<'_, Connection>,
+        briefly: bool,
+        f: F,
+        wakes: fn(&T) -> bool,
+    ) -> std::result::Result<Result<T>, F>
+    where
+        F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>,
+    {
+        SHORT_WAIT.with(|w| w.set(briefly));
+        let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+            Ok(tx) => {
+                SHORT_WAIT.with(|w| w.set(false));
+                tx
+            }
+            Err(e) => {
+                SHORT_WAIT.with(|w| w.set(false));
+                // Busy (another process writes), or a failure the pool's try meets again.
+                return if briefly { Err(f) } else { Ok(Err(map_err(e))) };
+            }
+        };
+        let out = match f(&tx) {
+            Ok(out) => out,
+            Err(e) => return Ok(Err(map_err(e))),
+        };
         WAL_FRAMES.with(|f| f.set(-1));
-        tx.commit().map_err(map_err)?;
+        if let Err(e) = tx.commit() {
+            return Ok(Err(map_err(e)));
+        }
         let frames = WAL_FRAMES.with(|f| f.get());
         // Before the wake: a woken worker's take would only wait for this connection.
         self.restart_if_behind(&conn, frames);
@@ -618,7 +720,7 @@ impl Db {
             self.doorbell.ring();
         }
         self.after_commit(frames);
-        Ok(out)
+        Ok(Ok(out))
     }
 
     /// Starts a checkpoint on another thread each time the log has grown past another
@@ -708,6 +810,10 @@ impl Db {
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
+        if self.calls_here() {
+            // A read seldom waits for another connection: the log keeps its snapshot.
+            return self.read_now(f);
+        }
         let db = self.clone();
         on_blocking_pool(move || db.read_now(f)).await
     }
@@ -879,6 +985,82 @@ pub fn path_from_url(url: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Where calls run here (a one-thread worker's file), a write runs on the caller's thread
+    /// while the lock is free, and goes to a pool thread, still committing, while another
+    /// connection holds the lock longer than about a millisecond, so the runtime's other tasks
+    /// (a heartbeat) go on meanwhile; reads and looks run here too. Without `run_calls_here`
+    /// every call runs on the pool. Fails if the attempt here waited the lock out itself.
+    #[test]
+    fn calls_run_here_unless_they_would_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let me = std::thread::current().id();
+        async fn insert(db: &Arc<Db>) -> std::thread::ThreadId {
+            db.write(|tx| {
+                tx.execute("INSERT INTO t VALUES (1)", [])?;
+                Ok(std::thread::current().id())
+            })
+            .await
+            .unwrap()
+        }
+        rt.block_on(async {
+            let db = Db::open(&path).unwrap();
+            db.write(|tx| tx.execute_batch("CREATE TABLE t (x INTEGER)"))
+                .await
+                .unwrap();
+            assert_ne!(insert(&db).await, me, "off: on the pool");
+            db.run_calls_here(true);
+            assert_eq!(insert(&db).await, me);
+            let read_on = db.read(|_| Ok(std::thread::current().id())).await;
+            assert_eq!(read_on.unwrap(), me);
+            let took_on = db
+                .write_if(|_| Ok(true), |_| Ok(std::thread::current().id()))
+                .await;
+            assert_eq!(took_on.unwrap(), Some(me));
+
+            // Another connection (another process, as far as SQLite can tell) holds the lock.
+            let other = open_conn(&path).unwrap();
+            other.execute_batch("BEGIN IMMEDIATE").unwrap();
+            let release = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                other.execute_batch("COMMIT").unwrap();
+            });
+            let ticks = Arc::new(AtomicU32::new(0));
+            let ticker = {
+                let ticks = ticks.clone();
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        ticks.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            };
+            let waited_on = insert(&db).await;
+            let ticked = ticks.load(Ordering::Relaxed);
+            ticker.abort();
+            release.join().unwrap();
+            assert_ne!(
+                waited_on, me,
+                "a write that must wait waits on a pool thread"
+            );
+            assert!(
+                ticked >= 5,
+                "the runtime's other tasks ran {ticked} times while the write waited 300 ms"
+            );
+            // The attempt left the connection as it was: the next write runs here again.
+            assert_eq!(insert(&db).await, me);
+            let rows: i64 = db
+                .read(|c| c.query_row("SELECT count(*) FROM t", [], |r| r.get(0)))
+                .await
+                .unwrap();
+            assert_eq!(rows, 4);
+        });
+    }
 
     /// Failures that pass (out of memory, another connection recovering the WAL) are
     /// transient, so the isolation fallback retries instead of burying an innocent job.

@@ -22,6 +22,12 @@ use homing::Backends;
 /// Opens the broker and store. Commands that only read or enqueue refuse to create an embedded
 /// database that does not exist yet, so a typo in the directory is an error, not an empty system.
 pub async fn open(g: &Global, create: bool) -> anyhow::Result<Backends> {
+    open_with(g, create, false).await
+}
+
+/// [`open`], saying whether an embedded file's calls may run on the caller's thread when its
+/// runtime has one (`homing worker` by default; docs/fastpath.md, item 15).
+pub async fn open_with(g: &Global, create: bool, calls_here: bool) -> anyhow::Result<Backends> {
     if !create {
         for url in [&g.store, &g.broker] {
             if let Some(path) = homing::sqlite::path_from_url(url) {
@@ -36,6 +42,7 @@ pub async fn open(g: &Global, create: bool) -> anyhow::Result<Backends> {
     }
     let options = homing::backend::OpenOptions {
         max_queues: g.max_queues,
+        sqlite_calls_here: calls_here,
     };
     Backends::open_with(&g.broker, &g.store, &options)
         .await

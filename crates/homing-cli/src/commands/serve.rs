@@ -237,7 +237,8 @@ pub async fn server(g: &Global, a: ServerArgs) -> anyhow::Result<ExitCode> {
 pub async fn worker(g: &Global, a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let config = Config::from_env()?;
     let pipelines = crate::pipelines::configured(g)?;
-    let backends = open(g, true).await?;
+    // One runtime thread: the file's calls run on it when they need not wait.
+    let backends = super::open_with(g, true, a.runtime_threads == 1).await?;
     config.reconcile_schedules(&*backends.store).await?;
     config.reconcile_queues(&*backends.store).await?;
     let stop = signals::shutdown_token();
