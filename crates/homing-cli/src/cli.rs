@@ -324,13 +324,14 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub no_maintenance: bool,
     /// Threads of this process's async runtime (1-1024). The worker's loops, its jobs' awaits
-    /// and its Redis and PostgreSQL calls run there; SQLite calls and the pipelines' heavy steps
-    /// run on separate blocking threads whatever this says. With 1 (the default) everything
-    /// async runs on the main thread, so the hand-offs between the fetcher, the jobs and the
-    /// committer wake no other thread: the fastest for jobs that mostly wait (BENCHMARKS.md, "One
-    /// runtime thread per worker"). Raise it when the worker's jobs spend much CPU on the
-    /// runtime (say, large Celery payloads to decode), or run more worker processes. A worker
-    /// does not read tokio's TOKIO_WORKER_THREADS.
+    /// and its Redis and PostgreSQL calls run there; the pipelines' heavy steps run on separate
+    /// blocking threads. With 1 (the default) everything async runs on the main thread, so the
+    /// hand-offs between the fetcher, the jobs and the committer wake no other thread, and the
+    /// embedded file's calls run on it too unless one would wait for another process's lock
+    /// (then on a blocking thread): the fastest for jobs that mostly wait (BENCHMARKS.md, "One
+    /// runtime thread per worker"). With more, the file's calls run on blocking threads. Raise
+    /// it when the worker's jobs spend much CPU on the runtime (say, large Celery payloads to
+    /// decode), or run more worker processes. A worker does not read TOKIO_WORKER_THREADS.
     #[arg(long, env = "HOMING_RUNTIME_THREADS", default_value_t = 1, value_parser = count_in(1, 1024))]
     pub runtime_threads: usize,
     #[command(flatten)]

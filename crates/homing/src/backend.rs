@@ -112,9 +112,9 @@ pub fn is_redis_url(url: &str) -> bool {
 pub struct OpenOptions {
     /// Distinct queue names the store accepts from enqueue (`store::queues`).
     pub max_queues: u64,
-    /// An embedded file's calls made on a current-thread runtime run on that thread when they
-    /// need not wait for another connection (`sqlite::Db::run_calls_here`). For a process
-    /// whose runtime is one thread and does little else, as `homing worker` by default.
+    /// An embedded file's calls made on a current-thread runtime run on that thread: reads, and
+    /// writes whose lock is had within a few milliseconds (`sqlite::Db::run_calls_here`). For a
+    /// process whose runtime is one thread and does little else, as `homing worker` by default.
     pub sqlite_calls_here: bool,
 }
 

@@ -583,9 +583,10 @@ impl Db {
         F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
     {
         let f = if self.calls_here() {
-            match self.write_here(f, wakes) {
-                Ok(done) => return done,
-                Err(f) => f,
+            match on_this_thread(|| self.write_here(f, wakes)) {
+                Ok(Ok(done)) => return given_back(done).await,
+                Ok(Err(f)) => f,
+                Err(panicked) => return given_back(Err(panicked)).await,
             }
         } else {
             f
@@ -595,9 +596,11 @@ impl Db {
     }
 
     /// Lets calls made on a current-thread runtime run on its thread instead of a blocking
-    /// pool's, when they need not wait long: a write whose lock another connection holds for
-    /// more than about a millisecond goes to the pool and waits there, so the runtime's other
-    /// tasks (a heartbeat, the jobs) are never held up longer than that by a lock. `homing worker` turns it on when its runtime is one thread
+    /// pool's: reads, and writes whose lock can be had within the first millisecond of
+    /// [`wait_for_lock`]'s naps (2-3 ms with the timer's slack). A write whose lock another
+    /// connection holds longer goes to the pool and waits there, so another process's long
+    /// write does not hold the runtime's other tasks (a heartbeat, the jobs) up for its length.
+    /// Each call lets those tasks run after it, as the pool's hand-off did. `homing worker` turns it on when its runtime is one thread
     /// (docs/fastpath.md, item 15): the two thread hand-offs of each call cost more than most
     /// of its statements. Elsewhere (the server, a program's own runtime) calls stay off the
     /// runtime's threads.
@@ -612,8 +615,8 @@ impl Db {
     }
 
     /// [`Db::write_now`] on the calling thread if the write lock can be had at once in this
-    /// process and within about a millisecond in the file; `Err(f)` untouched otherwise, for
-    /// the pool to wait with.
+    /// process and within [`wait_for_lock`]'s first millisecond in the file; `Err(f)` untouched
+    /// otherwise, for the pool to wait with.
     fn write_here<T, F>(
         self: &Arc<Self>,
         f: F,
@@ -624,7 +627,12 @@ impl Db {
     {
         match self.writer.try_lock() {
             Ok(conn) => self.write_with(conn, true, f, wakes),
-            Err(_) => Err(f),
+            // A body that panicked on this thread left the lock poisoned; the connection's
+            // transaction was rolled back as the panic unwound, as on the pool.
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                self.write_with(p.into_inner(), true, f, wakes)
+            }
+            Err(std::sync::TryLockError::WouldBlock) => Err(f),
         }
     }
 
@@ -640,11 +648,9 @@ impl Db {
         F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
     {
         if self.calls_here() {
-            if !self
-                .read_now(look)
-                .map_err(|e| e.context("looking before the write"))?
-            {
-                return Ok(None);
+            let looked = on_this_thread(|| self.read_now(look)).and_then(|r| r);
+            if !looked.map_err(|e| e.context("looking before the write"))? {
+                return given_back(Ok(None)).await;
             }
             return self.write_waking(f, |_| false).await.map(Some);
         }
@@ -676,8 +682,8 @@ impl Db {
 
     /// One write transaction on the writer connection: begin, `f`, commit, and what follows a
     /// commit (the backstop, the wakes, the checkpoint). With `briefly` another connection's
-    /// lock is waited for only about a millisecond, and if it is still held, `f` comes back
-    /// untouched.
+    /// lock is waited for only through [`wait_for_lock`]'s first millisecond, and if it is
+    /// still held, `f` comes back untouched.
     fn write_with<T, F>(
         self: &Arc<Self>,
         mut conn: std::sync::MutexGuard<'_, Connection>,
@@ -812,13 +818,15 @@ impl Db {
     {
         if self.calls_here() {
             // A read seldom waits for another connection: the log keeps its snapshot.
-            return self.read_now(f);
+            let read = on_this_thread(|| self.read_now(f)).and_then(|r| r);
+            return given_back(read).await;
         }
         let db = self.clone();
         on_blocking_pool(move || db.read_now(f)).await
     }
 
-    /// The body of every read, on a blocking thread: a pooled read connection, or a new one.
+    /// The body of every read, on a blocking thread or the caller's ([`Db::run_calls_here`]):
+    /// a pooled read connection, or a new one.
     fn read_now<T, F>(&self, f: F) -> Result<T>
     where
         F: FnOnce(&Connection) -> rusqlite::Result<T>,
@@ -835,6 +843,22 @@ impl Db {
         }
         out
     }
+}
+
+/// Runs a call on the caller's thread ([`Db::run_calls_here`]); a panic in it becomes the error
+/// a panic on the pool gives, as it does there, instead of unwinding through the runtime.
+fn on_this_thread<R>(body: impl FnOnce() -> R) -> Result<R> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).map_err(|_| {
+        Error::backend(BACKEND, "database task panicked").context("database task failed")
+    })
+}
+
+/// A call made on the runtime's thread lets the runtime's other tasks run before its caller
+/// goes on, as the pool's hand-off did: a loop of calls (a batch after batch of maintenance, a
+/// backlog of events) would otherwise hold the thread, and a heartbeat, for the whole loop.
+async fn given_back<T>(out: Result<T>) -> Result<T> {
+    tokio::task::yield_now().await;
+    out
 }
 
 /// Runs `f` on the runtime's blocking pool: every SQLite call blocks its thread.
@@ -985,6 +1009,78 @@ pub fn path_from_url(url: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Calls made on the runtime's thread let its other tasks run after each (a loop of them,
+    /// such as maintenance's batches, does not hold the heartbeat for the whole loop), and a
+    /// body that panics there gives the pool's error, not an unwinding runtime, and leaves the
+    /// next call running here. Without the yield the other task ran 0 times in 50 writes.
+    #[test]
+    fn calls_made_here_give_the_thread_back_and_survive_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let me = std::thread::current().id();
+        rt.block_on(async {
+            let db = Db::open(dir.path().join("h.db")).unwrap();
+            db.run_calls_here(true);
+            db.write(|tx| tx.execute_batch("CREATE TABLE t (x INTEGER)"))
+                .await
+                .unwrap();
+            let runs = Arc::new(AtomicU32::new(0));
+            let other = {
+                let runs = runs.clone();
+                tokio::spawn(async move {
+                    loop {
+                        runs.fetch_add(1, Ordering::Relaxed);
+                        tokio::task::yield_now().await;
+                    }
+                })
+            };
+            tokio::task::yield_now().await;
+            let before = runs.load(Ordering::Relaxed);
+            for _ in 0..50 {
+                let on = db
+                    .write(|tx| {
+                        tx.execute("INSERT INTO t VALUES (1)", [])?;
+                        Ok(std::thread::current().id())
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(on, me);
+            }
+            let during = runs.load(Ordering::Relaxed) - before;
+            other.abort();
+            assert!(
+                during >= 25,
+                "the other task ran {during} times in 50 writes"
+            );
+
+            let e = db
+                .write(|tx| -> rusqlite::Result<()> {
+                    tx.execute("INSERT INTO t VALUES (2)", [])?;
+                    panic!("a bug in a statement's body")
+                })
+                .await
+                .unwrap_err();
+            assert!(e.to_string().contains("database task failed"), "{e}");
+            let on = db.write(|_| Ok(std::thread::current().id())).await.unwrap();
+            assert_eq!(
+                on, me,
+                "the next write runs here, the lock's poison notwithstanding"
+            );
+            let rows: (i64, i64) = db
+                .read(|c| {
+                    c.query_row("SELECT count(*), coalesce(sum(x), 0) FROM t", [], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })
+                })
+                .await
+                .unwrap();
+            assert_eq!(rows, (50, 50), "the panicked write was rolled back");
+        });
+    }
 
     /// Where calls run here (a one-thread worker's file), a write runs on the caller's thread
     /// while the lock is free, and goes to a pool thread, still committing, while another
