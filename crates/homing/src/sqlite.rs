@@ -1028,18 +1028,8 @@ mod tests {
             db.write(|tx| tx.execute_batch("CREATE TABLE t (x INTEGER)"))
                 .await
                 .unwrap();
-            let runs = Arc::new(AtomicU32::new(0));
-            let other = {
-                let runs = runs.clone();
-                tokio::spawn(async move {
-                    loop {
-                        runs.fetch_add(1, Ordering::Relaxed);
-                        tokio::task::yield_now().await;
-                    }
-                })
-            };
-            tokio::task::yield_now().await;
-            let before = runs.load(Ordering::Relaxed);
+            let other = crate::conformance::OtherTask::start().await;
+            let before = other.runs();
             for _ in 0..50 {
                 let on = db
                     .write(|tx| {
@@ -1050,8 +1040,8 @@ mod tests {
                     .unwrap();
                 assert_eq!(on, me);
             }
-            let during = runs.load(Ordering::Relaxed) - before;
-            other.abort();
+            let during = other.runs() - before;
+            drop(other);
             assert!(
                 during >= 25,
                 "the other task ran {during} times in 50 writes"

@@ -25,6 +25,41 @@ pub use poison::{Poisonable, Tamper};
 
 use crate::job::{new_job_id, JobOptions, NewJob};
 
+/// Counts the turns another task gets on the current runtime: a task that yields in a loop.
+/// On a one-thread runtime, how often it ran during a call says whether the call let the
+/// runtime's other tasks (a heartbeat) run. Stops with the value.
+pub struct OtherTask {
+    runs: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl OtherTask {
+    /// Starts the task and gives it its first turn.
+    pub async fn start() -> OtherTask {
+        let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = runs.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::task::yield_now().await;
+            }
+        });
+        tokio::task::yield_now().await;
+        OtherTask { runs, task }
+    }
+
+    /// Its turns so far.
+    pub fn runs(&self) -> usize {
+        self.runs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for OtherTask {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// A queue name unique to one test case, so cases sharing a backend cannot see each other.
 pub fn unique_queue(prefix: &str) -> String {
     format!("{prefix}-{}", &new_job_id().simple().to_string()[20..])

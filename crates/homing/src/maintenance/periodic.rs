@@ -148,7 +148,6 @@ async fn fire_listed(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// On a one-thread runtime (a worker's default) a pass over schedules lets the process's
     /// other tasks run between them. Without the yield, a pass over schedules none of which is
@@ -164,24 +163,13 @@ mod tests {
             let def = crate::conformance::schedules::def(&format!("s{i}"), "periodic-q", 3600);
             listed.push(b.store.put_schedule(&def, t0).await.unwrap());
         }
-        let runs = Arc::new(AtomicUsize::new(0));
-        let counter = {
-            let runs = runs.clone();
-            tokio::spawn(async move {
-                loop {
-                    runs.fetch_add(1, Ordering::Relaxed);
-                    tokio::task::yield_now().await;
-                }
-            })
-        };
-        // Let the counter start, then count only what runs during the pass.
-        tokio::task::yield_now().await;
-        let before = runs.load(Ordering::Relaxed);
+        let other = crate::conformance::OtherTask::start().await;
+        let before = other.runs();
         let fired = fire_listed(&*b.broker, &*b.store, listed, t0 + 1_000_000)
             .await
             .unwrap();
-        let during = runs.load(Ordering::Relaxed) - before;
-        counter.abort();
+        let during = other.runs() - before;
+        drop(other);
         assert_eq!(fired, 0, "no schedule is due an hour early");
         assert!(
             during >= 25,
