@@ -201,31 +201,35 @@ pub fn indexed_entries(v: Value) -> Result<Vec<(usize, Entry)>, String> {
     items(v)?
         .into_iter()
         .map(|row| {
-            let what = shape("a reserved entry", &row);
-            let mut parts = items(row)?;
-            if parts.len() != 4 {
-                return Err(what);
-            }
-            let i = int(&parts[3])
-                .and_then(|i| usize::try_from(i).ok())
-                .ok_or(what)?;
-            parts.truncate(3);
-            Ok((i, entry(Value::Array(parts), true)?))
+            // The reply's text goes into the error only when it is wrong: every reserved entry
+            // passes here, and describing each one cost the worker's thread more than reading it.
+            let read = match &row {
+                Value::Array(parts) | Value::Set(parts) if parts.len() == 4 => int(&parts[3])
+                    .and_then(|i| usize::try_from(i).ok())
+                    .zip(entry_of(&parts[..3], true)),
+                _ => None,
+            };
+            read.ok_or_else(|| shape("a reserved entry", &row))
         })
         .collect()
 }
 
 fn entry(v: Value, counted: bool) -> Result<Entry, String> {
-    let what = shape("a stream entry", &v);
-    let mut parts = items(v)?.into_iter();
-    let id = parts
-        .next()
-        .as_ref()
-        .and_then(string)
-        .ok_or_else(|| what.clone())?;
+    let read = match &v {
+        Value::Nil => None,
+        Value::Array(parts) | Value::Set(parts) => entry_of(parts, counted),
+        _ => None,
+    };
+    read.ok_or_else(|| shape("a stream entry", &v))
+}
+
+/// An entry from its parts (`id`, the delivery count when `counted`, the fields), or `None`
+/// when they are not what Redis sends.
+fn entry_of(parts: &[Value], counted: bool) -> Option<Entry> {
+    let mut parts = parts.iter();
+    let id = string(parts.next()?)?;
     let count = if counted {
-        let n = parts.next().as_ref().and_then(int).ok_or(what)?;
-        n.max(0) as u64
+        int(parts.next()?)?.max(0) as u64
     } else {
         1
     };
@@ -237,21 +241,19 @@ fn entry(v: Value, counted: bool) -> Result<Entry, String> {
                 .map(|(k, v)| (bytes(k).unwrap_or_default(), bytes(v).unwrap_or_default()))
                 .collect(),
         ),
-        Some(list) => {
-            let flat = items(list)?;
-            Some(
-                flat.chunks_exact(2)
-                    .map(|kv| {
-                        (
-                            bytes(&kv[0]).unwrap_or_default(),
-                            bytes(&kv[1]).unwrap_or_default(),
-                        )
-                    })
-                    .collect(),
-            )
-        }
+        Some(Value::Array(flat) | Value::Set(flat)) => Some(
+            flat.chunks_exact(2)
+                .map(|kv| {
+                    (
+                        bytes(&kv[0]).unwrap_or_default(),
+                        bytes(&kv[1]).unwrap_or_default(),
+                    )
+                })
+                .collect(),
+        ),
+        Some(_) => return None,
     };
-    Ok(Entry { id, count, fields })
+    Some(Entry { id, count, fields })
 }
 
 /// The reply of `XREADGROUP … STREAMS k1 k2 …`: for each stream key that had entries, its
@@ -262,13 +264,15 @@ pub fn read_reply(v: Value) -> Result<Vec<(String, Vec<Entry>)>, String> {
         Value::Map(pairs) => pairs,
         Value::Array(list) => list
             .into_iter()
-            .map(|s| {
-                let what = shape("a stream", &s);
-                let mut kv = items(s)?.into_iter();
-                match (kv.next(), kv.next()) {
-                    (Some(k), Some(v)) => Ok((k, v)),
-                    _ => Err(what),
+            .map(|s| match s {
+                Value::Array(kv) | Value::Set(kv) if kv.len() >= 2 => {
+                    let mut kv = kv.into_iter();
+                    Ok((
+                        kv.next().unwrap_or(Value::Nil),
+                        kv.next().unwrap_or(Value::Nil),
+                    ))
                 }
+                other => Err(shape("a stream", &other)),
             })
             .collect::<Result<_, String>>()?,
         other => return Err(shape("XREADGROUP", &other)),
@@ -373,6 +377,58 @@ mod tests {
         assert_eq!(d.tag, "2-0.1", "a first delivery has count 1");
         assert_eq!(read_reply(Value::Nil).unwrap(), vec![]);
         assert!(read_reply(Value::Int(3)).is_err());
+    }
+
+    #[test]
+    fn reserved_entries_decode_and_a_bad_row_is_shown_in_its_error() {
+        let row = |id: &[u8], count: Value, fields: Value, i: i64| {
+            Value::Array(vec![bulk(id), count, fields, Value::Int(i)])
+        };
+        let reply = Value::Array(vec![
+            row(
+                b"1-0",
+                Value::Int(3),
+                Value::Array(vec![bulk(b"job"), bulk(b"x")]),
+                2,
+            ),
+            row(b"2-0", bulk(b"1"), Value::Nil, 1),
+        ]);
+        let got = indexed_entries(reply).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].0, 2);
+        assert_eq!(
+            got[0].1,
+            Entry {
+                id: "1-0".into(),
+                count: 3,
+                fields: Some(vec![(b"job".to_vec(), b"x".to_vec())]),
+            }
+        );
+        assert_eq!((got[1].0, got[1].1.count, &got[1].1.fields), (1, 1, &None));
+
+        let bad = [
+            // three parts, an index that is no number, a count that is no number, fields that
+            // are neither a list nor a map, a row that is not a list
+            Value::Array(vec![bulk(b"1-0"), Value::Int(1), Value::Nil]),
+            row(b"1-0", Value::Int(1), Value::Nil, -1),
+            row(b"1-0", bulk(b"many"), Value::Nil, 1),
+            row(b"1-0", Value::Int(1), Value::Int(7), 1),
+            bulk(b"1-0"),
+        ];
+        for b in bad {
+            let e = indexed_entries(Value::Array(vec![b.clone()])).unwrap_err();
+            assert!(
+                e.starts_with("unexpected reply shape for a reserved entry"),
+                "{e}"
+            );
+            assert!(e.contains("1-0"), "the row is shown: {e}");
+        }
+        assert!(counted_entries(Value::Array(vec![Value::Int(1)])).is_err());
+        assert!(entries(Value::Array(vec![Value::Array(vec![
+            bulk(b"1-0"),
+            Value::Int(7)
+        ])]))
+        .is_err());
     }
 
     #[test]
