@@ -276,6 +276,7 @@ async fn pause_resume_and_errors() {
     // The CLI: usage errors (exit 2) name the problem; the rest exit 1 with a reason.
     for (args, code_wanted, says) in [
         (vec!["--cron", "0 3 * *"], 2, "5 fields"),
+        (vec!["--cron", "0 0 30 2 *"], 2, "never fires"),
         (
             vec!["--cron", "0 3 * * *", "--timezone", "Mars/Olympus"],
             2,
@@ -336,21 +337,39 @@ async fn pause_resume_and_errors() {
         err.contains("schedule 'broken'") && err.contains("unknown time zone"),
         "{err}"
     );
+    let config = config_file(
+        &env,
+        serde_json::json!([{"name": "never", "task": "builtin.noop", "cron": "0 0 30 2 *"}]),
+    );
+    let out = env
+        .command(&["worker", "--queue", "default"])
+        .env("HOMING_CONFIG", &config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("schedule 'never'") && err.contains("never fires"),
+        "{err}"
+    );
 
     // The API: 400 with the reason, 404 for an unknown name; the good schedule is untouched.
     let http = http_client();
-    let r = http
-        .put(format!("{base}/v1/schedules/bad"))
-        .json(&serde_json::json!({"task": "builtin.noop", "cron": "61 * * * *"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
-    let body: serde_json::Value = r.json().await.unwrap();
-    assert!(
-        body["error"]["message"].as_str().unwrap().contains("cron"),
-        "{body}"
-    );
+    for (cron, says) in [("61 * * * *", "cron"), ("0 0 31 4 *", "never fires")] {
+        let r = http
+            .put(format!("{base}/v1/schedules/bad"))
+            .json(&serde_json::json!({"task": "builtin.noop", "cron": cron,
+                                      "timezone": "Asia/Seoul"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{cron}");
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(says),
+            "{cron}: {body}"
+        );
+    }
     let r = http
         .put(format!("{base}/v1/schedules/api"))
         .json(
