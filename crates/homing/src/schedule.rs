@@ -226,21 +226,36 @@ pub fn check_cron(expr: &str) -> Result<(), String> {
     fires(&parse_cron(expr)?, expr, &jiff::tz::TimeZone::UTC)
 }
 
-/// Refuses a pattern that parses but names no real time, such as `0 0 30 2 *` (the 30th of
-/// February): stored, it would never fire, and every pass of the scheduler would search
-/// thousands of years for its next tick. Without a year field every pattern repeats within 28
-/// years, so one search from now, which gives up at the library's year limit, settles it; it
-/// costs microseconds for a pattern that fires and about 10 ms for one that does not.
+/// Refuses a pattern that parses but names no time that occurs in `tz`: no date matches its
+/// day, month and weekday fields (`0 0 30 2 *`, the 30th of February), or every time it names
+/// is skipped by a daylight-saving change. Stored, it would never fire, and every pass of the
+/// scheduler would search to the library's year limit (5000) for its next tick. Without a year
+/// field a pattern's dates repeat every 400 years (the Gregorian cycle), so one search from now
+/// settles it. It costs microseconds for a pattern that fires, tens of milliseconds for one whose
+/// dates never occur, and about a second for one whose times all fall in gaps (the search steps
+/// through each gap second by second): callers that serve others run it off their runtime.
 fn fires(cron: &croner::Cron, expr: &str, tz: &jiff::tz::TimeZone) -> Result<(), String> {
     let now = Ticks::zoned(crate::time::now(), tz)
         .ok_or_else(|| "the clock is outside the range of dates".to_string())?;
     match cron.find_next_occurrence(&now, false) {
         Ok(_) => Ok(()),
         Err(_) => Err(format!(
-            "cron expression {:?} never fires: no date matches its day, month and weekday fields",
-            shown(expr)
+            "cron expression {:?} never fires{}: no date matches its day, month and weekday fields, \
+             or every time it names is skipped by a daylight-saving change",
+            shown(expr),
+            tz.iana_name().map(|n| format!(" in {n}")).unwrap_or_default()
         )),
     }
+}
+
+/// Cron specs found never to fire in this process, so that a pass of the scheduler pays the
+/// search once for each (a schedule stored before [`check`] refused such specs). Only specs that
+/// never fire go in, and a deployment has few schedules, so it stays small.
+static NEVER_FIRES: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+fn known_never(expr: &str, tz: &str) -> bool {
+    let never = NEVER_FIRES.lock().unwrap_or_else(|p| p.into_inner());
+    never.iter().any(|(e, z)| e == expr && z == tz)
 }
 
 /// Checks an IANA time zone name alone (for a command-line flag).
@@ -411,9 +426,23 @@ pub fn due(
     now: Micros,
     missed: Missed,
 ) -> Option<Due> {
+    if let Spec::Cron { expr, timezone } = spec {
+        if known_never(expr, timezone) {
+            return None;
+        }
+    }
     let ticks = Ticks::new(spec).ok()?;
     let grace = i64::try_from(GRACE.as_micros()).unwrap_or(i64::MAX);
     let edge = now.saturating_sub(grace).max(cursor);
+    // The first tick after the edge, looked for before the walk back: a cron with none has none
+    // ever (the edge is within seconds of now), and walking back would search as long again.
+    let first_after = ticks.after(edge, anchor);
+    if let (None, Spec::Cron { expr, timezone }) = (first_after, spec) {
+        tracing::warn!(cron = %expr, timezone = %timezone, "a schedule's cron expression never fires; it is passed over (delete it, or set it again with a spec that fires)");
+        let mut never = NEVER_FIRES.lock().unwrap_or_else(|p| p.into_inner());
+        never.push((expr.clone(), timezone.clone()));
+        return None;
+    }
     // Missed: ticks in (cursor, edge]; pick the newest few by walking back from the edge.
     let keep = match missed {
         Missed::Skip => 0,
@@ -434,8 +463,9 @@ pub fn due(
     let mut new_cursor = newest_missed;
     // On time: ticks in (edge, now], oldest first.
     let mut t = edge;
+    let mut next_after = Some(first_after);
     while fire.len() < keep + MAX_ON_TIME {
-        match ticks.after(t, anchor) {
+        match next_after.take().unwrap_or_else(|| ticks.after(t, anchor)) {
             Some(next) if next <= now => {
                 fire.push(next);
                 new_cursor = Some(next);
@@ -620,6 +650,35 @@ mod tests {
         assert!("all:0".parse::<Missed>().is_err());
         assert!("all:1001".parse::<Missed>().is_err());
         assert_eq!("all:5".parse::<Missed>(), Ok(Missed::All(5)));
+    }
+
+    #[test]
+    fn a_stored_cron_that_never_fires_is_searched_once() {
+        // A spec no other test uses: the memory of such specs is the process's.
+        let never = cron("0 0 31 11 *", "Pacific/Chatham");
+        let now = utc("2026-12-06T12:00:00Z");
+        assert!(!known_never("0 0 31 11 *", "Pacific/Chatham"));
+        assert_eq!(
+            due(&never, now - 60 * S, now - 60 * S, now, Missed::Latest),
+            None
+        );
+        assert!(known_never("0 0 31 11 *", "Pacific/Chatham"), "remembered");
+        assert_eq!(
+            due(&never, now - 60 * S, now - 60 * S, now, Missed::Latest),
+            None
+        );
+        // One that fires is not remembered, and still fires.
+        let daily = cron("0 12 * * *", "Pacific/Chatham");
+        let noon = utc("2026-12-06T23:00:00Z"); // 12:00 at UTC+13:45 is 22:15 UTC the day before
+        let got = due(
+            &daily,
+            noon - 86_400 * S,
+            noon - 86_400 * S,
+            noon,
+            Missed::Latest,
+        );
+        assert!(got.is_some());
+        assert!(!known_never("0 12 * * *", "Pacific/Chatham"));
     }
 
     #[test]
