@@ -258,6 +258,15 @@ fn known_never(expr: &str, tz: &str) -> bool {
     never.iter().any(|(e, z)| e == expr && z == tz)
 }
 
+/// Remembers a cron spec that has no tick after a present time, saying so once.
+fn remember_never(expr: &str, tz: &str) {
+    let mut never = NEVER_FIRES.lock().unwrap_or_else(|p| p.into_inner());
+    if !never.iter().any(|(e, z)| e == expr && z == tz) {
+        tracing::warn!(cron = %expr, timezone = %tz, "a schedule's cron expression never fires; it is passed over (delete it, or set it again with a spec that fires)");
+        never.push((expr.to_string(), tz.to_string()));
+    }
+}
+
 /// Checks an IANA time zone name alone (for a command-line flag).
 pub fn check_timezone(tz: &str) -> Result<(), String> {
     parse_zone(tz).map(|_| ())
@@ -375,7 +384,16 @@ impl Ticks {
 
 /// The next tick after `t`, for views ("next tick" in lists and the dashboard).
 pub fn next_tick(spec: &Spec, t: Micros, anchor: Micros) -> Option<Micros> {
-    Ticks::new(spec).ok()?.after(t, anchor)
+    if let Spec::Cron { expr, timezone } = spec {
+        if known_never(expr, timezone) {
+            return None;
+        }
+    }
+    let next = Ticks::new(spec).ok()?.after(t, anchor);
+    if let (None, Spec::Cron { expr, timezone }) = (next, spec) {
+        remember_never(expr, timezone);
+    }
+    next
 }
 
 /// A schedule as the API, the CLI and the dashboard show it: the stored record and its next tick
@@ -438,9 +456,7 @@ pub fn due(
     // ever (the edge is within seconds of now), and walking back would search as long again.
     let first_after = ticks.after(edge, anchor);
     if let (None, Spec::Cron { expr, timezone }) = (first_after, spec) {
-        tracing::warn!(cron = %expr, timezone = %timezone, "a schedule's cron expression never fires; it is passed over (delete it, or set it again with a spec that fires)");
-        let mut never = NEVER_FIRES.lock().unwrap_or_else(|p| p.into_inner());
-        never.push((expr.clone(), timezone.clone()));
+        remember_never(expr, timezone);
         return None;
     }
     // Missed: ticks in (cursor, edge]; pick the newest few by walking back from the edge.
@@ -667,6 +683,11 @@ mod tests {
             due(&never, now - 60 * S, now - 60 * S, now, Missed::Latest),
             None
         );
+        // The views' next tick remembers too (a list or a dashboard showed it each time).
+        let never_view = cron("0 0 31 9 *", "Pacific/Chatham");
+        assert!(!known_never("0 0 31 9 *", "Pacific/Chatham"));
+        assert_eq!(next_tick(&never_view, now, now), None);
+        assert!(known_never("0 0 31 9 *", "Pacific/Chatham"));
         // One that fires is not remembered, and still fires.
         let daily = cron("0 12 * * *", "Pacific/Chatham");
         let noon = utc("2026-12-06T23:00:00Z"); // 12:00 at UTC+13:45 is 22:15 UTC the day before
