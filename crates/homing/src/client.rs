@@ -348,7 +348,7 @@ impl Client {
         let d = def.clone();
         tokio::task::spawn_blocking(move || check_schedule(&d))
             .await
-            .map_err(|e| Error::backend("schedule check", e))??;
+            .map_err(|e| Error::backend_from("schedule check", e))??;
         self.store.put_schedule(def, now()).await
     }
 

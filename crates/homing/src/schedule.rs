@@ -223,7 +223,9 @@ fn parse_cron(expr: &str) -> Result<croner::Cron, String> {
 
 /// Checks a cron expression alone (for a command-line flag).
 pub fn check_cron(expr: &str) -> Result<(), String> {
-    fires(&parse_cron(expr)?, expr, &jiff::tz::TimeZone::UTC)
+    // The flag's zone is not known yet: UTC finds dates that never occur; the gap case waits
+    // for the whole definition's check.
+    fires(&parse_cron(expr)?, expr, &jiff::tz::TimeZone::UTC, false)
 }
 
 /// Refuses a pattern that parses but names no time that occurs in `tz`: no date matches its
@@ -234,7 +236,12 @@ pub fn check_cron(expr: &str) -> Result<(), String> {
 /// settles it. It costs microseconds for a pattern that fires, tens of milliseconds for one whose
 /// dates never occur, and about a second for one whose times all fall in gaps (the search steps
 /// through each gap second by second): callers that serve others run it off their runtime.
-fn fires(cron: &croner::Cron, expr: &str, tz: &jiff::tz::TimeZone) -> Result<(), String> {
+fn fires(
+    cron: &croner::Cron,
+    expr: &str,
+    tz: &jiff::tz::TimeZone,
+    name_zone: bool,
+) -> Result<(), String> {
     let now = Ticks::zoned(crate::time::now(), tz)
         .ok_or_else(|| "the clock is outside the range of dates".to_string())?;
     match cron.find_next_occurrence(&now, false) {
@@ -243,7 +250,10 @@ fn fires(cron: &croner::Cron, expr: &str, tz: &jiff::tz::TimeZone) -> Result<(),
             "cron expression {:?} never fires{}: no date matches its day, month and weekday fields, \
              or every time it names is skipped by a daylight-saving change",
             shown(expr),
-            tz.iana_name().map(|n| format!(" in {n}")).unwrap_or_default()
+            tz.iana_name()
+                .filter(|_| name_zone)
+                .map(|n| format!(" in {n}"))
+                .unwrap_or_default()
         )),
     }
 }
@@ -258,12 +268,28 @@ fn known_never(expr: &str, tz: &str) -> bool {
     never.iter().any(|(e, z)| e == expr && z == tz)
 }
 
-/// Remembers a cron spec that has no tick after a present time, saying so once.
-fn remember_never(expr: &str, tz: &str) {
-    let mut never = NEVER_FIRES.lock().unwrap_or_else(|p| p.into_inner());
-    if !never.iter().any(|(e, z)| e == expr && z == tz) {
+/// 4000-01-01T00:00:00Z. A search for the next tick that starts after it can fail near the cron
+/// library's year limit (5000) for a spec that does fire, so only a failure from before it says
+/// the spec never fires (a cursor that far ahead is a corrupt one, not a reason to pass over
+/// every schedule of that spec).
+const PRESENT_UNTIL: Micros = 64_060_588_800 * SECOND;
+
+/// Remembers a cron spec that had no tick after `from` (1970 to [`PRESENT_UNTIL`]), saying so
+/// once.
+fn remember_never(expr: &str, tz: &str, from: Micros) {
+    if !(0..PRESENT_UNTIL).contains(&from) {
+        return;
+    }
+    let first = {
+        let mut never = NEVER_FIRES.lock().unwrap_or_else(|p| p.into_inner());
+        let first = !never.iter().any(|(e, z)| e == expr && z == tz);
+        if first {
+            never.push((expr.to_string(), tz.to_string()));
+        }
+        first
+    };
+    if first {
         tracing::warn!(cron = %expr, timezone = %tz, "a schedule's cron expression never fires; it is passed over (delete it, or set it again with a spec that fires)");
-        never.push((expr.to_string(), tz.to_string()));
     }
 }
 
@@ -299,7 +325,7 @@ pub fn check(def: &ScheduleDef) -> Result<(), String> {
     match &def.spec {
         Spec::Cron { expr, timezone } => {
             let cron = parse_cron(expr)?;
-            fires(&cron, expr, &parse_zone(timezone)?)?;
+            fires(&cron, expr, &parse_zone(timezone)?, true)?;
         }
         Spec::Every { interval } => {
             v::duration("interval", *interval, MIN_INTERVAL, MAX_INTERVAL)?;
@@ -391,7 +417,7 @@ pub fn next_tick(spec: &Spec, t: Micros, anchor: Micros) -> Option<Micros> {
     }
     let next = Ticks::new(spec).ok()?.after(t, anchor);
     if let (None, Spec::Cron { expr, timezone }) = (next, spec) {
-        remember_never(expr, timezone);
+        remember_never(expr, timezone, t);
     }
     next
 }
@@ -452,11 +478,11 @@ pub fn due(
     let ticks = Ticks::new(spec).ok()?;
     let grace = i64::try_from(GRACE.as_micros()).unwrap_or(i64::MAX);
     let edge = now.saturating_sub(grace).max(cursor);
-    // The first tick after the edge, looked for before the walk back: a cron with none has none
-    // ever (the edge is within seconds of now), and walking back would search as long again.
+    // The first tick after the edge, looked for before the walk back: a cron with none after a
+    // present-day edge has none ever, and walking back would search as long again.
     let first_after = ticks.after(edge, anchor);
     if let (None, Spec::Cron { expr, timezone }) = (first_after, spec) {
-        remember_never(expr, timezone);
+        remember_never(expr, timezone, edge);
         return None;
     }
     // Missed: ticks in (cursor, edge]; pick the newest few by walking back from the edge.
@@ -683,6 +709,11 @@ mod tests {
             due(&never, now - 60 * S, now - 60 * S, now, Missed::Latest),
             None
         );
+        // A search from near the library's year limit proves nothing: not remembered.
+        let rare = cron("0 0 29 2 *", "Pacific/Chatham");
+        let late = utc("4999-03-01T00:00:00Z");
+        assert_eq!(next_tick(&rare, late, late), None);
+        assert!(!known_never("0 0 29 2 *", "Pacific/Chatham"));
         // The views' next tick remembers too (a list or a dashboard showed it each time).
         let never_view = cron("0 0 31 9 *", "Pacific/Chatham");
         assert!(!known_never("0 0 31 9 *", "Pacific/Chatham"));
