@@ -656,7 +656,7 @@ mod tests {
             assert!(check(&def).is_err(), "{expr} {tz}");
         }
         // Patterns that parse but name no date are refused, saying so; rare ones that do fire
-        // are not: the 29th of February (every four years), and the 30th of February with a
+        // are not: the 29th of February (in leap years), and the 30th of February with a
         // weekday, since cron fires when either the day of the month or the weekday matches.
         for expr in [
             "0 0 30 2 *",
