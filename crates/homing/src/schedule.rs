@@ -263,9 +263,21 @@ fn fires(
 /// never fire go in, and a deployment has few schedules, so it stays small.
 static NEVER_FIRES: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
 
-fn known_never(expr: &str, tz: &str) -> bool {
-    let never = NEVER_FIRES.lock().unwrap_or_else(|p| p.into_inner());
+fn listed(never: &[(String, String)], expr: &str, tz: &str) -> bool {
     never.iter().any(|(e, z)| e == expr && z == tz)
+}
+
+fn known_never(expr: &str, tz: &str) -> bool {
+    listed(
+        &NEVER_FIRES.lock().unwrap_or_else(|p| p.into_inner()),
+        expr,
+        tz,
+    )
+}
+
+/// Whether `spec` is a cron remembered as never firing (an interval always fires).
+fn passed_over(spec: &Spec) -> bool {
+    matches!(spec, Spec::Cron { expr, timezone } if known_never(expr, timezone))
 }
 
 /// 4000-01-01T00:00:00Z. A search for the next tick that starts after it can fail near the cron
@@ -282,7 +294,7 @@ fn remember_never(expr: &str, tz: &str, from: Micros) {
     }
     let first = {
         let mut never = NEVER_FIRES.lock().unwrap_or_else(|p| p.into_inner());
-        let first = !never.iter().any(|(e, z)| e == expr && z == tz);
+        let first = !listed(&never, expr, tz);
         if first {
             never.push((expr.to_string(), tz.to_string()));
         }
@@ -410,10 +422,8 @@ impl Ticks {
 
 /// The next tick after `t`, for views ("next tick" in lists and the dashboard).
 pub fn next_tick(spec: &Spec, t: Micros, anchor: Micros) -> Option<Micros> {
-    if let Spec::Cron { expr, timezone } = spec {
-        if known_never(expr, timezone) {
-            return None;
-        }
+    if passed_over(spec) {
+        return None;
     }
     let next = Ticks::new(spec).ok()?.after(t, anchor);
     if let (None, Spec::Cron { expr, timezone }) = (next, spec) {
@@ -470,10 +480,8 @@ pub fn due(
     now: Micros,
     missed: Missed,
 ) -> Option<Due> {
-    if let Spec::Cron { expr, timezone } = spec {
-        if known_never(expr, timezone) {
-            return None;
-        }
+    if passed_over(spec) {
+        return None;
     }
     let ticks = Ticks::new(spec).ok()?;
     let grace = i64::try_from(GRACE.as_micros()).unwrap_or(i64::MAX);
