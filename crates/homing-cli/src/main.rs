@@ -6,6 +6,7 @@ mod cli;
 mod commands;
 mod config;
 mod http_server;
+mod logs;
 mod output;
 mod pipelines;
 mod signals;
@@ -19,7 +20,7 @@ fn init_tracing(format: &str, default: &str) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(logs::start())
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if format == "json" {
         builder.json().flatten_event(true).init();
@@ -48,6 +49,13 @@ fn runtime_builder(command: &cli::Command) -> tokio::runtime::Builder {
 }
 
 fn main() -> std::process::ExitCode {
+    let code = run();
+    // Whatever was logged on the way out (logs.rs: lines are written by a thread of their own).
+    logs::flush();
+    code
+}
+
+fn run() -> std::process::ExitCode {
     // Before any thread exists (docs/pruner.md, "memory").
     alloc::limit_arenas();
     let cli = cli::Cli::parse();
@@ -85,6 +93,8 @@ fn main() -> std::process::ExitCode {
     };
     let outcome = runtime.block_on(commands::run(cli));
     drop(runtime);
+    // The last lines before the exit, and before the error below, which is written in place.
+    logs::flush();
     match outcome {
         Ok(code) => code,
         Err(e) => {

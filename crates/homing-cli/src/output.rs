@@ -158,6 +158,7 @@ pub fn print_line(args: std::fmt::Arguments<'_>) {
     if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
         drop(out);
         homing::otel::flush();
+        crate::logs::flush();
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(141);
         }

@@ -26,6 +26,7 @@ pub fn shutdown_token() -> CancellationToken {
             _ = tokio::signal::ctrl_c() => {}
         }
         tracing::warn!("second signal: exiting immediately");
+        crate::logs::flush();
         std::process::exit(130);
     });
     token

@@ -455,7 +455,7 @@ async fn remote_protocol_on_the_embedded_backend() {
     let (s, _) = api.post(&zombie.path("reserve"), json!({"max": 1})).await;
     assert_eq!(s, StatusCode::GONE);
     assert!(metric(&api, "homing_remote_stale_total").await >= stale_before + 1.0);
-    assert!(up.log_text().contains("job.zombie_write_rejected"));
+    up.wait_log("job.zombie_write_rejected").await;
     // Remote outcomes count like a Rust worker's, labelled by queue and task.
     let label = r#"{queue="py",task="py.work"}"#;
     assert!(metric(&api, &format!("homing_jobs_succeeded_total{label}")).await >= 5.0);
@@ -509,7 +509,7 @@ async fn remote_protocol_on_the_embedded_backend() {
         "applied"
     );
     assert_eq!(api.job(&id).await["result"], "in time");
-    assert!(up.log_text().contains("job.time_limit"));
+    up.wait_log("job.time_limit").await;
 
     // A completion that reserves the next job in the same round trip; a bad reserve.max is
     // refused before anything is committed.

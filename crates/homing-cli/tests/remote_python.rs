@@ -258,10 +258,8 @@ async fn python_worker_paused_past_its_ttl_is_fenced_off() {
     )
     .await;
     if log.contains("refused as stale") {
-        assert!(
-            up.log_text().contains("job.zombie_write_rejected"),
-            "the zombie's result was refused but not counted by the server"
-        );
+        // Refused, so counted by the server (its log line may land a moment after the answer).
+        up.wait_log("job.zombie_write_rejected").await;
     }
     // And it works again.
     let more = enqueue_calls(&base, &counter, 4, 0.0).await;

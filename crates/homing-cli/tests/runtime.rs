@@ -499,9 +499,8 @@ async fn retention_deletes_finished_history_and_nothing_else() {
     assert!(code != 0 && err.contains("not found"), "{err}");
     let kept = client.get(later).await.unwrap();
     assert_eq!(kept.state, JobState::Scheduled, "unfinished jobs stay");
-    assert!(w
-        .log_text()
-        .contains("deleted history older than the retention period"));
+    w.wait_log("deleted history older than the retention period")
+        .await;
     assert!(!w.exited());
 }
 
@@ -566,4 +565,109 @@ async fn a_poisoned_job_does_not_stop_its_queue() {
         "the worker failed whole batches:\n{}",
         w.log_text()
     );
+}
+
+/// A worker whose standard error nobody reads keeps working: its log lines wait for the pipe,
+/// beyond a bound they are dropped and counted, and a warning says how many once the pipe is
+/// read again. Written in place, the first full pipe (64 KiB here, about 500 jobs' lines at
+/// `debug`) stopped the worker for good, and a SIGTERM with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_log_is_not_read_keeps_working() {
+    use std::io::Read;
+    let env = Env::sqlite();
+    let client = env.client().await;
+    let jobs = |n: usize| -> Vec<EnqueueRequest> {
+        (0..n)
+            .map(|_| {
+                let mut r = EnqueueRequest::new("builtin.noop", serde_json::json!({}));
+                r.options.queue = Some("unread".into());
+                r
+            })
+            .collect()
+    };
+    let succeeded = |n: u64| {
+        let client = &client;
+        async move {
+            eventually(
+                Duration::from_secs(120),
+                &format!("{n} jobs to succeed"),
+                || async {
+                    let stats = client.store().queue_stats().await.ok()?;
+                    let s = stats.into_iter().find(|s| s.queue == "unread")?;
+                    (s.succeeded >= n).then_some(())
+                },
+            )
+            .await
+        }
+    };
+    let start = || {
+        env.command(&["worker", "--queue", "unread"])
+            .env("HOMING_LOG", "debug")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn homing worker")
+    };
+
+    // More lines than the pipe and the queue hold: about 130 bytes a job, 1 MiB queued.
+    let mut w = start();
+    for chunk in [10_000, 2_000] {
+        client.enqueue_batch(jobs(chunk)).await.unwrap();
+    }
+    succeeded(12_000).await;
+    let mut stderr = w.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = stderr.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut text = String::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !text.contains("log lines were dropped") {
+        assert!(
+            Instant::now() < deadline,
+            "no warning of dropped lines; the log's end:\n{}",
+            &text[text.len().saturating_sub(2000)..]
+        );
+        if let Ok(b) = rx.recv_timeout(Duration::from_millis(200)) {
+            text.push_str(&String::from_utf8_lossy(&b));
+        }
+    }
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &w.id().to_string()])
+        .status();
+    let status = w.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    while let Ok(b) = rx.recv_timeout(Duration::from_secs(5)) {
+        text.push_str(&String::from_utf8_lossy(&b));
+    }
+    assert!(
+        text.contains("worker.shutdown"),
+        "the lines logged on the way out were written before the exit:\n{}",
+        &text[text.len().saturating_sub(2000)..]
+    );
+
+    // A SIGTERM while the pipe is still full: the worker stops, the queued lines are given up.
+    let mut w = start();
+    client.enqueue_batch(jobs(2_000)).await.unwrap();
+    succeeded(14_000).await;
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &w.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = w.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker did not stop with its log unread"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
 }

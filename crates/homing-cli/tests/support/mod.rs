@@ -256,6 +256,17 @@ impl Proc {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits (up to 10 s) for `needle` in the log: a process writes its log lines from a thread
+    /// of its own, so a line logged just before an effect the test saw may land a moment later.
+    pub async fn wait_log(&self, needle: &str) {
+        eventually(
+            Duration::from_secs(10),
+            &format!("'{needle}' in {}'s log", self.name),
+            || async { self.log_text().contains(needle).then_some(()) },
+        )
+        .await
+    }
 }
 
 impl Drop for Proc {
