@@ -50,7 +50,7 @@ fn runtime_builder(command: &cli::Command) -> tokio::runtime::Builder {
 
 fn main() -> std::process::ExitCode {
     let code = run();
-    // Whatever was logged on the way out (logs.rs: lines are written by a thread of their own).
+    // Whatever was logged on the way out and is still queued (logs.rs).
     logs::flush();
     code
 }
@@ -65,6 +65,7 @@ fn run() -> std::process::ExitCode {
         _ => "info",
     };
     init_tracing(&cli.global.log_format, default);
+    logs::flush_before_panics();
     homing::tls::install_crypto_provider();
     // Spans (docs/traces.md) from the processes that enqueue and run jobs, when the standard
     // OTEL_EXPORTER_OTLP_* variables ask for them. Set up outside the runtime, and dropped
@@ -78,23 +79,17 @@ fn run() -> std::process::ExitCode {
     );
     let _traces = match traced.then(|| homing::otel::init_from_env("homing")) {
         Some(Err(e)) => {
-            eprintln!("error: {e}");
-            return std::process::ExitCode::FAILURE;
+            return fail(&e.to_string());
         }
         Some(Ok(guard)) => guard,
         None => None,
     };
     let runtime = match runtime_builder(&cli.command).enable_all().build() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
+        Err(e) => return fail(&format!("cannot start the runtime: {e}")),
     };
     let outcome = runtime.block_on(commands::run(cli));
     drop(runtime);
-    // The last lines before the exit, and before the error below, which is written in place.
-    logs::flush();
     match outcome {
         Ok(code) => code,
         Err(e) => {
@@ -107,10 +102,19 @@ fn run() -> std::process::ExitCode {
                     msg.push_str(&cause);
                 }
             }
-            eprintln!("error: {msg}");
-            std::process::ExitCode::FAILURE
+            fail(&msg)
         }
     }
+}
+
+/// A command's last word: after the lines logged before it, and not at all when standard error
+/// is blocked for good (the write would never return).
+fn fail(msg: &str) -> std::process::ExitCode {
+    logs::flush();
+    if !logs::stuck() {
+        eprintln!("error: {msg}");
+    }
+    std::process::ExitCode::FAILURE
 }
 
 #[cfg(test)]

@@ -569,7 +569,7 @@ async fn a_poisoned_job_does_not_stop_its_queue() {
 
 /// A worker whose standard error nobody reads keeps working: its log lines wait for the pipe,
 /// beyond a bound they are dropped and counted, and a warning says how many once the pipe is
-/// read again. Written in place, the first full pipe (64 KiB here, about 500 jobs' lines at
+/// read again (every job's line is either written or in that count). Written in place, the first full pipe (64 KiB here, about 500 jobs' lines at
 /// `debug`) stopped the worker for good, and a SIGTERM with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_log_is_not_read_keeps_working() {
@@ -645,6 +645,21 @@ async fn a_worker_whose_log_is_not_read_keeps_working() {
     while let Ok(b) = rx.recv_timeout(Duration::from_secs(5)) {
         text.push_str(&String::from_utf8_lossy(&b));
     }
+    // Every job's line was either written or counted as dropped.
+    let committed = text.matches("job committed").count();
+    let dropped: usize = text
+        .split("dropped=")
+        .skip(1)
+        .filter_map(|rest| {
+            let n: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            n.parse::<usize>().ok()
+        })
+        .sum();
+    assert!(
+        dropped > 0 && committed + dropped >= 12_000,
+        "{committed} lines of committed jobs written and {dropped} lines reported dropped, \
+         for 12,000 jobs"
+    );
     assert!(
         text.contains("worker.shutdown"),
         "the lines logged on the way out were written before the exit:\n{}",
