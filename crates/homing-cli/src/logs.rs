@@ -6,20 +6,23 @@
 //! container runtime's log driver that falls behind, or a supervisor that stops reading, is such
 //! a pipe.
 //!
-//! So a line is written where it was made only when that cannot block: nothing of this process
-//! is waiting to be written, and standard error is ready for it (a file always is; a pipe or a
-//! terminal when it has room). That keeps the lines in order and on their way before a crash,
-//! as before. Otherwise the line goes to a writer thread of its own: up to [`QUEUED_BYTES`] of
-//! lines wait for it, beyond that lines are dropped and counted, and a warning says how many
-//! (at most once a second, and before the exit) once the writer gets through. Before the
-//! process exits, and before a panic's message, the queue is written out, waiting at most
-//! [`EXIT_WAIT`] in all, so a standard error blocked for good cannot hold up the exit either.
+//! So a line is written where it was made only in a way that cannot block: to a pipe or a
+//! terminal through a non-blocking descriptor of this process's own (opened anew, so the
+//! descriptor other processes share stays as it is), to a socket with a send that does not wait,
+//! to a file as before (a file does not fill up). That keeps the lines in order and on their way
+//! before a crash, as before. What cannot be written at once goes to a writer thread of its own:
+//! up to [`QUEUED_BYTES`] of lines wait for it, beyond that lines are dropped and counted, and a
+//! warning says how many (at most once a second, and before the exit) once the writer gets
+//! through. While lines wait, later ones queue behind them. A panic's message takes the same
+//! path. Before the process exits the queue is written out, waiting at most [`EXIT_WAIT`], so a
+//! standard error blocked for good cannot hold up the exit either.
 
 use std::cell::Cell;
+use std::fs::File;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use tracing_subscriber::fmt::MakeWriter;
@@ -27,11 +30,8 @@ use tracing_subscriber::fmt::MakeWriter;
 /// How many bytes of log lines may wait for the writer thread (about 8,000 lines of a busy
 /// worker at `debug`).
 const QUEUED_BYTES: usize = 1 << 20;
-/// How long the exit waits, in all, for the queued lines to be written.
+/// How long an exit waits for the queued lines to be written.
 const EXIT_WAIT: Duration = Duration::from_secs(1);
-/// The longest line written in place: a pipe that polls writable has room for at least this
-/// much (one page), so a write of it does not block.
-const IN_PLACE_MAX: usize = 4096;
 /// How often, at most, the writer warns about dropped lines.
 const WARN_EVERY: Duration = Duration::from_secs(1);
 
@@ -41,13 +41,29 @@ enum Msg {
     Flush(mpsc::Sender<()>),
 }
 
+/// How a line is written where it was made.
+enum Direct {
+    /// A pipe or a terminal, opened anew without blocking.
+    Fd(File),
+    /// A socket (a journal's stream): `send` with `MSG_DONTWAIT`.
+    Socket,
+    /// A file, or anything else: written as before.
+    Blocking,
+    /// A pipe or terminal that could not be opened anew: every line goes to the writer thread.
+    Never,
+}
+
 struct Shared {
-    /// Bytes handed to the writer thread and not yet written.
+    direct: Direct,
+    /// Bytes handed to the writer thread and not yet written. A thread writes in place only
+    /// while it is 0, so its lines never overtake its own queued ones.
     queued: AtomicUsize,
     dropped: AtomicU64,
-    /// Taken by a thread writing in place, so that two never share the room one poll saw.
+    /// Held by whoever writes without queueing (a thread in place, the writer's warning), so
+    /// two such writes never interleave.
     in_place: Mutex<()>,
-    /// A flush gave up waiting: standard error is blocked, later exits do not wait again.
+    /// The last flush gave up waiting: standard error is blocked, and exits do not wait again
+    /// until the writer gets through.
     stuck: AtomicBool,
 }
 
@@ -61,7 +77,7 @@ pub struct Sink {
 static SINK: OnceLock<Sink> = OnceLock::new();
 
 thread_local! {
-    /// Set on the writer thread: its own warning is written in place, outside the budget.
+    /// Set on the writer thread, which writes in place (it is the thread meant to wait).
     static WRITER: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -70,6 +86,7 @@ thread_local! {
 pub fn start() -> Sink {
     SINK.get_or_init(|| {
         let shared = Arc::new(Shared {
+            direct: direct(),
             queued: AtomicUsize::new(0),
             dropped: AtomicU64::new(0),
             in_place: Mutex::new(()),
@@ -94,15 +111,69 @@ pub fn start() -> Sink {
     .clone()
 }
 
-/// A panic's message comes after the lines logged before it: the queue is written out first.
-pub fn flush_before_panics() {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if !WRITER.with(Cell::get) {
-            flush();
+/// What standard error is, and so how to write to it without waiting.
+#[allow(unsafe_code)]
+fn direct() -> Direct {
+    // SAFETY: fstat on a descriptor number with a zeroed, properly sized buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(libc::STDERR_FILENO, &mut st) } != 0 {
+        return Direct::Blocking;
+    }
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFIFO | libc::S_IFCHR => {
+            use std::os::unix::fs::OpenOptionsExt;
+            // A new open file description of the same pipe or terminal: O_NONBLOCK set on it
+            // is this process's alone (setting it on descriptor 2 would change it for every
+            // process that shares the pipe or terminal). O_NOCTTY: opening a terminal must not
+            // make it the controlling one of a process that has none.
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+                .open("/proc/self/fd/2")
+            {
+                Ok(f) => Direct::Fd(f),
+                Err(_) => Direct::Never,
+            }
         }
-        previous(info);
+        libc::S_IFSOCK => Direct::Socket,
+        _ => Direct::Blocking,
+    }
+}
+
+/// A panic's message goes the way of the log lines: in place when that cannot block, else
+/// behind the lines logged before it. (The standard hook writes to standard error and waits,
+/// which would stop a worker whose stderr is not read at its first panicking job.)
+pub fn route_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("<unnamed>");
+        let what = info.payload_as_str().unwrap_or("Box<dyn Any>");
+        let at = info.location().map(|l| l.to_string()).unwrap_or_default();
+        let mut text = format!("thread '{name}' panicked at {at}:\n{what}\n");
+        // Honours RUST_BACKTRACE and RUST_LIB_BACKTRACE as the standard hook does.
+        let trace = std::backtrace::Backtrace::capture();
+        if trace.status() == std::backtrace::BacktraceStatus::Captured {
+            text.push_str(&format!("stack backtrace:\n{trace}\n"));
+        }
+        write_line(text.into_bytes());
     }));
+}
+
+/// Writes a command's last word, as the log lines are written.
+pub fn write_line(line: Vec<u8>) {
+    match SINK.get() {
+        Some(sink) => {
+            let mut l = sink.make_writer();
+            l.buf = line;
+        }
+        None => {
+            let _ = std::io::stderr().write_all(&line);
+        }
+    }
+}
+
+fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn pump(rx: Receiver<Msg>, shared: Arc<Shared>) {
@@ -119,12 +190,16 @@ fn pump(rx: Receiver<Msg>, shared: Arc<Shared>) {
             Msg::Flush(done) => Some(done),
         };
         let caught_up = shared.queued.load(Ordering::Relaxed) == 0;
+        if caught_up {
+            shared.stuck.store(false, Ordering::Relaxed);
+        }
         if flush.is_some() || caught_up || warned.elapsed() >= WARN_EVERY {
             let lost = shared.dropped.swap(0, Ordering::Relaxed);
             if lost > 0 {
                 warned = Instant::now();
-                // Through the formatter like any other event, and written in place on this
-                // thread (WRITER), so neither the budget nor a full queue can lose it.
+                // Written by this thread as it formats it (WRITER), outside the budget, and
+                // holding the lock a thread writing in place takes, so the two never mix.
+                let _one = lock(&shared.in_place);
                 tracing::warn!(
                     dropped = lost,
                     "{lost} log lines were dropped: standard error was not read fast enough"
@@ -138,9 +213,9 @@ fn pump(rx: Receiver<Msg>, shared: Arc<Shared>) {
     }
 }
 
-/// Writes out the lines queued so far, waiting at most [`EXIT_WAIT`] (once: after a flush that
-/// gave up, later ones return at once). For `main`'s end, the exits that skip it
-/// (`std::process::exit`), and before a panic's message.
+/// Writes out the lines queued so far, waiting at most [`EXIT_WAIT`] (none while an earlier
+/// flush's wait is still unanswered). For `main`'s end and the exits that skip it
+/// (`std::process::exit`).
 pub fn flush() {
     let Some(sink) = SINK.get() else { return };
     let Some(tx) = &sink.tx else { return };
@@ -156,23 +231,58 @@ pub fn flush() {
     }
 }
 
-/// Whether a flush gave up: standard error is blocked, and a direct write to it would block too.
-pub fn stuck() -> bool {
-    SINK.get()
-        .is_some_and(|s| s.shared.stuck.load(Ordering::Relaxed))
-}
-
-/// Whether standard error can take a write now without blocking (a file always can).
-#[allow(unsafe_code)]
-fn ready() -> bool {
-    let mut fd = libc::pollfd {
-        fd: libc::STDERR_FILENO,
-        events: libc::POLLOUT,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, a count of one, no wait.
-    let n = unsafe { libc::poll(&mut fd, 1, 0) };
-    n == 1 && fd.revents & libc::POLLOUT != 0
+impl Direct {
+    /// Writes what it can of `buf` without waiting; returns how many bytes are done with
+    /// (written, or refused for good: a closed pipe loses the line, as a write in place did).
+    #[allow(unsafe_code)]
+    fn write(&self, buf: &[u8]) -> usize {
+        let mut done = 0;
+        while done < buf.len() {
+            let rest = &buf[done..];
+            let n = match self {
+                Direct::Fd(f) => {
+                    let mut f: &File = f;
+                    match f.write(rest) {
+                        Ok(n) => n as isize,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return done,
+                        Err(_) => return buf.len(),
+                    }
+                }
+                Direct::Socket => {
+                    // SAFETY: a valid buffer and its length; the flags make it not wait and
+                    // not raise SIGPIPE.
+                    let n = unsafe {
+                        libc::send(
+                            libc::STDERR_FILENO,
+                            rest.as_ptr().cast(),
+                            rest.len(),
+                            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                        )
+                    };
+                    if n < 0 {
+                        let e = std::io::Error::last_os_error();
+                        match e.kind() {
+                            std::io::ErrorKind::Interrupted => continue,
+                            std::io::ErrorKind::WouldBlock => return done,
+                            _ => return buf.len(),
+                        }
+                    }
+                    n
+                }
+                Direct::Blocking => {
+                    let _ = std::io::stderr().write_all(rest);
+                    return buf.len();
+                }
+                Direct::Never => return done,
+            };
+            if n <= 0 {
+                return buf.len();
+            }
+            done += n as usize;
+        }
+        done
+    }
 }
 
 /// One event's bytes, written or handed on when the formatter is done with it.
@@ -182,25 +292,30 @@ pub struct Line<'a> {
 }
 
 impl Line<'_> {
-    /// Writes the line here if that cannot block; gives it back otherwise.
-    fn in_place(&self, buf: Vec<u8>) -> Option<Vec<u8>> {
+    /// Writes what it can of the line here without waiting; returns what is left.
+    fn in_place(&self, buf: Vec<u8>) -> Vec<u8> {
         let shared = &self.sink.shared;
         if WRITER.with(Cell::get) || self.sink.tx.is_none() {
             let _ = std::io::stderr().write_all(&buf);
-            return None;
+            return Vec::new();
         }
-        // Behind a line still queued this one would come out first.
-        if buf.len() > IN_PLACE_MAX || shared.queued.load(Ordering::Relaxed) > 0 {
-            return Some(buf);
+        if shared.queued.load(Ordering::Relaxed) > 0 {
+            return buf;
         }
-        let Ok(_one) = shared.in_place.try_lock() else {
-            return Some(buf);
+        let _one = match shared.in_place.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return buf,
         };
-        if shared.queued.load(Ordering::Relaxed) > 0 || !ready() {
-            return Some(buf);
+        if shared.queued.load(Ordering::Relaxed) > 0 {
+            return buf;
         }
-        let _ = std::io::stderr().write_all(&buf);
-        None
+        let n = shared.direct.write(&buf);
+        if n == buf.len() {
+            Vec::new()
+        } else {
+            buf[n..].to_vec()
+        }
     }
 }
 
@@ -221,19 +336,23 @@ impl Drop for Line<'_> {
             return;
         }
         let buf = std::mem::take(&mut self.buf);
-        let Some(buf) = self.in_place(buf) else {
+        let buf = self.in_place(buf);
+        if buf.is_empty() {
             return;
-        };
+        }
         let (Some(tx), shared) = (&self.sink.tx, &self.sink.shared) else {
             return;
         };
         let len = buf.len();
+        // Counted before the bytes leave `queued`: a writer that sees the queue empty then
+        // also sees the count, and warns.
         if shared.queued.fetch_add(len, Ordering::Relaxed) + len > QUEUED_BYTES {
-            shared.queued.fetch_sub(len, Ordering::Relaxed);
             shared.dropped.fetch_add(1, Ordering::Relaxed);
+            shared.queued.fetch_sub(len, Ordering::Relaxed);
             return;
         }
         if tx.send(Msg::Line(buf)).is_err() {
+            shared.dropped.fetch_add(1, Ordering::Relaxed);
             shared.queued.fetch_sub(len, Ordering::Relaxed);
         }
     }

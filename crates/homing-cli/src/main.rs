@@ -65,7 +65,7 @@ fn run() -> std::process::ExitCode {
         _ => "info",
     };
     init_tracing(&cli.global.log_format, default);
-    logs::flush_before_panics();
+    logs::route_panics();
     homing::tls::install_crypto_provider();
     // Spans (docs/traces.md) from the processes that enqueue and run jobs, when the standard
     // OTEL_EXPORTER_OTLP_* variables ask for them. Set up outside the runtime, and dropped
@@ -107,13 +107,11 @@ fn run() -> std::process::ExitCode {
     }
 }
 
-/// A command's last word: after the lines logged before it, and not at all when standard error
-/// is blocked for good (the write would never return).
+/// A command's last word, after the lines logged before it, and written as they are: a standard
+/// error blocked for good holds up the exit by at most the flush's wait (logs.rs).
 fn fail(msg: &str) -> std::process::ExitCode {
+    logs::write_line(format!("error: {msg}\n").into_bytes());
     logs::flush();
-    if !logs::stuck() {
-        eprintln!("error: {msg}");
-    }
     std::process::ExitCode::FAILURE
 }
 

@@ -158,11 +158,13 @@ pub fn print_line(args: std::fmt::Arguments<'_>) {
     if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
         drop(out);
         homing::otel::flush();
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            crate::logs::write_line(format!("error: cannot write the output: {e}\n").into_bytes());
+        }
         crate::logs::flush();
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(141);
         }
-        eprintln!("error: cannot write the output: {e}");
         std::process::exit(1);
     }
 }

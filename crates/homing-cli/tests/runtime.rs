@@ -569,8 +569,9 @@ async fn a_poisoned_job_does_not_stop_its_queue() {
 
 /// A worker whose standard error nobody reads keeps working: its log lines wait for the pipe,
 /// beyond a bound they are dropped and counted, and a warning says how many once the pipe is
-/// read again (every job's line is either written or in that count). Written in place, the first full pipe (64 KiB here, about 500 jobs' lines at
-/// `debug`) stopped the worker for good, and a SIGTERM with it.
+/// read again (every job's line is either written or in that count); a panicking job's message
+/// waits the same way. Written in place, the first full pipe (64 KiB here, about 500 jobs'
+/// lines at `debug`) stopped the worker for good, and a SIGTERM with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_log_is_not_read_keeps_working() {
     use std::io::Read;
@@ -666,10 +667,24 @@ async fn a_worker_whose_log_is_not_read_keeps_working() {
         &text[text.len().saturating_sub(2000)..]
     );
 
-    // A SIGTERM while the pipe is still full: the worker stops, the queued lines are given up.
+    // With the pipe full, jobs that panic: their messages queue like log lines (the standard
+    // panic hook would wait for the pipe at the first one), and the jobs after them run.
     let mut w = start();
     client.enqueue_batch(jobs(2_000)).await.unwrap();
     succeeded(14_000).await;
+    let mut panics = Vec::new();
+    for _ in 0..20 {
+        let mut r = EnqueueRequest::new("test.panic", serde_json::json!({}));
+        r.options.queue = Some("unread".into());
+        r.options.max_retries = Some(0);
+        panics.push(client.enqueue(r).await.unwrap().id);
+    }
+    client.enqueue_batch(jobs(100)).await.unwrap();
+    for id in &panics {
+        wait_state(&client, *id, JobState::Failed, Duration::from_secs(60)).await;
+    }
+    succeeded(14_100).await;
+    // A SIGTERM while the pipe is still full: the worker stops, the queued lines are given up.
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &w.id().to_string()])
         .status();
