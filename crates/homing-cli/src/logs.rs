@@ -13,8 +13,9 @@
 //! before a crash, as before. What cannot be written at once goes to a writer thread of its own:
 //! up to [`QUEUED_BYTES`] of lines wait for it, beyond that lines are dropped and counted, and a
 //! warning says how many (at most once a second, and before the exit) once the writer gets
-//! through. While lines wait, later ones queue behind them. A panic's message takes the same
-//! path. Before the process exits the queue is written out, waiting at most [`EXIT_WAIT`], so a
+//! through. While lines wait, later ones queue behind them, and the rest of a line that was only
+//! partly written in place follows it before anything else (outside the budget, so no line is
+//! cut). A panic's message, and a command's notes and errors to the user, take the same path. Before the process exits the queue is written out, waiting at most [`EXIT_WAIT`], so a
 //! standard error blocked for good cannot hold up the exit either.
 
 use std::cell::Cell;
@@ -150,13 +151,26 @@ pub fn route_panics() {
         let what = info.payload_as_str().unwrap_or("Box<dyn Any>");
         let at = info.location().map(|l| l.to_string()).unwrap_or_default();
         let mut text = format!("thread '{name}' panicked at {at}:\n{what}\n");
-        // Honours RUST_BACKTRACE and RUST_LIB_BACKTRACE as the standard hook does.
-        let trace = std::backtrace::Backtrace::capture();
-        if trace.status() == std::backtrace::BacktraceStatus::Captured {
-            text.push_str(&format!("stack backtrace:\n{trace}\n"));
+        // RUST_BACKTRACE as the standard hook reads it (RUST_LIB_BACKTRACE is for errors).
+        match std::env::var("RUST_BACKTRACE").as_deref() {
+            Ok("0") | Err(_) => {}
+            Ok(v) => {
+                let trace = std::backtrace::Backtrace::force_capture();
+                if v == "full" {
+                    text.push_str(&format!("stack backtrace:\n{trace:#}\n"));
+                } else {
+                    text.push_str(&format!("stack backtrace:\n{trace}\n"));
+                }
+            }
         }
         write_line(text.into_bytes());
     }));
+}
+
+/// A line for the user on standard error (a note, a command's error), written as the log lines
+/// are, and so in order with them and never waiting on a full pipe.
+pub fn say(msg: std::fmt::Arguments<'_>) {
+    write_line(format!("{msg}\n").into_bytes());
 }
 
 /// Writes a command's last word, as the log lines are written.
@@ -183,6 +197,9 @@ fn pump(rx: Receiver<Msg>, shared: Arc<Shared>) {
     for msg in rx {
         let flush = match msg {
             Msg::Line(line) => {
+                // Held while it writes, so that a write in place never lands between two calls
+                // of a write this thread has begun.
+                let _one = lock(&shared.in_place);
                 let _ = err.write_all(&line);
                 shared.queued.fetch_sub(line.len(), Ordering::Relaxed);
                 None
@@ -292,29 +309,24 @@ pub struct Line<'a> {
 }
 
 impl Line<'_> {
-    /// Writes what it can of the line here without waiting; returns what is left.
-    fn in_place(&self, buf: Vec<u8>) -> Vec<u8> {
-        let shared = &self.sink.shared;
-        if WRITER.with(Cell::get) || self.sink.tx.is_none() {
-            let _ = std::io::stderr().write_all(&buf);
-            return Vec::new();
-        }
-        if shared.queued.load(Ordering::Relaxed) > 0 {
-            return buf;
-        }
-        let _one = match shared.in_place.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(TryLockError::WouldBlock) => return buf,
+    /// Hands bytes to the writer thread. A whole line counts against the budget; the tail of a
+    /// line already begun in place does not (dropping it would leave half a line, and the next
+    /// glued to it).
+    fn queue(&self, buf: Vec<u8>, whole: bool) {
+        let (Some(tx), shared) = (&self.sink.tx, &self.sink.shared) else {
+            return;
         };
-        if shared.queued.load(Ordering::Relaxed) > 0 {
-            return buf;
+        let len = buf.len();
+        // Counted before the bytes leave `queued`: a writer that sees the queue empty then
+        // also sees the count, and warns.
+        if shared.queued.fetch_add(len, Ordering::Relaxed) + len > QUEUED_BYTES && whole {
+            shared.dropped.fetch_add(1, Ordering::Relaxed);
+            shared.queued.fetch_sub(len, Ordering::Relaxed);
+            return;
         }
-        let n = shared.direct.write(&buf);
-        if n == buf.len() {
-            Vec::new()
-        } else {
-            buf[n..].to_vec()
+        if tx.send(Msg::Line(buf)).is_err() {
+            shared.dropped.fetch_add(1, Ordering::Relaxed);
+            shared.queued.fetch_sub(len, Ordering::Relaxed);
         }
     }
 }
@@ -336,25 +348,31 @@ impl Drop for Line<'_> {
             return;
         }
         let buf = std::mem::take(&mut self.buf);
-        let buf = self.in_place(buf);
-        if buf.is_empty() {
+        let shared = &self.sink.shared;
+        if WRITER.with(Cell::get) || self.sink.tx.is_none() {
+            let _ = std::io::stderr().write_all(&buf);
             return;
         }
-        let (Some(tx), shared) = (&self.sink.tx, &self.sink.shared) else {
-            return;
-        };
-        let len = buf.len();
-        // Counted before the bytes leave `queued`: a writer that sees the queue empty then
-        // also sees the count, and warns.
-        if shared.queued.fetch_add(len, Ordering::Relaxed) + len > QUEUED_BYTES {
-            shared.dropped.fetch_add(1, Ordering::Relaxed);
-            shared.queued.fetch_sub(len, Ordering::Relaxed);
-            return;
+        // In place only behind nothing: a line still queued would come out after this one.
+        if shared.queued.load(Ordering::Relaxed) == 0 {
+            let one = match shared.in_place.try_lock() {
+                Ok(g) => Some(g),
+                Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(TryLockError::WouldBlock) => None,
+            };
+            if let Some(_one) = one {
+                if shared.queued.load(Ordering::Relaxed) == 0 {
+                    let n = shared.direct.write(&buf);
+                    if n < buf.len() {
+                        // Queued before the lock is released, so nothing comes between the
+                        // part written and the rest.
+                        self.queue(buf[n..].to_vec(), n == 0);
+                    }
+                    return;
+                }
+            }
         }
-        if tx.send(Msg::Line(buf)).is_err() {
-            shared.dropped.fetch_add(1, Ordering::Relaxed);
-            shared.queued.fetch_sub(len, Ordering::Relaxed);
-        }
+        self.queue(buf, true);
     }
 }
 
@@ -366,5 +384,43 @@ impl<'a> MakeWriter<'a> for Sink {
             sink: self,
             buf: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+
+    /// A pipe (read end, non-blocking write end), as a reopened stderr would be.
+    #[allow(unsafe_code)]
+    fn pipe() -> (File, File) {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills the two descriptors, which are then owned by the Files.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        let (r, w) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+        // SAFETY: fcntl on a descriptor this test owns.
+        let flags = unsafe { libc::fcntl(fds[1], libc::F_GETFL) };
+        assert_eq!(
+            unsafe { libc::fcntl(fds[1], libc::F_SETFL, flags | libc::O_NONBLOCK) },
+            0
+        );
+        (r, w)
+    }
+
+    /// A full pipe takes what fits and then nothing, without waiting; once read, it takes a
+    /// line whole again. (Blocking, this test would never end.)
+    #[test]
+    fn a_full_pipe_takes_what_fits_and_no_more() {
+        let (mut r, w) = pipe();
+        let direct = Direct::Fd(w);
+        let big = vec![b'x'; 1 << 20];
+        let n = direct.write(&big);
+        assert!(n > 0 && n < big.len(), "{n} of {} bytes", big.len());
+        assert_eq!(direct.write(b"one more line\n"), 0);
+        let mut got = vec![0; n];
+        r.read_exact(&mut got).unwrap();
+        assert_eq!(direct.write(b"one more line\n"), 14);
     }
 }

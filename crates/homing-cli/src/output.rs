@@ -92,7 +92,7 @@ pub fn job(j: &Job) {
 pub fn json(v: &impl serde::Serialize) {
     match serde_json::to_string_pretty(v) {
         Ok(s) => outln!("{s}"),
-        Err(e) => eprintln!("error: cannot print JSON: {e}"),
+        Err(e) => crate::logs::say(format_args!("error: cannot print JSON: {e}")),
     }
 }
 
@@ -159,7 +159,7 @@ pub fn print_line(args: std::fmt::Arguments<'_>) {
         drop(out);
         homing::otel::flush();
         if e.kind() != std::io::ErrorKind::BrokenPipe {
-            crate::logs::write_line(format!("error: cannot write the output: {e}\n").into_bytes());
+            crate::logs::say(format_args!("error: cannot write the output: {e}"));
         }
         crate::logs::flush();
         if e.kind() == std::io::ErrorKind::BrokenPipe {

@@ -19,7 +19,8 @@ fn add_test_tasks(r: &mut Registry) {
         "test.abort",
         TaskDefaults::default(),
         |_ctx, _args| async move {
-            eprintln!("test.abort: aborting the worker process");
+            crate::logs::say(format_args!("test.abort: aborting the worker process"));
+            crate::logs::flush();
             std::process::abort();
         },
     );

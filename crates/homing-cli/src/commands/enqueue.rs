@@ -60,7 +60,10 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
         Client::new(backends.broker.clone(), backends.store.clone()).with_registry(registry);
     let inserted = client.enqueue(req).await?;
     if inserted.existed {
-        eprintln!("note: idempotency key matched existing job {}", inserted.id);
+        crate::logs::say(format_args!(
+            "note: idempotency key matched existing job {}",
+            inserted.id
+        ));
     }
     if !a.wait {
         if a.json {
@@ -76,15 +79,18 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
     match job.state {
         JobState::Succeeded => Ok(ExitCode::SUCCESS),
         st if st.is_terminal() => {
-            eprintln!(
+            crate::logs::say(format_args!(
                 "error: job {} ended {st}: {}",
                 job.id,
                 job.error.as_deref().unwrap_or("no reason recorded")
-            );
+            ));
             Ok(ExitCode::FAILURE)
         }
         st => {
-            eprintln!("error: gave up waiting; job {} is still {st}", job.id);
+            crate::logs::say(format_args!(
+                "error: gave up waiting; job {} is still {st}",
+                job.id
+            ));
             Ok(ExitCode::FAILURE)
         }
     }
