@@ -15,7 +15,8 @@
 //! warning says how many (at most once a second, and before the exit) once the writer gets
 //! through. While lines wait, later ones queue behind them, and the rest of a line that was only
 //! partly written in place follows it before anything else (outside the budget, so no line is
-//! cut). A panic's message, and a command's notes and errors to the user, take the same path. Before the process exits the queue is written out, waiting at most [`EXIT_WAIT`], so a
+//! cut). A panic's message, and a command's notes and errors to the user, take the same path.
+//! Before the process exits the queue is written out, waiting at most [`EXIT_WAIT`], so a
 //! standard error blocked for good cannot hold up the exit either.
 
 use std::cell::Cell;
@@ -60,8 +61,9 @@ struct Shared {
     /// while it is 0, so its lines never overtake its own queued ones.
     queued: AtomicUsize,
     dropped: AtomicU64,
-    /// Held by whoever writes without queueing (a thread in place, the writer's warning), so
-    /// two such writes never interleave.
+    /// Held by whoever writes to standard error: a thread writing in place (which only tries
+    /// it, and queues when it is taken), and the writer thread for each line and its warning,
+    /// so the parts of one line never have another between them.
     in_place: Mutex<()>,
     /// The last flush gave up waiting: standard error is blocked, and exits do not wait again
     /// until the writer gets through.
@@ -173,8 +175,8 @@ pub fn say(msg: std::fmt::Arguments<'_>) {
     write_line(format!("{msg}\n").into_bytes());
 }
 
-/// Writes a command's last word, as the log lines are written.
-pub fn write_line(line: Vec<u8>) {
+/// Writes one line (its bytes, newline included) as the log lines are written.
+fn write_line(line: Vec<u8>) {
     match SINK.get() {
         Some(sink) => {
             let mut l = sink.make_writer();
