@@ -258,15 +258,10 @@ impl Direct {
         let mut done = 0;
         while done < buf.len() {
             let rest = &buf[done..];
-            let n = match self {
+            let wrote = match self {
                 Direct::Fd(f) => {
                     let mut f: &File = f;
-                    match f.write(rest) {
-                        Ok(n) => n as isize,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return done,
-                        Err(_) => return buf.len(),
-                    }
+                    f.write(rest)
                 }
                 Direct::Socket => {
                     // SAFETY: a valid buffer and its length; the flags make it not wait and
@@ -279,15 +274,7 @@ impl Direct {
                             libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
                         )
                     };
-                    if n < 0 {
-                        let e = std::io::Error::last_os_error();
-                        match e.kind() {
-                            std::io::ErrorKind::Interrupted => continue,
-                            std::io::ErrorKind::WouldBlock => return done,
-                            _ => return buf.len(),
-                        }
-                    }
-                    n
+                    usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
                 }
                 Direct::Blocking => {
                     let _ = std::io::stderr().write_all(rest);
@@ -295,10 +282,13 @@ impl Direct {
                 }
                 Direct::Never => return done,
             };
-            if n <= 0 {
-                return buf.len();
+            match wrote {
+                Ok(0) => return buf.len(),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return done,
+                Err(_) => return buf.len(),
             }
-            done += n as usize;
         }
         done
     }

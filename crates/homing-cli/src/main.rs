@@ -107,11 +107,10 @@ fn run() -> std::process::ExitCode {
     }
 }
 
-/// A command's last word, after the lines logged before it, and written as they are: a standard
-/// error blocked for good holds up the exit by at most the flush's wait (logs.rs).
+/// A command's last word, after the lines logged before it and written as they are (`main`
+/// flushes it out with them).
 fn fail(msg: &str) -> std::process::ExitCode {
     logs::say(format_args!("error: {msg}"));
-    logs::flush();
     std::process::ExitCode::FAILURE
 }
 

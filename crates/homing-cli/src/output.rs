@@ -158,13 +158,11 @@ pub fn print_line(args: std::fmt::Arguments<'_>) {
     if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
         drop(out);
         homing::otel::flush();
-        if e.kind() != std::io::ErrorKind::BrokenPipe {
+        let broken = e.kind() == std::io::ErrorKind::BrokenPipe;
+        if !broken {
             crate::logs::say(format_args!("error: cannot write the output: {e}"));
         }
         crate::logs::flush();
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(141);
-        }
-        std::process::exit(1);
+        std::process::exit(if broken { 141 } else { 1 });
     }
 }

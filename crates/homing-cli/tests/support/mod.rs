@@ -257,8 +257,9 @@ impl Proc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Waits (up to 10 s) for `needle` in the log: a process writes its log lines from a thread
-    /// of its own, so a line logged just before an effect the test saw may land a moment later.
+    /// Waits (up to 10 s) for `needle` in the log: a line logged while another is being written
+    /// is left to the process's log thread (crates/homing-cli/src/logs.rs), so a line logged
+    /// just before an effect the test saw may land a moment later.
     pub async fn wait_log(&self, needle: &str) {
         eventually(
             Duration::from_secs(10),
