@@ -413,3 +413,98 @@ async fn pause_resume_and_errors() {
         .collect();
     assert_eq!(names, ["beat"]);
 }
+
+/// CPU time so far, in clock ticks, of each thread of process `pid` (from /proc).
+fn cpu_by_thread(pid: u32) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            continue;
+        };
+        // The fields after the command's closing parenthesis: utime and stime are the 12th and
+        // 13th of them.
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
+        out.insert(t.file_name().to_string_lossy().into_owned(), ticks);
+    }
+    out
+}
+
+/// A cron whose every time falls in a daylight-saving gap (02:00-02:59 on the last Sunday of
+/// March, in Paris) is refused after a second or more of searching. Many such PUTs at once are
+/// checked one at a time: they do not each keep a thread of the blocking pool the embedded
+/// store's calls share busy (hundreds filled it and held every enqueue of `homing up` for
+/// minutes), each is answered 400 with the reason, and a job enqueued meanwhile runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn never_firing_crons_are_checked_one_at_a_time() {
+    let env = Env::sqlite();
+    let (up, base) = start_up_with(&env, &["--request-timeout", "10m"], &[]).await;
+    let http = http_client();
+    const PUTS: usize = 6;
+    let puts: Vec<_> = (0..PUTS)
+        .map(|i| {
+            let put = http
+                .put(format!("{base}/v1/schedules/gap-{i}"))
+                .json(&serde_json::json!({"task": "builtin.noop",
+                                          "cron": "* * 2 25-31 3 +SUN",
+                                          "timezone": "Europe/Paris"}))
+                .send();
+            tokio::spawn(async move {
+                let r = put.await.expect("PUT answered");
+                let status = r.status();
+                (status, r.text().await.unwrap_or_default())
+            })
+        })
+        .collect();
+    // Which threads work while the checks are pending: with one check at a time, one thread
+    // (a tick is 10 ms; the server's own loops use far less than 5 of them in 2 s).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let start = cpu_by_thread(up.pid());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let busy: Vec<(String, u64)> = cpu_by_thread(up.pid())
+        .into_iter()
+        .map(|(t, n)| (t.clone(), n - start.get(&t).copied().unwrap_or(0)))
+        .filter(|(_, d)| *d >= 5)
+        .collect();
+    assert!(
+        busy.len() <= 2,
+        "{PUTS} checks at once kept {} threads busy (thread, ticks): {busy:?}",
+        busy.len()
+    );
+    let client = env.client().await;
+    let id = client
+        .enqueue(homing::EnqueueRequest::new(
+            "builtin.noop",
+            serde_json::json!({}),
+        ))
+        .await
+        .expect("enqueue while checks wait")
+        .id;
+    wait_state(
+        &client,
+        id,
+        homing::JobState::Succeeded,
+        Duration::from_secs(60),
+    )
+    .await;
+    for p in puts {
+        let (status, body) = p.await.unwrap();
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("never fires in Europe/Paris"), "{body}");
+    }
+    let all: serde_json::Value = http
+        .get(format!("{base}/v1/schedules"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(all["schedules"], serde_json::json!([]), "nothing stored");
+}

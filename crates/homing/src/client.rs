@@ -136,6 +136,16 @@ pub fn validate_request(req: &EnqueueRequest) -> Result<()> {
         .map_err(Error::Invalid)
 }
 
+/// How many schedule checks of [`Client::set_schedule`] run at once in this process: one. A
+/// check of a cron that never fires holds a core for up to a second, and on the runtime's
+/// blocking pool, whose threads the embedded store's calls share: a flood of such requests
+/// (hundreds at once) filled the pool, and every enqueue, heartbeat and job of the process
+/// waited minutes behind them. Queued here, they cost a waiting future each; a caller that gives
+/// up before its turn (a request's timeout) leaves the queue and its check never runs. A check
+/// of a spec that fires takes microseconds, so the queue only grows behind checks of specs that
+/// do not.
+static SCHEDULE_CHECKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
 /// Checks a schedule's definition: the rules of an enqueue for its task, args, queue and job
 /// options, and those of [`crate::schedule::check`] for its spec and policy.
 pub fn check_schedule(def: &crate::schedule::ScheduleDef) -> Result<()> {
@@ -344,11 +354,20 @@ impl Client {
     ) -> Result<crate::schedule::Schedule> {
         // Refusing a cron that never fires can take a second of searching (every time it
         // names falls in a daylight-saving gap): off the runtime, so an API server's other
-        // requests go on meanwhile.
-        let d = def.clone();
-        tokio::task::spawn_blocking(move || check_schedule(&d))
+        // requests go on meanwhile, and one check at a time (SCHEDULE_CHECKS).
+        let checking = SCHEDULE_CHECKS
+            .acquire()
             .await
-            .map_err(|e| Error::backend_from("schedule check", e))??;
+            .map_err(|e| Error::backend_from("schedule check", e))?;
+        let d = def.clone();
+        // The permit goes with the check, so a caller that gives up meanwhile does not let the
+        // next check start beside it.
+        tokio::task::spawn_blocking(move || {
+            let _checking = checking;
+            check_schedule(&d)
+        })
+        .await
+        .map_err(|e| Error::backend_from("schedule check", e))??;
         self.store.put_schedule(def, now()).await
     }
 
