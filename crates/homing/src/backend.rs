@@ -116,6 +116,10 @@ pub struct OpenOptions {
     /// writes whose lock is had within a few milliseconds (`sqlite::Db::run_calls_here`). For a
     /// process whose runtime is one thread and does little else, as `homing worker` by default.
     pub sqlite_calls_here: bool,
+    /// Whether an embedded file's pages are all read once at open to refuse a damaged file
+    /// (`PRAGMA quick_check`; about a second at a million jobs). On by default: a process that
+    /// serves must not look healthy on a damaged file. A one-shot command may skip it.
+    pub sqlite_check_pages: bool,
 }
 
 impl Default for OpenOptions {
@@ -123,6 +127,7 @@ impl Default for OpenOptions {
         Self {
             max_queues: crate::store::queues::DEFAULT_MAX_QUEUES,
             sqlite_calls_here: false,
+            sqlite_check_pages: true,
         }
     }
 }
@@ -151,7 +156,7 @@ impl Backends {
                     return Ok(Some(db.clone()));
                 }
             }
-            let db = crate::sqlite::Db::open(&path)?;
+            let db = crate::sqlite::Db::open_with(&path, options.sqlite_check_pages)?;
             db.run_calls_here(options.sqlite_calls_here);
             sqlite = Some((path, db.clone()));
             Ok(Some(db))

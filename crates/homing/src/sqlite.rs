@@ -511,13 +511,35 @@ fn map_err(e: rusqlite::Error) -> Error {
     }
     match &e {
         rusqlite::Error::SqliteFailure(f, _) if transient(f) => Error::unavailable_from(BACKEND, e),
+        // Met by a process that did not check the file at open (a one-shot command), or whose
+        // file was damaged after it did.
+        rusqlite::Error::SqliteFailure(f, _)
+            if matches!(
+                f.code,
+                rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase
+            ) =>
+        {
+            Error::backend_from(BACKEND, e).context(
+                "the database file is damaged: restore it from a backup or move it aside \
+                 (`homing migrate` checks every page)",
+            )
+        }
         _ => Error::backend_from(BACKEND, e),
     }
 }
 
 impl Db {
-    /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    /// Opens (creating if needed) the database at `path`, refuses it if damaged
+    /// ([`check_integrity`]) and brings its schema up to date.
     pub fn open(path: impl AsRef<Path>) -> Result<Arc<Db>> {
+        Self::open_with(path, true)
+    }
+
+    /// [`Db::open`], with the integrity check only when `check_pages`. The check reads every
+    /// page of the file (about a second at a million jobs): a process that serves for hours
+    /// pays it once to refuse a damaged file before it looks healthy, a one-shot command need
+    /// not, as a statement that meets a damaged page fails with SQLite's own error anyway.
+    pub fn open_with(path: impl AsRef<Path>, check_pages: bool) -> Result<Arc<Db>> {
         let path = path.as_ref().to_path_buf();
         if let Some(dir) = path.parent() {
             if !dir.as_os_str().is_empty() {
@@ -530,7 +552,9 @@ impl Db {
         let writer = open_conn(&path).map_err(|e| {
             Error::unavailable_from(BACKEND, e).context(format!("cannot open {}", path.display()))
         })?;
-        check_integrity(&writer, &path)?;
+        if check_pages {
+            check_integrity(&writer, &path)?;
+        }
         let migrated = migrate(&writer).map_err(map_err)?;
         let page_size: u64 = writer
             .pragma_query_value(None, "page_size", |r| r.get(0))
@@ -876,8 +900,9 @@ const INTEGRITY_PROBLEMS_SHOWN: u32 = 5;
 
 /// Refuses a damaged file at open. Without this, a file whose pages were overwritten opens
 /// fine, the API answers and `/healthz` says 200, while every worker and enqueue that touches a
-/// bad page fails — an outage that looks healthy. `quick_check` reads every page once (seconds
-/// for a large file, once per process start) and skips only the costly index-content checks.
+/// bad page fails — an outage that looks healthy. `quick_check` reads every page once (about a
+/// second at a million jobs, once per process start) and skips only the costly index-content
+/// checks; [`Db::open_with`] lets a one-shot command skip it.
 fn check_integrity(conn: &Connection, path: &Path) -> Result<()> {
     let damaged = |detail: String| {
         Error::backend(

@@ -41,7 +41,7 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
     };
     // Before anything is opened or looked up, so a refused value gets its own reason.
     homing::client::validate_request(&req)?;
-    let backends = open(g, false).await?;
+    let backends = open(g).await?;
     let registry = tasks::registry(&crate::pipelines::for_routing());
     if !a.allow_unknown_task && registry.get(&task).is_none() {
         let known = backends.store.known_tasks().await?;

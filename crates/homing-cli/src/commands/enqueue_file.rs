@@ -47,7 +47,7 @@ pub async fn run(g: &Global, file: &str, allow_unknown_task: bool) -> anyhow::Re
         Box::new(std::fs::File::open(file).with_context(|| format!("cannot open {file}"))?)
     };
     let mut input = BufReader::with_capacity(1 << 20, input);
-    let backends = open(g, false).await?;
+    let backends = open(g).await?;
     let registry = tasks::registry(&crate::pipelines::for_routing());
     let known = backends.store.known_tasks().await?;
     let client = Client::new(backends.broker.clone(), backends.store.clone())

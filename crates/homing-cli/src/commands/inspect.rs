@@ -59,7 +59,7 @@ fn print_workflow(w: &homing::workflow::Workflow, out: &OutputArgs) {
 }
 
 pub async fn workflows(g: &Global, cmd: WorkflowsCommand) -> anyhow::Result<ExitCode> {
-    let b = open(g, false).await?;
+    let b = open(g).await?;
     let client = Client::new(b.broker.clone(), b.store.clone())
         .with_registry(tasks::registry(&crate::pipelines::for_routing()));
     let wf_id = |s: &str| -> anyhow::Result<homing::workflow::WorkflowId> {
@@ -121,7 +121,7 @@ pub async fn workflows(g: &Global, cmd: WorkflowsCommand) -> anyhow::Result<Exit
 }
 
 pub async fn jobs(g: &Global, cmd: JobsCommand) -> anyhow::Result<ExitCode> {
-    let b = open(g, false).await?;
+    let b = open(g).await?;
     let client = Client::new(b.broker.clone(), b.store.clone())
         .with_registry(tasks::registry(&crate::pipelines::for_routing()));
     let (job, out) = match cmd {
@@ -287,7 +287,7 @@ pub async fn queues(g: &Global, a: QueuesArgs) -> anyhow::Result<ExitCode> {
                 }
                 homing::validate::producer_queue(&queue).map_err(anyhow::Error::msg)?;
                 limits.check().map_err(anyhow::Error::msg)?;
-                let b = open(g, false).await?;
+                let b = open(g).await?;
                 let client = homing::Client::new(b.broker.clone(), b.store.clone());
                 let done = client.set_queue_limits(&queue, &limits).await;
                 let target = format!("queue={queue}&limits={}", describe_limits(&limits));
@@ -298,7 +298,7 @@ pub async fn queues(g: &Global, a: QueuesArgs) -> anyhow::Result<ExitCode> {
         };
         // Checked before anything is opened, so a bad name gets its own reason.
         homing::validate::producer_queue(&queue).map_err(anyhow::Error::msg)?;
-        let b = open(g, false).await?;
+        let b = open(g).await?;
         let client = homing::Client::new(b.broker.clone(), b.store.clone());
         let (done, action, word) = if pause {
             (
@@ -319,7 +319,7 @@ pub async fn queues(g: &Global, a: QueuesArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let out = a.out;
-    let b = open(g, false).await?;
+    let b = open(g).await?;
     // The store bounds the number of queue names (--max-queues), so one page holds them all.
     let qs = views::queues(&b, None, usize::MAX).await?.queues;
     if out.json {
@@ -389,7 +389,7 @@ pub fn describe_limits(l: &homing::limit::QueueLimits) -> String {
 }
 
 pub async fn workers(g: &Global, a: WorkersArgs) -> anyhow::Result<ExitCode> {
-    let b = open(g, false).await?;
+    let b = open(g).await?;
     let since = if a.all {
         0
     } else {

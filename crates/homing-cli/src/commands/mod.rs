@@ -19,30 +19,37 @@ use crate::cli::{Cli, Command, Global};
 use homing::redact::redact_url;
 use homing::Backends;
 
-/// Opens the broker and store. Commands that only read or enqueue refuse to create an embedded
-/// database that does not exist yet, so a typo in the directory is an error, not an empty system.
-pub async fn open(g: &Global, create: bool) -> anyhow::Result<Backends> {
-    open_with(g, create, false).await
-}
-
-/// [`open`], saying whether an embedded file's calls may run on the caller's thread when its
-/// runtime has one (`homing worker` by default; docs/fastpath.md, item 15).
-pub async fn open_with(g: &Global, create: bool, calls_here: bool) -> anyhow::Result<Backends> {
-    if !create {
-        for url in [&g.store, &g.broker] {
-            if let Some(path) = homing::sqlite::path_from_url(url) {
-                if !path.exists() {
-                    anyhow::bail!(
-                        "no homing database at {} (start `homing up` in this directory first, or pass --store/--broker)",
-                        path.display()
-                    );
-                }
+/// Opens the broker and store for a one-shot command (enqueue, jobs, queues, ...). It refuses
+/// to create an embedded database that does not exist yet, so a typo in the directory is an
+/// error, not an empty system, and it does not read every page of the file first
+/// (`sqlite_check_pages`): at a million jobs that check alone took a second of each command.
+pub async fn open(g: &Global) -> anyhow::Result<Backends> {
+    for url in [&g.store, &g.broker] {
+        if let Some(path) = homing::sqlite::path_from_url(url) {
+            if !path.exists() {
+                anyhow::bail!(
+                    "no homing database at {} (start `homing up` in this directory first, or pass --store/--broker)",
+                    path.display()
+                );
             }
         }
     }
+    open_with(g, false, false).await
+}
+
+/// Opens the broker and store for a process that serves (`up`, `server`, `worker`): an
+/// embedded file is created if missing and refused if damaged, and its calls may run on the
+/// caller's thread when `calls_here` and the runtime has one (`homing worker` by default;
+/// docs/fastpath.md, item 15).
+pub async fn open_to_serve(g: &Global, calls_here: bool) -> anyhow::Result<Backends> {
+    open_with(g, true, calls_here).await
+}
+
+async fn open_with(g: &Global, check_pages: bool, calls_here: bool) -> anyhow::Result<Backends> {
     let options = homing::backend::OpenOptions {
         max_queues: g.max_queues,
         sqlite_calls_here: calls_here,
+        sqlite_check_pages: check_pages,
     };
     Backends::open_with(&g.broker, &g.store, &options)
         .await

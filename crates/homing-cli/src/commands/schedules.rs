@@ -15,7 +15,7 @@ use homing::time::{now, rfc3339};
 use homing::JobOptions;
 
 pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> {
-    let b = open(g, false).await?;
+    let b = open(g).await?;
     let store = b.store.clone();
     match cmd {
         SchedulesCommand::Set(a) => {

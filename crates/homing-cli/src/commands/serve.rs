@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-use super::open;
+use super::open_to_serve;
 use crate::api::{self, AppState};
 use crate::cli::{Global, ServerArgs, UpArgs, WorkerArgs, WorkerTuning};
 use crate::config::Config;
@@ -152,7 +152,7 @@ pub async fn up(g: &Global, a: UpArgs) -> anyhow::Result<ExitCode> {
     let config = Config::from_env()?;
     let pipelines = crate::pipelines::configured(g)?;
     let registry = tasks::registry(&pipelines);
-    let backends = open(g, true).await?;
+    let backends = open_to_serve(g, false).await?;
     config.reconcile_schedules(&*backends.store).await?;
     config.reconcile_queues(&*backends.store).await?;
     let stop = signals::shutdown_token();
@@ -197,7 +197,7 @@ pub async fn up(g: &Global, a: UpArgs) -> anyhow::Result<ExitCode> {
 pub async fn server(g: &Global, a: ServerArgs) -> anyhow::Result<ExitCode> {
     let config = Config::from_env()?;
     let pipelines = crate::pipelines::configured(g)?;
-    let backends = open(g, true).await?;
+    let backends = open_to_serve(g, false).await?;
     config.reconcile_schedules(&*backends.store).await?;
     config.reconcile_queues(&*backends.store).await?;
     let stop = signals::shutdown_token();
@@ -238,7 +238,7 @@ pub async fn worker(g: &Global, a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let config = Config::from_env()?;
     let pipelines = crate::pipelines::configured(g)?;
     // One runtime thread: the file's calls run on it when they need not wait.
-    let backends = super::open_with(g, true, a.runtime_threads == 1).await?;
+    let backends = open_to_serve(g, a.runtime_threads == 1).await?;
     config.reconcile_schedules(&*backends.store).await?;
     config.reconcile_queues(&*backends.store).await?;
     let stop = signals::shutdown_token();
