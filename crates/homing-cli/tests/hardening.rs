@@ -542,3 +542,148 @@ async fn loopback_is_allowed_only_when_configured() {
     assert_eq!(ok["state"], "succeeded", "{ok}");
     assert_eq!(counter.total(), 1);
 }
+
+/// Slow requests at once take at most the requests' share of the embedded store's threads
+/// (homing::requests): an args search with no match reads every row, and 600 such searches at
+/// once at a million jobs filled the blocking pool a `homing up`'s workers need; it ran no job
+/// for minutes. Here another connection holds the file's write lock while eight times the share
+/// of enqueues arrive: each would hold a thread while it waits for the lock, so the process's
+/// threads grow by at most the share (and the few its own loops use while they wait too); once
+/// the lock is let go every enqueue is answered and its job runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_requests_take_only_their_share_of_the_store() {
+    let env = Env::sqlite();
+    let (up, base) = start_up_with(&env, &["--request-timeout", "10m"], &[]).await;
+    let share = homing::requests::budget();
+    let http = http_client();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = thread_count(up.pid());
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let db = env.db_path();
+    let holder = std::thread::spawn(move || {
+        let conn = rusqlite::Connection::open(db).unwrap();
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        locked_tx.send(()).unwrap();
+        let _ = release_rx.recv_timeout(Duration::from_secs(20));
+        conn.execute_batch("COMMIT").unwrap();
+    });
+    locked_rx.recv().unwrap();
+    let posts: Vec<_> = (0..8 * share)
+        .map(|_| {
+            let post = http
+                .post(format!("{base}/v1/jobs"))
+                .json(&serde_json::json!({"task": "builtin.noop"}))
+                .send();
+            tokio::spawn(async move {
+                let r = post.await.expect("enqueue answered");
+                let status = r.status();
+                let body: serde_json::Value = r.json().await.unwrap_or_default();
+                (status, body)
+            })
+        })
+        .collect();
+    let mut most = before;
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        most = most.max(thread_count(up.pid()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+    assert!(
+        most <= before + share + 16,
+        "{} enqueues waiting for the lock took {} more threads (from {before}); the share is {share}",
+        8 * share,
+        most - before
+    );
+    let client = env.client().await;
+    for p in posts {
+        let (status, body) = p.await.unwrap();
+        assert_eq!(status, 202, "{body}");
+        let id: homing::JobId = body["id"].as_str().unwrap().parse().unwrap();
+        wait_state(
+            &client,
+            id,
+            homing::JobState::Succeeded,
+            Duration::from_secs(60),
+        )
+        .await;
+    }
+}
+
+/// Large answers are made off the runtime's threads: a page of jobs with a megabyte of args
+/// each is tens of megabytes of JSON, and a few such requests at once held `homing up`'s
+/// runtime threads long enough that its workers' heartbeats expired and a running job was
+/// taken back as crashed. Here a job sleeps 5 s while eight clients fetch such pages again and again
+/// (heartbeats every 200 ms); it ends succeeded, with no crash counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn large_answers_do_not_hold_up_heartbeats() {
+    let env = Env::sqlite();
+    {
+        let client = env.client().await;
+        let zeros = vec![0u8; 400_000];
+        let reqs: Vec<_> = (0..6)
+            .map(|i| {
+                let mut r = homing::EnqueueRequest::new(
+                    "builtin.noop",
+                    serde_json::json!({"i": i, "zeros": zeros}),
+                );
+                r.options.queue = Some("parked".into());
+                r
+            })
+            .collect();
+        client.enqueue_batch(reqs).await.expect("enqueue the rows");
+    }
+    let (_up, base) = start_up(&env, &[]).await;
+    let client = env.client().await;
+    let id = client
+        .enqueue(homing::EnqueueRequest::new(
+            "builtin.sleep",
+            serde_json::json!({"ms": 5000}),
+        ))
+        .await
+        .expect("enqueue the sleeper")
+        .id;
+    wait_state(
+        &client,
+        id,
+        homing::JobState::Running,
+        Duration::from_secs(30),
+    )
+    .await;
+    let until = Instant::now() + Duration::from_secs(5);
+    let readers: Vec<_> = (0..8)
+        .map(|_| {
+            let http = http_client();
+            let url = format!("{base}/v1/jobs?queue=parked&limit=6");
+            tokio::spawn(async move {
+                let mut pages = 0;
+                while Instant::now() < until {
+                    let r = http.get(&url).send().await.expect("page answered");
+                    assert_eq!(r.status(), 200);
+                    let page: serde_json::Value = r.json().await.unwrap();
+                    assert_eq!(page["jobs"].as_array().map(Vec::len), Some(6));
+                    pages += 1;
+                }
+                pages
+            })
+        })
+        .collect();
+    let mut pages = 0;
+    for r in readers {
+        pages += r.await.unwrap();
+    }
+    let job = wait_state(
+        &client,
+        id,
+        homing::JobState::Succeeded,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        (job.crashes, job.epoch),
+        (0, 1),
+        "the sleeper was taken back while {pages} large pages were read"
+    );
+}

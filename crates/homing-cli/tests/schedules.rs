@@ -414,28 +414,6 @@ async fn pause_resume_and_errors() {
     assert_eq!(names, ["beat"]);
 }
 
-/// CPU time so far, in clock ticks, of each thread of process `pid` (from /proc).
-fn cpu_by_thread(pid: u32) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
-    };
-    for t in tasks.flatten() {
-        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
-            continue;
-        };
-        // The fields after the command's closing parenthesis: utime and stime are the 12th and
-        // 13th of them.
-        let Some((_, rest)) = stat.rsplit_once(") ") else {
-            continue;
-        };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks = f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
-        out.insert(t.file_name().to_string_lossy().into_owned(), ticks);
-    }
-    out
-}
-
 /// A cron whose every time falls in a daylight-saving gap (02:00-02:59 on the last Sunday of
 /// March, in Paris) is refused after a second or more of searching. Many such PUTs at once are
 /// checked one at a time: they do not each keep a thread of the blocking pool the embedded
@@ -464,14 +442,7 @@ async fn never_firing_crons_are_checked_one_at_a_time() {
         .collect();
     // Which threads work while the checks are pending: with one check at a time, one thread
     // (a tick is 10 ms; the server's own loops use far less than 5 of them in 2 s).
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let start = cpu_by_thread(up.pid());
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let busy: Vec<(String, u64)> = cpu_by_thread(up.pid())
-        .into_iter()
-        .map(|(t, n)| (t.clone(), n - start.get(&t).copied().unwrap_or(0)))
-        .filter(|(_, d)| *d >= 5)
-        .collect();
+    let busy = busy_threads(up.pid(), Duration::from_millis(300), Duration::from_secs(2)).await;
     assert!(
         busy.len() <= 2,
         "{PUTS} checks at once kept {} threads busy (thread, ticks): {busy:?}",

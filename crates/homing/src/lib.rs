@@ -79,6 +79,7 @@ pub mod otel;
 pub mod reclaim;
 pub mod redact;
 pub mod remote;
+pub mod requests;
 pub mod retry;
 pub mod schedule;
 pub mod schema;

@@ -885,13 +885,19 @@ async fn given_back<T>(out: Result<T>) -> Result<T> {
     out
 }
 
-/// Runs `f` on the runtime's blocking pool: every SQLite call blocks its thread.
+/// Runs `f` on the runtime's blocking pool: every SQLite call blocks its thread. A request's
+/// call first waits for a permit of the requests' share ([`crate::requests`]), held until `f`
+/// returns (not until the caller, which may give up, is done).
 async fn on_blocking_pool<T: Send + 'static>(
     f: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::backend_from(BACKEND, e).context("database task failed"))?
+    let permit = crate::requests::permit().await;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        f()
+    })
+    .await
+    .map_err(|e| Error::backend_from(BACKEND, e).context("database task failed"))?
 }
 
 /// How many of `PRAGMA quick_check`'s findings an error names: the first few say what is wrong,

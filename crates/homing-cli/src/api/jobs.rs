@@ -8,7 +8,7 @@ use axum::Json;
 use serde::Deserialize;
 use std::time::Duration;
 
-use super::{ApiError, AppState};
+use super::{json_off_runtime, ApiError, AppState};
 use homing::job::opt_duration;
 use homing::store::JobFilter;
 use homing::{EnqueueRequest, FollowUp, JobId, JobOptions, JobState, RetryPolicy};
@@ -244,7 +244,8 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    Ok(Json(state.client.get(id).await?).into_response())
+    let job = state.client.get(id).await?;
+    json_off_runtime(StatusCode::OK, move || serde_json::to_vec(&job)).await
 }
 
 /// `GET /v1/jobs/{id}/history`: the job's timeline (docs/timeline.md), oldest first, with the
@@ -255,12 +256,14 @@ pub async fn history(
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let (job, history) = state.client.history(id).await?;
-    Ok(Json(serde_json::json!({
-        "job": job,
-        "entries": history.entries,
-        "truncated": history.truncated,
-    }))
-    .into_response())
+    json_off_runtime(StatusCode::OK, move || {
+        serde_json::to_vec(&serde_json::json!({
+            "job": job,
+            "entries": history.entries,
+            "truncated": history.truncated,
+        }))
+    })
+    .await
 }
 
 /// `GET /v1/jobs`: a page of jobs, newest first, narrowed by any of the search fields
@@ -310,7 +313,7 @@ pub async fn list(
         })?;
     }
     let page = state.client.search(&search, cursor, limit).await?;
-    Ok(Json(page).into_response())
+    json_off_runtime(StatusCode::OK, move || serde_json::to_vec(&page)).await
 }
 
 pub async fn retry(

@@ -159,11 +159,58 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
             refuse_declared_over,
         ))
         .layer(DefaultBodyLimit::max(BATCH_BODY_LIMIT));
+    // Producers', operators' and uploads' requests share a budget of store threads
+    // (homing::requests); remote workers' calls are a worker's and stay outside it.
     own.merge(batch)
-        .merge(remote::router())
         .merge(pipelines.router(state.client.clone()))
+        .layer(middleware::from_fn_with_state(
+            homing::requests::new_budget(),
+            within_budget,
+        ))
+        .merge(remote::router())
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .with_state(state)
+}
+
+/// Handles a request with its embedded-store calls inside the requests' budget, so that a flood
+/// of slow ones cannot take the threads the process's workers and loops need.
+async fn within_budget(
+    State(budget): State<Arc<tokio::sync::Semaphore>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    homing::requests::serving(budget, next.run(req)).await
+}
+
+/// A JSON answer made on a blocking thread, inside the requests' share of threads
+/// (homing::requests): `make` serializes, and the values it owns are dropped there too. A page
+/// of jobs with large args or results is tens of megabytes, which held a runtime thread for
+/// seconds: the heartbeats of `homing up`'s workers waited behind it until they were presumed
+/// dead and their jobs taken back.
+pub async fn json_off_runtime<F>(
+    status: axum::http::StatusCode,
+    make: F,
+) -> Result<Response, ApiError>
+where
+    F: FnOnce() -> serde_json::Result<Vec<u8>> + Send + 'static,
+{
+    let permit = homing::requests::permit().await;
+    let body = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        make()
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(ApiError::internal)?;
+    Ok((
+        status,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response())
 }
 
 /// Routes anyone may fetch: the health check, and the dashboard's static shell, which holds no

@@ -10,7 +10,7 @@ use axum::Json;
 use serde::Deserialize;
 use std::time::Duration;
 
-use super::{ApiError, AppState};
+use super::{json_off_runtime, ApiError, AppState};
 use homing::job::opt_duration;
 use homing::schedule::{Missed, ScheduleDef, ScheduleView, Spec};
 use homing::time::now;
@@ -118,7 +118,10 @@ pub async fn list(State(state): State<AppState>) -> Result<Response, ApiError> {
         .into_iter()
         .map(ScheduleView::from)
         .collect();
-    Ok(Json(serde_json::json!({ "schedules": all })).into_response())
+    json_off_runtime(axum::http::StatusCode::OK, move || {
+        serde_json::to_vec(&serde_json::json!({ "schedules": all }))
+    })
+    .await
 }
 
 pub async fn get(

@@ -83,7 +83,10 @@ pub async fn queues(
 pub async fn workers(State(state): State<AppState>) -> Result<Response, ApiError> {
     let since = homing::time::now() - 3600 * 1_000_000;
     let ws = views::workers(&state.backends, since).await?;
-    Ok(Json(serde_json::json!({ "workers": ws })).into_response())
+    super::json_off_runtime(axum::http::StatusCode::OK, move || {
+        serde_json::to_vec(&serde_json::json!({ "workers": ws }))
+    })
+    .await
 }
 
 /// One worker, live or departed, until retention deletes its record: a lost worker's page

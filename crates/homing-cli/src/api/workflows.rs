@@ -10,7 +10,7 @@ use axum::Json;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
-use super::{ApiError, AppState};
+use super::{json_off_runtime, ApiError, AppState};
 use homing::workflow::{StepSpec, WorkflowId, WorkflowSpec};
 
 /// The body of `POST /v1/workflows`. Unknown fields, and a step named twice, are refused.
@@ -59,7 +59,8 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    Ok(Json(state.client.workflow(id).await?).into_response())
+    let w = state.client.workflow(id).await?;
+    json_off_runtime(StatusCode::OK, move || serde_json::to_vec(&w)).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -82,7 +83,7 @@ pub async fn list(
         .client
         .workflows(q.cursor.as_deref().filter(|s| !s.is_empty()), limit)
         .await?;
-    Ok(Json(page).into_response())
+    json_off_runtime(StatusCode::OK, move || serde_json::to_vec(&page)).await
 }
 
 pub async fn cancel(

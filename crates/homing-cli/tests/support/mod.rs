@@ -744,3 +744,50 @@ pub fn test_venv() -> PathBuf {
     );
     venv
 }
+
+/// CPU time so far, in clock ticks, of each thread of process `pid` (from /proc).
+pub fn cpu_by_thread(pid: u32) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            continue;
+        };
+        // The fields after the command's closing parenthesis: utime and stime are the 12th and
+        // 13th of them.
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
+        out.insert(t.file_name().to_string_lossy().into_owned(), ticks);
+    }
+    out
+}
+
+/// The threads of process `pid` that used at least 5 clock ticks (50 ms) of CPU in `window`,
+/// counted from `after` from now: with their ticks, busiest first.
+pub async fn busy_threads(pid: u32, after: Duration, window: Duration) -> Vec<(String, u64)> {
+    tokio::time::sleep(after).await;
+    let start = cpu_by_thread(pid);
+    tokio::time::sleep(window).await;
+    let mut busy: Vec<(String, u64)> = cpu_by_thread(pid)
+        .into_iter()
+        .map(|(t, n)| (t.clone(), n - start.get(&t).copied().unwrap_or(0)))
+        .filter(|(_, d)| *d >= 5)
+        .collect();
+    busy.sort_by_key(|b| std::cmp::Reverse(b.1));
+    busy
+}
+
+/// The threads of process `pid` (from /proc).
+pub fn thread_count(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("read /proc status")
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("a Threads line")
+}
