@@ -1,8 +1,9 @@
 //! What handlers hand back is checked before it is committed (issue #17): a result nested
 //! deeper than can be read back, or holding U+0000, fails its job with the reason instead of
 //! being stored; error texts are scrubbed and cut; progress messages too; and a `builtin.http`
-//! response that could not be stored as JSON is kept as text, so its job finishes. Each job
-//! reads back afterwards, and the worker goes on with the next one.
+//! response that could not be stored as JSON is kept as text, so its job finishes, and one far
+//! larger than what is kept is read only that far. Each job reads back afterwards, and the
+//! worker goes on with the next one.
 
 use std::time::Duration;
 
@@ -37,6 +38,44 @@ async fn serve_once_per_request(body: String) -> String {
         }
     });
     format!("http://{addr}/")
+}
+
+/// A loopback HTTP server that announces `len` bytes of body and sends zeros until the client
+/// goes away or all are sent; counts what it got out, and says when it is done.
+async fn serve_huge(
+    len: u64,
+) -> (
+    String,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+    tokio::sync::oneshot::Receiver<()>,
+) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let counted = sent.clone();
+    tokio::spawn(async move {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            return;
+        };
+        let mut buf = [0u8; 4096];
+        let _ = sock.read(&mut buf).await;
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {len}\r\nconnection: close\r\n\r\n"
+        );
+        let _ = sock.write_all(head.as_bytes()).await;
+        let zeros = vec![b'0'; 64 * 1024];
+        while counted.load(Ordering::Relaxed) < len {
+            if sock.write_all(&zeros).await.is_err() {
+                break;
+            }
+            counted.fetch_add(zeros.len() as u64, Ordering::Relaxed);
+        }
+        let _ = done_tx.send(());
+    });
+    (format!("http://{addr}/"), sent, done_rx)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,6 +179,30 @@ async fn unstorable_results_fail_their_job_and_nothing_is_poisoned() {
     let j = wait(http_job).await;
     assert_eq!(j.state, JobState::Succeeded, "{j:?}");
     assert_eq!(j.result.unwrap()["body"], json!(deep_body));
+
+    // A response far larger than what is kept is read only as far as it is kept: the server
+    // sees the connection closed after about a megabyte (and what the sockets buffer), not
+    // the 256 MiB it announced, which a worker once read whole into memory.
+    let (huge, sent, done) = serve_huge(256 << 20).await;
+    let huge_job = client
+        .enqueue(EnqueueRequest::new(
+            "builtin.http",
+            json!({"url": huge, "timeout": "60s"}),
+        ))
+        .await
+        .unwrap()
+        .id;
+    let j = wait(huge_job).await;
+    assert_eq!(j.state, JobState::Succeeded, "{j:?}");
+    let result = j.result.unwrap();
+    assert_eq!(result["truncated"], json!(true));
+    assert_eq!(result["body"].as_str().map(str::len), Some(1024 * 1024));
+    tokio::time::timeout(Duration::from_secs(30), done)
+        .await
+        .expect("the server's connection ends")
+        .unwrap();
+    let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(sent < 32 << 20, "the server got {sent} bytes out");
 
     // The follow-ups of the deepest accepted result (nested further) ran and read back too,
     // and nothing anywhere is left unreadable: every job lists and reads.

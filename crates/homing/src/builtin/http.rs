@@ -142,18 +142,26 @@ impl Task for Http {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER));
-        let mut body = resp
-            .bytes()
-            .await
-            .map_err(|e| {
-                TaskError::retry(format!(
-                    "reading the response of {shown} failed: {}",
-                    without_url(&e)
-                ))
-            })?
-            .to_vec();
-        let truncated = body.len() > MAX_BODY;
-        body.truncate(MAX_BODY);
+        // Read only as far as is kept: the whole of a multi-gigabyte answer once took the
+        // worker's memory with it. Dropping the response then closes the connection.
+        let mut resp = resp;
+        let mut body = Vec::new();
+        let mut truncated = false;
+        while let Some(chunk) = resp.chunk().await.map_err(|e| {
+            TaskError::retry(format!(
+                "reading the response of {shown} failed: {}",
+                without_url(&e)
+            ))
+        })? {
+            let room = MAX_BODY - body.len();
+            if chunk.len() > room {
+                body.extend_from_slice(&chunk[..room]);
+                truncated = true;
+                break;
+            }
+            body.extend_from_slice(&chunk);
+        }
+        drop(resp);
         let body_value = response_body(&body);
         let code = status.as_u16();
         if status.is_success() {
