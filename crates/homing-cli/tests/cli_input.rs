@@ -154,6 +154,28 @@ fn hostile_names_and_values_are_refused_with_a_reason() {
         1,
         "deeper than 64",
     );
+    // An endless file is read no further than twice the args limit (it once read until
+    // memory ran out).
+    refused(
+        d,
+        &["enqueue", "builtin.noop", "--args", "@/dev/zero"],
+        &[],
+        1,
+        "longer than 2097152 bytes",
+    );
+    // A header no request can carry: refused at enqueue, not retried at every attempt.
+    refused(
+        d,
+        &[
+            "enqueue",
+            "builtin.http",
+            "--args",
+            r#"{"url": "http://example.com/", "headers": {"bad header": "x"}}"#,
+        ],
+        &[],
+        1,
+        "invalid header name",
+    );
     refused(
         d,
         &[

@@ -4,17 +4,34 @@
 use anyhow::Context as _;
 use std::io::Read;
 
+/// The most `--args` text read from a file or standard input: twice a job's args limit, room
+/// for the spaces of pretty-printed JSON. Without it, `--args @/dev/zero` read until memory ran
+/// out.
+const MAX_ARGS_TEXT: u64 = 2 * homing::validate::MAX_ARGS_BYTES as u64;
+
 pub fn read_args(raw: &str) -> anyhow::Result<serde_json::Value> {
     let text = if raw == "-" {
-        let mut s = String::new();
-        std::io::stdin()
-            .read_to_string(&mut s)
-            .context("cannot read --args from standard input")?;
-        s
+        read_capped(std::io::stdin(), "standard input")?
     } else if let Some(path) = raw.strip_prefix('@') {
-        std::fs::read_to_string(path).with_context(|| format!("cannot read --args file {path}"))?
+        let file =
+            std::fs::File::open(path).with_context(|| format!("cannot read --args file {path}"))?;
+        read_capped(file, path)?
     } else {
         raw.to_string()
     };
     serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("--args is not valid JSON: {e}"))
+}
+
+fn read_capped(from: impl Read, what: &str) -> anyhow::Result<String> {
+    let mut bytes = Vec::new();
+    from.take(MAX_ARGS_TEXT + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read --args from {what}"))?;
+    if bytes.len() as u64 > MAX_ARGS_TEXT {
+        anyhow::bail!(
+            "--args from {what} is longer than {MAX_ARGS_TEXT} bytes (a job's args are at most {} bytes)",
+            homing::validate::MAX_ARGS_BYTES
+        );
+    }
+    String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("--args from {what} is not UTF-8"))
 }

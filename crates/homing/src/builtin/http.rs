@@ -76,6 +76,16 @@ fn checked(args: &HttpArgs) -> Result<(reqwest::Url, reqwest::Method, Duration),
     });
     let method = reqwest::Method::from_bytes(method_name.to_ascii_uppercase().as_bytes())
         .map_err(|_| format!("invalid method '{method_name}'"))?;
+    // A header the request cannot carry would fail every attempt as a transport error, retried
+    // as if the endpoint were down.
+    for (name, value) in &args.headers {
+        let shown_name: String = name.chars().take(64).collect();
+        reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("invalid header name {shown_name:?}"))?;
+        reqwest::header::HeaderValue::from_str(value).map_err(|_| {
+            format!("invalid value for header {shown_name:?}: control characters such as a newline are not allowed")
+        })?;
+    }
     let timeout = args.timeout.unwrap_or(Duration::from_secs(30));
     if timeout.is_zero() || timeout > MAX_TIMEOUT {
         return Err(format!(
@@ -218,6 +228,22 @@ fn without_url(e: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn headers_the_request_cannot_carry_are_refused_at_the_check() {
+        let args = |name: &str, value: &str| -> HttpArgs {
+            serde_json::from_value(serde_json::json!({
+                "url": "http://example.com/",
+                "headers": { name: value },
+            }))
+            .unwrap()
+        };
+        assert_eq!(Http.check(&args("x-ok", "fine")), Ok(()));
+        let e = Http.check(&args("bad header", "x")).unwrap_err();
+        assert!(e.contains("invalid header name \"bad header\""), "{e}");
+        let e = Http.check(&args("x-split", "a\nb")).unwrap_err();
+        assert!(e.contains("invalid value for header \"x-split\""), "{e}");
+    }
 
     #[test]
     fn unstorable_responses_are_kept_as_text() {
