@@ -687,3 +687,44 @@ async fn large_answers_do_not_hold_up_heartbeats() {
         "the sleeper was taken back while {pages} large pages were read"
     );
 }
+
+/// Job event streams are exempt from the request timeout, so a client that opened as many as
+/// the server has connections held every one for as long as it liked. At most half the
+/// connections carry streams: the one past that gets 503 `too_many_streams`, the API still
+/// answers beside them, and a closed stream frees its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn event_streams_leave_connections_for_the_api() {
+    let env = Env::sqlite();
+    let (_up, base) = start_up_with(&env, &["--max-connections", "8"], &[]).await;
+    let http = http_client();
+    let mut parked = homing::EnqueueRequest::new("builtin.noop", serde_json::json!({}));
+    parked.options.queue = Some("parked".into());
+    let id = env.client().await.enqueue(parked).await.unwrap().id;
+    let url = format!("{base}/v1/jobs/{id}/events");
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        let r = http.get(&url).send().await.expect("stream opened");
+        assert_eq!(r.status(), 200);
+        open.push(r);
+    }
+    let r = http.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_many_streams", "{body}");
+    let r = http
+        .get(format!("{base}/v1/jobs/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "the API answers beside the streams");
+    drop(open.pop());
+    eventually(
+        Duration::from_secs(10),
+        "a closed stream's place",
+        || async {
+            let r = http.get(&url).send().await.ok()?;
+            (r.status() == 200).then_some(r)
+        },
+    )
+    .await;
+}

@@ -37,6 +37,8 @@ fn key(j: &Job) -> (homing::JobState, u64, u32, u32, Option<String>, bool) {
 }
 
 struct Cursor {
+    /// Held for as long as the stream is open (`AppState::event_streams`).
+    _open: tokio::sync::OwnedSemaphorePermit,
     state: AppState,
     id: JobId,
     seen: Seen,
@@ -106,8 +108,21 @@ pub async fn stream(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
+    let open = state
+        .event_streams
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| {
+            ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_streams",
+            "this server has as many job event streams open as it allows (half its connections); \
+             poll GET /v1/jobs/{id} instead, or try again later",
+        )
+        })?;
     let job = state.client.get(id).await?;
     let cursor = Cursor {
+        _open: open,
         state,
         id,
         seen: Seen::default(),

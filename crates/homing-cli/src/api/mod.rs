@@ -75,6 +75,16 @@ pub struct AppState {
     pub bulk_budget: std::time::Duration,
     /// What this server's sweeps for remote sessions' stray messages saw (`homing::remote::strays`).
     pub remote_sightings: Arc<homing::remote::strays::Sightings>,
+    /// Job event streams open at once: at most half the connections
+    /// ([`event_streams_for`]). A stream is exempt from the request timeout, so without a
+    /// bound one client's streams could hold every connection for as long as it liked.
+    pub event_streams: Arc<tokio::sync::Semaphore>,
+}
+
+/// The bound on open job event streams for a server of `max_connections`: half of them, so
+/// that streams never leave the API without a connection.
+pub fn event_streams_for(max_connections: usize) -> Arc<tokio::sync::Semaphore> {
+    Arc::new(tokio::sync::Semaphore::new((max_connections / 2).max(1)))
 }
 
 impl AppState {
@@ -90,6 +100,7 @@ impl AppState {
             unhealthy_after: DEFAULT_UNHEALTHY_AFTER,
             bulk_budget: std::time::Duration::from_secs(10),
             remote_sightings: Arc::default(),
+            event_streams: event_streams_for(512),
         }
     }
 }

@@ -132,6 +132,7 @@ async fn serve_api(
     state.metrics = api::install_recorder();
     state.unhealthy_after = http.unhealthy_after;
     state.bulk_budget = api::bulk_budget(limits.request_timeout, http.bulk_part);
+    state.event_streams = api::event_streams_for(limits.max_connections);
     let auth = if state.tokens.is_empty() {
         ""
     } else {
