@@ -1,30 +1,45 @@
-//! Turns SIGTERM and SIGINT into a cancellation token, so every long-running command shuts down
-//! gracefully the same way (docs/design.md section 4).
+//! Turns SIGTERM, SIGINT and SIGHUP into a cancellation token, so every long-running command
+//! shuts down gracefully the same way (docs/design.md section 4). SIGHUP is a hangup: the
+//! terminal or ssh session a worker was started from went away; its default, an immediate
+//! exit, left the worker's running jobs to be taken back as crashed.
 
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
+
+fn listen(kind: SignalKind, name: &str) -> Option<Signal> {
+    match signal(kind) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for {name}");
+            None
+        }
+    }
+}
+
+/// The next of the signals that stop the process: its name.
+async fn next(term: &mut Signal, hup: &mut Signal) -> &'static str {
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = hup.recv() => "SIGHUP",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+    }
+}
 
 pub fn shutdown_token() -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
     tokio::spawn(async move {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot listen for SIGTERM");
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received: shutting down"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received: shutting down"),
-        }
+        let (Some(mut term), Some(mut hup)) = (
+            listen(SignalKind::terminate(), "SIGTERM"),
+            listen(SignalKind::hangup(), "SIGHUP"),
+        ) else {
+            return;
+        };
+        let name = next(&mut term, &mut hup).await;
+        tracing::info!("{name} received: shutting down");
         t.cancel();
         // A second signal means "now".
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
+        next(&mut term, &mut hup).await;
         tracing::warn!("second signal: exiting immediately");
         crate::logs::flush();
         std::process::exit(130);

@@ -193,8 +193,8 @@ async fn idempotency_key_and_duplicate_messages() {
     assert_eq!(after.result, j.result);
 }
 
-/// Issue 2, test 6: SIGTERM lets a short job finish, and releases a long one to another worker
-/// without counting a crash or an attempt.
+/// Issue 2, test 6: SIGTERM lets a short job finish, and SIGHUP (like SIGTERM) releases a long
+/// one to another worker without counting a crash or an attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn graceful_shutdown_finishes_short_jobs_and_releases_long_ones() {
     let env = Env::sqlite();
@@ -234,7 +234,10 @@ async fn graceful_shutdown_finishes_short_jobs_and_releases_long_ones() {
     let long_id = client.enqueue(long).await.unwrap().id;
     let running = wait_state(&client, long_id, JobState::Running, Duration::from_secs(10)).await;
     let first_worker = running.worker.clone().unwrap();
-    assert_eq!(w2.terminate(Duration::from_secs(10)), Some(0));
+    // A hangup (the terminal or session it was started from went away) stops it as SIGTERM
+    // does; it used to kill it, and the job was taken back as crashed.
+    assert_eq!(w2.stop_with("-HUP", Duration::from_secs(10)), Some(0));
+    assert!(w2.log_text().contains("SIGHUP received"));
     let released = client.get(long_id).await.unwrap();
     assert_eq!(
         released.state,

@@ -221,9 +221,14 @@ impl Proc {
 
     /// SIGTERM, then wait for the exit code.
     pub fn terminate(&mut self, limit: Duration) -> Option<i32> {
+        self.stop_with("-TERM", limit)
+    }
+
+    /// [`Proc::terminate`] with another signal (`kill`'s `-HUP`, `-INT`, ...).
+    pub fn stop_with(&mut self, signal: &str, limit: Duration) -> Option<i32> {
         let c = self.child.as_mut()?;
         let _ = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
+            .args([signal, &c.id().to_string()])
             .status();
         let deadline = Instant::now() + limit;
         loop {
