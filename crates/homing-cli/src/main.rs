@@ -15,9 +15,27 @@ mod views;
 
 use clap::Parser;
 
-fn init_tracing(format: &str, default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("HOMING_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+/// The log filter from `HOMING_LOG` (unset or blank: `default`). A bare word must be a level: a
+/// bare `garbage` or `inof` is valid filter syntax for "everything from target `garbage`", so
+/// the process logged nothing at all, not even a dead job, and said nothing about it.
+fn log_filter(value: Option<&str>, default: &str) -> Result<tracing_subscriber::EnvFilter, String> {
+    let Some(value) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(tracing_subscriber::EnvFilter::new(default));
+    };
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        if !item.contains(['=', '[']) && !LEVELS.contains(&item.to_ascii_lowercase().as_str()) {
+            let shown: String = item.chars().take(64).collect();
+            return Err(format!(
+                "HOMING_LOG: {shown:?} is neither a level ({}) nor TARGET=LEVEL (homing=debug)",
+                LEVELS.join(", ")
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(value).map_err(|e| format!("HOMING_LOG: {e}"))
+}
+
+fn init_tracing(format: &str, filter: tracing_subscriber::EnvFilter) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(logs::start())
@@ -64,7 +82,17 @@ fn run() -> std::process::ExitCode {
         cli::Command::Chaos(_) => "error",
         _ => "info",
     };
-    init_tracing(&cli.global.log_format, default);
+    match log_filter(std::env::var("HOMING_LOG").ok().as_deref(), default) {
+        Ok(filter) => init_tracing(&cli.global.log_format, filter),
+        Err(e) => {
+            init_tracing(
+                &cli.global.log_format,
+                tracing_subscriber::EnvFilter::new(default),
+            );
+            fail(&e);
+            return std::process::ExitCode::from(2);
+        }
+    }
     logs::route_panics();
     homing::tls::install_crypto_provider();
     // Spans (docs/traces.md) from the processes that enqueue and run jobs, when the standard
@@ -117,6 +145,26 @@ fn fail(msg: &str) -> std::process::ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_filters_refuse_a_bare_word_that_is_not_a_level() {
+        for ok in [
+            None,
+            Some(""),
+            Some("  "),
+            Some("debug"),
+            Some("WARN"),
+            Some("homing=debug"),
+            Some("info,sqlx::query=debug"),
+            Some("homing::worker::fetcher=trace"),
+        ] {
+            assert!(log_filter(ok, "info").is_ok(), "{ok:?}");
+        }
+        for bad in ["garbage", "inof", "info,garbage", "homing=loud"] {
+            let e = log_filter(Some(bad), "info").unwrap_err();
+            assert!(e.starts_with("HOMING_LOG: "), "{bad}: {e}");
+        }
+    }
     use tokio::runtime::RuntimeFlavor;
 
     fn runtime(args: &[&str]) -> tokio::runtime::Runtime {
