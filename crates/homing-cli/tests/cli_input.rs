@@ -156,7 +156,13 @@ fn hostile_names_and_values_are_refused_with_a_reason() {
     );
     // A HOMING_LOG that would silence every line (a bare word that is not a level) is refused;
     // a blank one is the default.
-    refused(d, &["jobs", "list"], &[("HOMING_LOG", "garbage")], 2, "HOMING_LOG");
+    refused(
+        d,
+        &["jobs", "list"],
+        &[("HOMING_LOG", "garbage")],
+        2,
+        "HOMING_LOG",
+    );
     let out = homing(d, &["jobs", "list"], &[("HOMING_LOG", "")]);
     assert!(out.status.success(), "{out:?}");
     // An endless file is read no further than twice the args limit (it once read until

@@ -316,6 +316,30 @@ async fn pause_resume_and_errors() {
     ]);
     assert_eq!(code, 1);
     assert!(err.contains("internal"), "{err}");
+    // A builtin's args are checked as an enqueue checks them (a bad URL scheme, a bad type):
+    // such a schedule made a job that failed at every tick.
+    for (task, args, says) in [
+        (
+            "builtin.http",
+            r#"{"url": "gopher://x"}"#,
+            "unsupported url scheme",
+        ),
+        ("builtin.sleep", r#"{"ms": "x"}"#, "invalid type"),
+    ] {
+        let (code, _, err) = env.run(&[
+            "schedules",
+            "set",
+            "argful",
+            "--task",
+            task,
+            "--args",
+            args,
+            "--every",
+            "1s",
+        ]);
+        assert_eq!(code, 1, "{task}: {err}");
+        assert!(err.contains(says), "{task}: {err}");
+    }
     let (code, _, err) = env.run(&["schedules", "delete", "nope"]);
     assert_eq!(code, 1);
     assert!(err.contains("no schedule named 'nope'"), "{err}");

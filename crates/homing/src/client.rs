@@ -161,6 +161,11 @@ pub fn check_schedule(def: &crate::schedule::ScheduleDef) -> Result<()> {
     if let Some(u) = &def.options.callback_url {
         crate::egress::check_callback_url(u).map_err(Error::Invalid)?;
     }
+    // A builtin's args as an enqueue checks them: args its task refuses would make a job that
+    // fails at every tick.
+    if let Some(h) = crate::builtin::registry().get(&def.task) {
+        h.check_args(&def.args).map_err(Error::Invalid)?;
+    }
     Ok(())
 }
 
