@@ -130,6 +130,22 @@ async fn unique_windows(env: Env) {
         first,
         "while queued"
     );
+    // The note names what matched (it used to blame an idempotency key nobody gave).
+    let (code, _, err) = env.run(&[
+        "enqueue",
+        "builtin.noop",
+        "--queue",
+        "uq",
+        "--args",
+        r#"{"a":1}"#,
+        "--unique-for",
+        "3s",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!("note: --unique-for (same task, queue and args within its window) matched existing job {first}")),
+        "{err}"
+    );
     let other = enqueue_unique(&env, r#"{"a":2}"#, "3s");
     assert_ne!(other, first);
     let _w = env.worker("w", "uq", &[]);

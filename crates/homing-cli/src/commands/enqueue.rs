@@ -58,10 +58,17 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
     }
     let client =
         Client::new(backends.broker.clone(), backends.store.clone()).with_registry(registry);
+    let keyed = req.options.idempotency_key.is_some();
     let inserted = client.enqueue(req).await?;
     if inserted.existed {
+        // Without a key, only --unique-for can have matched.
+        let matched = if keyed {
+            "idempotency key"
+        } else {
+            "--unique-for (same task, queue and args within its window)"
+        };
         crate::logs::say(format_args!(
-            "note: idempotency key matched existing job {}",
+            "note: {matched} matched existing job {}",
             inserted.id
         ));
     }
