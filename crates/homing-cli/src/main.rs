@@ -15,16 +15,28 @@ mod views;
 
 use clap::Parser;
 
-/// The log filter from `HOMING_LOG` (unset or blank: `default`). A bare word must be a level: a
-/// bare `garbage` or `inof` is valid filter syntax for "everything from target `garbage`", so
-/// the process logged nothing at all, not even a dead job, and said nothing about it.
+/// The log filter from `HOMING_LOG` (unset or blank: `default`). A bare word must be a level
+/// (or its number) or one of homing's targets: a bare `garbage` or `inof` is valid filter
+/// syntax for "everything from target `garbage`", so the process logged nothing at all, not
+/// even a dead job, and said nothing about it. Spaces around items are dropped (the filter's
+/// parser misreads `info, homing=debug`).
 fn log_filter(value: Option<&str>, default: &str) -> Result<tracing_subscriber::EnvFilter, String> {
-    let Some(value) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+    let items: Vec<&str> = value
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+        .collect();
+    if items.is_empty() {
         return Ok(tracing_subscriber::EnvFilter::new(default));
-    };
+    }
     const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
-    for item in value.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        if !item.contains(['=', '[']) && !LEVELS.contains(&item.to_ascii_lowercase().as_str()) {
+    for item in &items {
+        let bare_ok = item.contains(['=', '['])
+            || LEVELS.contains(&item.to_ascii_lowercase().as_str())
+            || matches!(*item, "0" | "1" | "2" | "3" | "4" | "5")
+            || item.starts_with("homing");
+        if !bare_ok {
             let shown: String = item.chars().take(64).collect();
             return Err(format!(
                 "HOMING_LOG: {shown:?} is neither a level ({}) nor TARGET=LEVEL (homing=debug)",
@@ -32,7 +44,7 @@ fn log_filter(value: Option<&str>, default: &str) -> Result<tracing_subscriber::
             ));
         }
     }
-    tracing_subscriber::EnvFilter::try_new(value).map_err(|e| format!("HOMING_LOG: {e}"))
+    tracing_subscriber::EnvFilter::try_new(items.join(",")).map_err(|e| format!("HOMING_LOG: {e}"))
 }
 
 fn init_tracing(format: &str, filter: tracing_subscriber::EnvFilter) {

@@ -16,30 +16,53 @@ fn listen(kind: SignalKind, name: &str) -> Option<Signal> {
     }
 }
 
-/// The next of the signals that stop the process: its name.
-async fn next(term: &mut Signal, hup: &mut Signal) -> &'static str {
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = hup.recv() => "SIGHUP",
-        _ = tokio::signal::ctrl_c() => "SIGINT",
+/// Whether SIGHUP was ignored when the process started (`nohup`, or a supervisor that set it
+/// so): listening would override that, and a hangup would stop a process asked to outlive it.
+#[allow(unsafe_code)]
+fn hangups_ignored() -> bool {
+    // SAFETY: sigaction(2) with a null new action only reads the current one into `old`, a
+    // zeroed struct of the right type.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
+/// The next signal from `s`, or never when there is no listener.
+async fn next_of(s: &mut Option<Signal>) {
+    match s {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }
 
 pub fn shutdown_token() -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
+    // Registered before the task runs, so a signal that comes at once is not missed.
+    let mut term = listen(SignalKind::terminate(), "SIGTERM");
+    let mut hup = if hangups_ignored() {
+        None
+    } else {
+        listen(SignalKind::hangup(), "SIGHUP")
+    };
     tokio::spawn(async move {
-        let (Some(mut term), Some(mut hup)) = (
-            listen(SignalKind::terminate(), "SIGTERM"),
-            listen(SignalKind::hangup(), "SIGHUP"),
-        ) else {
-            return;
+        let name = tokio::select! {
+            _ = next_of(&mut term) => "SIGTERM",
+            _ = next_of(&mut hup) => "SIGHUP",
+            _ = tokio::signal::ctrl_c() => "SIGINT",
         };
-        let name = next(&mut term, &mut hup).await;
         tracing::info!("{name} received: shutting down");
         t.cancel();
-        // A second signal means "now".
-        next(&mut term, &mut hup).await;
+        // A second SIGTERM or SIGINT means "now". Not a second SIGHUP: a hangup can come twice
+        // (from the shell, then the terminal), and the second must not cut the graceful stop.
+        tokio::select! {
+            _ = next_of(&mut term) => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
         tracing::warn!("second signal: exiting immediately");
         crate::logs::flush();
         std::process::exit(130);

@@ -465,10 +465,11 @@ async fn never_firing_crons_are_checked_one_at_a_time() {
         })
         .collect();
     // Which threads work while the checks are pending: with one check at a time, one thread
-    // (a tick is 10 ms; the server's own loops use far less than 5 of them in 2 s).
+    // at a time, though the next check may start on another thread before the first is idle
+    // (a tick is 10 ms; the server's own loops seldom use 5 of them in 2 s).
     let busy = busy_threads(up.pid(), Duration::from_millis(300), Duration::from_secs(2)).await;
     assert!(
-        busy.len() <= 2,
+        busy.len() <= 3,
         "{PUTS} checks at once kept {} threads busy (thread, ticks): {busy:?}",
         busy.len()
     );

@@ -616,7 +616,7 @@ impl Db {
             f
         };
         let db = self.clone();
-        on_blocking_pool(move || db.write_now(f, wakes)).await
+        on_blocking_pool(crate::requests::Work::Write, move || db.write_now(f, wakes)).await
     }
 
     /// Lets calls made on a current-thread runtime run on its thread instead of a blocking
@@ -679,7 +679,7 @@ impl Db {
             return self.write_waking(f, |_| false).await.map(Some);
         }
         let db = self.clone();
-        on_blocking_pool(move || {
+        on_blocking_pool(crate::requests::Work::Write, move || {
             if !db
                 .read_now(look)
                 .map_err(|e| e.context("looking before the write"))?
@@ -846,7 +846,7 @@ impl Db {
             return given_back(read).await;
         }
         let db = self.clone();
-        on_blocking_pool(move || db.read_now(f)).await
+        on_blocking_pool(crate::requests::Work::Read, move || db.read_now(f)).await
     }
 
     /// The body of every read, on a blocking thread or the caller's ([`Db::run_calls_here`]):
@@ -889,9 +889,10 @@ async fn given_back<T>(out: Result<T>) -> Result<T> {
 /// call first waits for a permit of the requests' share ([`crate::requests`]), held until `f`
 /// returns (not until the caller, which may give up, is done).
 async fn on_blocking_pool<T: Send + 'static>(
+    work: crate::requests::Work,
     f: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    let permit = crate::requests::permit().await;
+    let permit = crate::requests::permit(work).await;
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
         f()

@@ -84,7 +84,7 @@ pub struct AppState {
 /// The bound on open job event streams for a server of `max_connections`: half of them, so
 /// that streams never leave the API without a connection.
 pub fn event_streams_for(max_connections: usize) -> Arc<tokio::sync::Semaphore> {
-    Arc::new(tokio::sync::Semaphore::new((max_connections / 2).max(1)))
+    Arc::new(tokio::sync::Semaphore::new(max_connections / 2))
 }
 
 impl AppState {
@@ -186,10 +186,15 @@ pub fn router(state: AppState, pipelines: &homing_pipelines::Pipelines) -> Route
 /// Handles a request with its embedded-store calls inside the requests' budget, so that a flood
 /// of slow ones cannot take the threads the process's workers and loops need.
 async fn within_budget(
-    State(budget): State<Arc<tokio::sync::Semaphore>>,
+    State(budget): State<Arc<homing::requests::Budget>>,
     req: Request,
     next: Next,
 ) -> Response {
+    // The health check stays outside: one short read, which a probe must get answered however
+    // many slow requests wait.
+    if req.uri().path() == "/healthz" {
+        return next.run(req).await;
+    }
     homing::requests::serving(budget, next.run(req)).await
 }
 
@@ -205,7 +210,7 @@ pub async fn json_off_runtime<F>(
 where
     F: FnOnce() -> serde_json::Result<Vec<u8>> + Send + 'static,
 {
-    let permit = homing::requests::permit().await;
+    let permit = homing::requests::permit(homing::requests::Work::Answer).await;
     let body = tokio::task::spawn_blocking(move || {
         let _permit = permit;
         make()
