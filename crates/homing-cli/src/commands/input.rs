@@ -29,7 +29,7 @@ fn read_capped(from: impl Read, what: &str) -> anyhow::Result<String> {
         .with_context(|| format!("cannot read --args from {what}"))?;
     if bytes.len() as u64 > MAX_ARGS_TEXT {
         anyhow::bail!(
-            "--args from {what} is longer than {MAX_ARGS_TEXT} bytes (a job's args are at most {} bytes)",
+            "--args from {what} is longer than {MAX_ARGS_TEXT} bytes: the limit is {} bytes of args",
             homing::validate::MAX_ARGS_BYTES
         );
     }
