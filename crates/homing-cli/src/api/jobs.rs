@@ -245,7 +245,7 @@ pub async fn get(
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let job = state.client.get(id).await?;
-    json_off_runtime(StatusCode::OK, move || serde_json::to_vec(&job)).await
+    json_off_runtime(job).await
 }
 
 /// `GET /v1/jobs/{id}/history`: the job's timeline (docs/timeline.md), oldest first, with the
@@ -256,14 +256,21 @@ pub async fn history(
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let (job, history) = state.client.history(id).await?;
-    json_off_runtime(StatusCode::OK, move || {
-        serde_json::to_vec(&serde_json::json!({
-            "job": job,
-            "entries": history.entries,
-            "truncated": history.truncated,
-        }))
+    json_off_runtime(HistoryAnswer {
+        entries: history.entries,
+        job,
+        truncated: history.truncated,
     })
     .await
+}
+
+/// The answer of [`history`], serialized as it stands (not copied into a `serde_json::Value`
+/// first); its keys in the order they have always had.
+#[derive(serde::Serialize)]
+struct HistoryAnswer {
+    entries: Vec<homing::history::Entry>,
+    job: homing::Job,
+    truncated: bool,
 }
 
 /// `GET /v1/jobs`: a page of jobs, newest first, narrowed by any of the search fields
@@ -313,7 +320,7 @@ pub async fn list(
         })?;
     }
     let page = state.client.search(&search, cursor, limit).await?;
-    json_off_runtime(StatusCode::OK, move || serde_json::to_vec(&page)).await
+    json_off_runtime(page).await
 }
 
 pub async fn retry(

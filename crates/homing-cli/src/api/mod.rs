@@ -198,28 +198,24 @@ async fn within_budget(
     homing::requests::serving(budget, next.run(req)).await
 }
 
-/// A JSON answer made on a blocking thread, inside the requests' share of threads
-/// (homing::requests): `make` serializes, and the values it owns are dropped there too. A page
+/// `value` as a JSON answer (200), serialized and then dropped on a blocking thread, inside the
+/// requests' share of threads (homing::requests). A page
 /// of jobs with large args or results is tens of megabytes, which held a runtime thread for
 /// seconds: the heartbeats of `homing up`'s workers waited behind it until they were presumed
 /// dead and their jobs taken back.
-pub async fn json_off_runtime<F>(
-    status: axum::http::StatusCode,
-    make: F,
-) -> Result<Response, ApiError>
+pub async fn json_off_runtime<T>(value: T) -> Result<Response, ApiError>
 where
-    F: FnOnce() -> serde_json::Result<Vec<u8>> + Send + 'static,
+    T: serde::Serialize + Send + 'static,
 {
     let permit = homing::requests::permit(homing::requests::Work::Answer).await;
     let body = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        make()
+        serde_json::to_vec(&value)
     })
     .await
     .map_err(ApiError::internal)?
     .map_err(ApiError::internal)?;
     Ok((
-        status,
         [(
             axum::http::header::CONTENT_TYPE,
             axum::http::HeaderValue::from_static("application/json"),

@@ -118,10 +118,7 @@ pub async fn list(State(state): State<AppState>) -> Result<Response, ApiError> {
         .into_iter()
         .map(ScheduleView::from)
         .collect();
-    json_off_runtime(axum::http::StatusCode::OK, move || {
-        serde_json::to_vec(&serde_json::json!({ "schedules": all }))
-    })
-    .await
+    json_off_runtime(std::collections::BTreeMap::from([("schedules", all)])).await
 }
 
 pub async fn get(

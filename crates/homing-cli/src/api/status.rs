@@ -83,10 +83,7 @@ pub async fn queues(
 pub async fn workers(State(state): State<AppState>) -> Result<Response, ApiError> {
     let since = homing::time::now() - 3600 * 1_000_000;
     let ws = views::workers(&state.backends, since).await?;
-    super::json_off_runtime(axum::http::StatusCode::OK, move || {
-        serde_json::to_vec(&serde_json::json!({ "workers": ws }))
-    })
-    .await
+    super::json_off_runtime(std::collections::BTreeMap::from([("workers", ws)])).await
 }
 
 /// One worker, live or departed, until retention deletes its record: a lost worker's page

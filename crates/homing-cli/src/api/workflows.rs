@@ -60,7 +60,7 @@ pub async fn get(
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let w = state.client.workflow(id).await?;
-    json_off_runtime(StatusCode::OK, move || serde_json::to_vec(&w)).await
+    json_off_runtime(w).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -83,7 +83,7 @@ pub async fn list(
         .client
         .workflows(q.cursor.as_deref().filter(|s| !s.is_empty()), limit)
         .await?;
-    json_off_runtime(StatusCode::OK, move || serde_json::to_vec(&page)).await
+    json_off_runtime(page).await
 }
 
 pub async fn cancel(
