@@ -16,7 +16,8 @@ use crate::time::now;
 macro_rules! search_conformance {
     ($make:expr) => {
         $crate::__conformance_cases!(search, $make;
-            search_matches_every_field, search_pages_by_cursor_and_escapes_nothing
+            search_matches_every_field, search_pages_by_cursor_and_escapes_nothing,
+            search_pages_stop_at_their_byte_budget
         );
     };
 }
@@ -227,4 +228,57 @@ pub async fn search_pages_by_cursor_and_escapes_nothing(s: Arc<dyn Store>) {
         s.search(&even, Some("not-a-cursor"), 5).await,
         Err(crate::Error::Invalid(_))
     ));
+}
+
+/// A page stops before the job that would take its stored text past [`PAGE_BYTES`], however
+/// high the limit, and holds one job larger than that alone: following the cursors gives every
+/// job once, newest first.
+pub async fn search_pages_stop_at_their_byte_budget(s: Arc<dyn Store>) {
+    let q = unique_queue("searchbytes");
+    let third = "x".repeat(PAGE_BYTES / 3);
+    let whole = "y".repeat(PAGE_BYTES + 1);
+    let mut all = Vec::new();
+    for pad in [
+        &third,
+        &third,
+        &third,
+        &third,
+        &third,
+        &whole,
+        &String::new(),
+        &String::new(),
+    ] {
+        let mut nj = new_job(&q, "t.bytes");
+        nj.args = json!({ "pad": pad });
+        all.push(nj.id);
+        s.insert(vec![nj]).await.expect("insert");
+    }
+    all.reverse();
+    let mut q = JobSearch {
+        queue: Some(q),
+        ..Default::default()
+    };
+    let mut got = Vec::new();
+    let mut sizes = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = s.search(&q, cursor.as_deref(), 1000).await.expect("search");
+        sizes.push(page.jobs.len());
+        got.extend(page.jobs.iter().map(|j| j.id));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(
+        sizes,
+        [2, 1, 2, 2, 1],
+        "pages of the two small, the large, then the thirds"
+    );
+    assert_eq!(got, all);
+    // The count limit still ends a page first when it is lower.
+    q.task = Some("t.bytes".into());
+    let page = s.search(&q, None, 1).await.expect("search");
+    assert_eq!(page.jobs.len(), 1);
+    assert_eq!(page.next_cursor, Some(all[0].to_string()));
 }

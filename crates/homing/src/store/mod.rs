@@ -186,16 +186,58 @@ pub struct JobPage {
 }
 
 impl JobPage {
-    /// Makes a page from up to `limit + 1` rows, newest first: the extra row only says that
-    /// another page follows, whose cursor is the last kept job's id.
-    pub fn cut(mut jobs: Vec<Job>, limit: usize) -> JobPage {
-        let next_cursor = if jobs.len() > limit {
-            jobs.truncate(limit);
+    /// Makes a page of `jobs`, newest first; when `more` match after them, the next page starts
+    /// after the last one.
+    pub fn new(jobs: Vec<Job>, more: bool) -> JobPage {
+        let next_cursor = if more {
             jobs.last().map(|j| j.id.to_string())
         } else {
             None
         };
         JobPage { jobs, next_cursor }
+    }
+}
+
+/// The most stored text (args, result, error, progress, chained jobs and the rest, as the
+/// store holds them) one page of jobs carries, beside its count limit. A job may hold 1 MiB of
+/// args and 8 MiB of result, so a page of 1,000 could otherwise be gigabytes in the process that
+/// answers it, from one read. A page always holds at least one job, so paging goes on.
+pub const PAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Decides which matching rows, newest first, make a page: every store reads up to `limit + 1`
+/// rows and offers each one's stored size here before decoding it.
+#[derive(Debug)]
+pub struct PageFill {
+    limit: usize,
+    budget: usize,
+    taken: usize,
+    bytes: usize,
+}
+
+impl PageFill {
+    pub fn new(limit: usize) -> PageFill {
+        PageFill::with_budget(limit, PAGE_BYTES)
+    }
+
+    pub fn with_budget(limit: usize, budget: usize) -> PageFill {
+        PageFill {
+            limit,
+            budget,
+            taken: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Whether the next row, of `bytes` stored, goes on the page. The first `false` ends the
+    /// page, and says that another follows: the row offered is its first.
+    pub fn take(&mut self, bytes: usize) -> bool {
+        let full = self.taken == self.limit
+            || (self.taken > 0 && self.bytes.saturating_add(bytes) > self.budget);
+        if !full {
+            self.taken += 1;
+            self.bytes = self.bytes.saturating_add(bytes);
+        }
+        !full
     }
 }
 
@@ -1086,4 +1128,27 @@ pub trait Store: Send + Sync + 'static {
         firing: &crate::schedule::Firing,
         now: Micros,
     ) -> Result<Option<Vec<Inserted>>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PageFill;
+
+    #[test]
+    fn a_page_stops_at_its_count_or_its_bytes_and_never_holds_nothing() {
+        let mut f = PageFill::with_budget(3, 100);
+        assert!([10, 10, 10].iter().all(|&b| f.take(b)));
+        assert!(!f.take(0), "the count limit ends the page");
+
+        let mut f = PageFill::with_budget(1000, 100);
+        assert!(f.take(60) && f.take(40), "exactly the budget fits");
+        assert!(!f.take(1), "one byte past it does not");
+
+        let mut f = PageFill::with_budget(1000, 100);
+        assert!(
+            f.take(usize::MAX),
+            "a row larger than the budget still makes a page of one"
+        );
+        assert!(!f.take(0));
+    }
 }

@@ -156,6 +156,19 @@ fn text_lossy(row: &Row<'_>, idx: usize) -> rusqlite::Result<Option<String>> {
 /// A job row, decoded so that no stored value but the id fails it: JSON columns, counters,
 /// the epoch and the state that cannot be decoded are shown as null/zero/`queued` and named in
 /// [`Job::unreadable`] (see [`crate::transition::unreadable_reason`]).
+/// What a row holds as stored (text and blobs at their length), measured before it is decoded.
+fn stored_bytes(row: &Row<'_>) -> rusqlite::Result<usize> {
+    use rusqlite::types::ValueRef;
+    let mut n = 0usize;
+    for i in 0..row.as_ref().column_count() {
+        n += match row.get_ref(i)? {
+            ValueRef::Text(b) | ValueRef::Blob(b) => b.len(),
+            _ => 8,
+        };
+    }
+    Ok(n)
+}
+
 fn row_to_job(row: &Row<'_>) -> rusqlite::Result<Job> {
     let id: String = row.get(0)?;
     let mut bad = Vec::new();
@@ -2064,10 +2077,16 @@ impl Store for SqliteStore {
             .read(move |c| {
                 let (sql, args) = search_sql(c, &search, cursor.as_deref(), limit)?;
                 let mut st = c.prepare(&sql)?;
-                let jobs = st
-                    .query_map(rusqlite::params_from_iter(args.iter()), row_to_job)?
-                    .collect::<rusqlite::Result<Vec<Job>>>()?;
-                Ok(JobPage::cut(jobs, limit))
+                let mut rows = st.query(rusqlite::params_from_iter(args.iter()))?;
+                let mut fill = PageFill::new(limit);
+                let mut jobs = Vec::new();
+                while let Some(row) = rows.next()? {
+                    if !fill.take(stored_bytes(row)?) {
+                        return Ok(JobPage::new(jobs, true));
+                    }
+                    jobs.push(row_to_job(row)?);
+                }
+                Ok(JobPage::new(jobs, false))
             })
             .await
     }

@@ -344,6 +344,17 @@ const COLUMNS: &[&str] = &[
     "traceparent",
 ];
 
+/// A job row's stored text in bytes, as [`PageFill`] weighs it (every text column; the numbers
+/// as 8 bytes each, as the embedded store counts them).
+const STORED_BYTES: &str =
+    "octet_length(task)::bigint + octet_length(queue) + octet_length(state) \
+    + octet_length(args) + coalesce(octet_length(result), 0) + coalesce(octet_length(error), 0) \
+    + coalesce(octet_length(retry_policy), 0) + coalesce(octet_length(idempotency_key), 0) \
+    + coalesce(octet_length(progress), 0) + coalesce(octet_length(worker), 0) \
+    + coalesce(octet_length(on_success), 0) + coalesce(octet_length(on_failure), 0) \
+    + coalesce(octet_length(callback_url), 0) + coalesce(octet_length(workflow), 0) \
+    + coalesce(octet_length(parents), 0) + coalesce(octet_length(traceparent), 0) + 36 + 8 * 12";
+
 /// The job columns in `row_to_job`'s order, qualified with `alias` when it is not empty.
 fn columns(alias: &str) -> String {
     COLUMNS
@@ -2759,7 +2770,10 @@ impl Store for PgStore {
         let limit = limit.clamp(1, 1000);
         self.call(async {
             // Parameters are numbered in the order they are bound below.
-            let mut sql = format!("SELECT {} FROM homing_jobs WHERE true", columns(""));
+            // The matching ids and their stored sizes first (octet_length reads a value's size
+            // without fetching it when it is stored apart), then the rows the page holds, both
+            // in one snapshot so the sizes are the rows'.
+            let mut sql = format!("SELECT id, {STORED_BYTES} FROM homing_jobs WHERE true");
             let mut n = 0;
             let mut next = || {
                 n += 1;
@@ -2818,13 +2832,34 @@ impl Store for PgStore {
             if let Some(c) = cursor {
                 q = q.bind(c);
             }
-            let jobs = q
-                .fetch_all(&self.pool)
+            let mut tx = self.pool.begin().await?;
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                .execute(&mut *tx)
+                .await?;
+            let sized: Vec<(JobId, i64)> = q
+                .try_map(|r: PgRow| Ok((r.try_get(0)?, r.try_get(1)?)))
+                .fetch_all(&mut *tx)
+                .await?;
+            let mut fill = PageFill::new(limit);
+            let ids: Vec<JobId> = sized
+                .iter()
+                .take_while(|(_, bytes)| fill.take(usize::try_from(*bytes).unwrap_or(usize::MAX)))
+                .map(|(id, _)| *id)
+                .collect();
+            let more = ids.len() < sized.len();
+            let sql = format!(
+                "SELECT {} FROM homing_jobs WHERE id = ANY($1) ORDER BY id DESC",
+                columns("")
+            );
+            let jobs = sqlx::query(AssertSqlSafe(sql))
+                .bind(ids)
+                .fetch_all(&mut *tx)
                 .await?
                 .iter()
                 .map(row_to_job)
                 .collect::<sqlx::Result<Vec<Job>>>()?;
-            Ok(JobPage::cut(jobs, limit))
+            tx.commit().await?;
+            Ok(JobPage::new(jobs, more))
         })
         .await
     }
