@@ -144,6 +144,23 @@ pub struct Schedule {
     pub updated_at: Micros,
 }
 
+/// What the periodic pass reads of every unpaused schedule to find the due ones: not its task,
+/// args or options, which may be large and are read only for a schedule with a tick due.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduleHead {
+    pub name: String,
+    pub spec: Spec,
+    pub cursor: Micros,
+}
+
+impl ScheduleHead {
+    /// Whether [`due`] would have something to write for this schedule at `now`, whatever its
+    /// missed-tick policy (the policy picks which ticks get a job, not whether the cursor moves).
+    pub fn has_due(&self, now: Micros) -> bool {
+        due(&self.spec, self.cursor, self.cursor, now, Missed::Skip).is_some()
+    }
+}
+
 /// One application of [`due`]: insert `jobs` (one per tick) and move the cursor from
 /// `expected_cursor` to `new_cursor`, in one transaction, only if nobody moved it first.
 #[derive(Debug, Clone, PartialEq)]

@@ -57,6 +57,16 @@ pub(crate) fn firing(d: &ScheduleDef, cursor: i64, ticks: &[i64]) -> Firing {
     }
 }
 
+/// The head the periodic pass reads of schedule `name`, if it reads one.
+async fn head(s: &dyn Store, name: &str) -> Option<schedule::ScheduleHead> {
+    let heads = s.schedule_heads().await.expect("heads");
+    assert!(
+        heads.windows(2).all(|w| w[0].name < w[1].name),
+        "heads by name"
+    );
+    heads.into_iter().find(|h| h.name == name)
+}
+
 pub async fn schedules_are_set_read_paused_and_deleted(s: Arc<dyn Store>) {
     let name = unique_queue("sched");
     let queue = unique_queue("sq");
@@ -69,6 +79,10 @@ pub async fn schedules_are_set_read_paused_and_deleted(s: Arc<dyn Store>) {
     assert_eq!((set.last_tick, set.last_job), (None, None));
     assert_eq!(s.schedule(&name).await.unwrap().as_ref(), Some(&set));
     assert!(s.schedules().await.unwrap().iter().any(|x| x == &set));
+    let h = head(&*s, &name)
+        .await
+        .expect("an unpaused schedule has a head");
+    assert_eq!((h.spec, h.cursor), (d.spec.clone(), set.cursor));
 
     // Set again with the same spec (a config file at every start): the cursor stays.
     let mut d2 = d.clone();
@@ -82,9 +96,16 @@ pub async fn schedules_are_set_read_paused_and_deleted(s: Arc<dyn Store>) {
     };
     let changed = s.put_schedule(&d2, t0 + 7_000_000).await.unwrap();
     assert_eq!(changed.cursor, schedule::whole_second(t0 + 7_000_000));
+    let h = head(&*s, &name).await.expect("head");
+    assert_eq!((h.spec, h.cursor), (d2.spec.clone(), changed.cursor));
 
     let paused = s.pause_schedule(&name, true, t0 + 8_000_000).await.unwrap();
     assert!(paused.unwrap().paused);
+    assert_eq!(
+        head(&*s, &name).await,
+        None,
+        "a paused schedule is not read by the pass"
+    );
     let resumed = s
         .pause_schedule(&name, false, t0 + 20_000_000)
         .await
@@ -96,6 +117,10 @@ pub async fn schedules_are_set_read_paused_and_deleted(s: Arc<dyn Store>) {
         schedule::whole_second(t0 + 20_000_000),
         "ticks that fell while paused are not owed"
     );
+    assert_eq!(
+        head(&*s, &name).await.map(|h| h.cursor),
+        Some(resumed.cursor)
+    );
     assert!(s
         .pause_schedule("no-such-schedule", true, t0)
         .await
@@ -105,6 +130,7 @@ pub async fn schedules_are_set_read_paused_and_deleted(s: Arc<dyn Store>) {
     assert!(s.delete_schedule(&name).await.unwrap());
     assert!(!s.delete_schedule(&name).await.unwrap());
     assert!(s.schedule(&name).await.unwrap().is_none());
+    assert_eq!(head(&*s, &name).await, None);
 }
 
 pub async fn schedule_ticks_get_one_job_each(s: Arc<dyn Store>) {

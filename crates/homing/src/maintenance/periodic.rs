@@ -77,72 +77,79 @@ fn tick_job(s: &Schedule, tick: Micros, now: Micros) -> NewJob {
 }
 
 /// Enqueues every schedule's due ticks at `now`; returns how many jobs this call inserted.
-/// A schedule the store refuses for its own data (say, its queue is over the queue bound) is
-/// logged and passed over; the others go on. The pass fails only when the store is unavailable.
+/// A pass reads every unpaused schedule's head (name, spec, cursor) and the whole schedule, args
+/// and all, only when a tick is due. A schedule the store refuses for its own data (say, its
+/// queue is over the queue bound) is logged and passed over; the others go on. The pass fails
+/// only when the store is unavailable.
 pub async fn fire_due(broker: &dyn Broker, store: &dyn Store, now: Micros) -> Result<usize> {
-    let schedules = store.schedules().await?;
-    fire_listed(broker, store, schedules, now).await
-}
-
-/// [`fire_due`] over schedules already read.
-async fn fire_listed(
-    broker: &dyn Broker,
-    store: &dyn Store,
-    schedules: Vec<Schedule>,
-    now: Micros,
-) -> Result<usize> {
     let mut total = 0;
-    for s in schedules {
+    for head in store.schedule_heads().await? {
         // Working out a schedule's ticks awaits nothing, and a worker's runtime may have one
         // thread (its default): without a yield here a long list, or a cron whose next tick
         // takes long to find, would hold up the process's heartbeat and jobs for the whole pass.
         tokio::task::yield_now().await;
-        if s.paused {
+        if !head.has_due(now) {
             continue;
         }
-        // An interval counts from the cursor, which is always one of its ticks (or its anchor).
-        let Some(due) = schedule::due(&s.def.spec, s.cursor, s.cursor, now, s.def.missed) else {
-            continue;
-        };
-        let firing = Firing {
-            name: s.def.name.clone(),
-            expected_cursor: s.cursor,
-            new_cursor: due.cursor,
-            jobs: due
-                .fire
-                .iter()
-                .map(|t| (*t, tick_job(&s, *t, now)))
-                .collect(),
-        };
-        let inserted = match store.fire_schedule(&firing, now).await {
-            Ok(Some(i)) => i,
-            // Another scheduler took these ticks first.
-            Ok(None) => continue,
-            Err(e) if e.is_transient() => return Err(e),
-            Err(e) => {
-                tracing::error!(schedule = %s.def.name, error = %e, "a schedule's ticks could not be enqueued; the other schedules go on");
-                continue;
-            }
-        };
-        let fresh: Vec<ToPublish> = inserted
-            .iter()
-            .filter(|i| i.needs_dispatch())
-            .map(|i| ToPublish {
-                id: i.id,
-                queue: i.queue.clone(),
-                priority: s.def.options.priority.unwrap_or(0),
-            })
-            .collect();
-        for i in inserted.iter().filter(|i| !i.existed) {
-            crate::metrics::count(crate::metrics::JOBS_ENQUEUED, &i.queue, &s.def.task);
-        }
-        total += fresh.len();
-        // Committed: a failed publish leaves them undispatched for the reconciler.
-        if let Err(e) = publish(broker, store, &fresh).await {
-            tracing::warn!(error = %e, "publishing a schedule's ticks failed; the reconciler will publish them");
+        // Changed or deleted since the heads were read: decided as it stands now.
+        if let Some(s) = store.schedule(&head.name).await? {
+            total += fire_one(broker, store, &s, now).await?;
         }
     }
     Ok(total)
+}
+
+/// Enqueues one schedule's due ticks; how many jobs it inserted.
+async fn fire_one(
+    broker: &dyn Broker,
+    store: &dyn Store,
+    s: &Schedule,
+    now: Micros,
+) -> Result<usize> {
+    if s.paused {
+        return Ok(0);
+    }
+    // An interval counts from the cursor, which is always one of its ticks (or its anchor).
+    let Some(due) = schedule::due(&s.def.spec, s.cursor, s.cursor, now, s.def.missed) else {
+        return Ok(0);
+    };
+    let firing = Firing {
+        name: s.def.name.clone(),
+        expected_cursor: s.cursor,
+        new_cursor: due.cursor,
+        jobs: due
+            .fire
+            .iter()
+            .map(|t| (*t, tick_job(s, *t, now)))
+            .collect(),
+    };
+    let inserted = match store.fire_schedule(&firing, now).await {
+        Ok(Some(i)) => i,
+        // Another scheduler took these ticks first.
+        Ok(None) => return Ok(0),
+        Err(e) if e.is_transient() => return Err(e),
+        Err(e) => {
+            tracing::error!(schedule = %s.def.name, error = %e, "a schedule's ticks could not be enqueued; the other schedules go on");
+            return Ok(0);
+        }
+    };
+    let fresh: Vec<ToPublish> = inserted
+        .iter()
+        .filter(|i| i.needs_dispatch())
+        .map(|i| ToPublish {
+            id: i.id,
+            queue: i.queue.clone(),
+            priority: s.def.options.priority.unwrap_or(0),
+        })
+        .collect();
+    for i in inserted.iter().filter(|i| !i.existed) {
+        crate::metrics::count(crate::metrics::JOBS_ENQUEUED, &i.queue, &s.def.task);
+    }
+    // Committed: a failed publish leaves them undispatched for the reconciler.
+    if let Err(e) = publish(broker, store, &fresh).await {
+        tracing::warn!(error = %e, "publishing a schedule's ticks failed; the reconciler will publish them");
+    }
+    Ok(fresh.len())
 }
 
 #[cfg(test)]
@@ -158,14 +165,13 @@ mod tests {
         let url = format!("sqlite://{}", dir.path().join("h.db").display());
         let b = crate::backend::Backends::open(&url, &url).await.unwrap();
         let t0 = now();
-        let mut listed = Vec::new();
         for i in 0..50 {
             let def = crate::conformance::schedules::def(&format!("s{i}"), "periodic-q", 3600);
-            listed.push(b.store.put_schedule(&def, t0).await.unwrap());
+            b.store.put_schedule(&def, t0).await.unwrap();
         }
         let other = crate::conformance::OtherTask::start().await;
         let before = other.runs();
-        let fired = fire_listed(&*b.broker, &*b.store, listed, t0 + 1_000_000)
+        let fired = fire_due(&*b.broker, &*b.store, t0 + 1_000_000)
             .await
             .unwrap();
         let during = other.runs() - before;

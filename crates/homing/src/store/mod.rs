@@ -1099,6 +1099,11 @@ pub trait Store: Send + Sync + 'static {
 
     async fn schedule(&self, name: &str) -> Result<Option<crate::schedule::Schedule>>;
 
+    /// Every unpaused schedule's name, spec and cursor, by name: what the periodic pass reads
+    /// every time to find the due ones, without their args. A row whose spec cannot be read is
+    /// left out (logged).
+    async fn schedule_heads(&self) -> Result<Vec<crate::schedule::ScheduleHead>>;
+
     /// Deletes a schedule; `false` when there was none. Its jobs stay.
     async fn delete_schedule(&self, name: &str) -> Result<bool>;
 

@@ -10,7 +10,7 @@
 //!   changes nothing and learns so (`None`).
 
 use crate::job::JobId;
-use crate::schedule::{Schedule, ScheduleDef};
+use crate::schedule::{Schedule, ScheduleDef, ScheduleHead};
 use crate::time::Micros;
 
 fn to_json<T: serde::Serialize>(v: &T) -> String {
@@ -52,6 +52,20 @@ impl Row {
     }
 }
 
+/// A head from its stored columns, or `None` (logged) when its spec cannot be read.
+fn head(name: String, spec: &str, cursor: Micros) -> Option<ScheduleHead> {
+    match serde_json::from_str(spec) {
+        Ok(spec) => Some(ScheduleHead { name, spec, cursor }),
+        Err(e) => {
+            tracing::error!(schedule = %name, error = %e, "a schedule's stored spec cannot be read; it is skipped");
+            None
+        }
+    }
+}
+
+/// The heads of unpaused schedules, by name; see [`crate::store::Store::schedule_heads`].
+const HEADS: &str = "SELECT name, spec, cursor FROM {table} WHERE {unpaused} ORDER BY name";
+
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite {
     use super::*;
@@ -91,6 +105,20 @@ pub(crate) mod sqlite {
         let mut out = Vec::new();
         for r in rows {
             out.extend(r?.decode());
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn heads(c: &rusqlite::Connection) -> rusqlite::Result<Vec<ScheduleHead>> {
+        let sql = HEADS
+            .replace("{table}", "schedules")
+            .replace("{unpaused}", "paused = 0");
+        let mut st = c.prepare_cached(&sql)?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get::<_, String>(1)?, r.get(2)?)))?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (name, spec, cursor) = r?;
+            out.extend(head(name, &spec, cursor));
         }
         Ok(out)
     }
@@ -213,6 +241,22 @@ pub(crate) mod postgres {
         let mut out = Vec::new();
         for r in &rows {
             out.extend(row(r)?.decode());
+        }
+        Ok(out)
+    }
+
+    pub(crate) async fn heads(c: &mut PgConnection) -> sqlx::Result<Vec<ScheduleHead>> {
+        let sql = HEADS
+            .replace("{table}", "homing_schedules")
+            .replace("{unpaused}", "NOT paused");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(c).await?;
+        let mut out = Vec::new();
+        for r in &rows {
+            out.extend(head(
+                r.try_get(0)?,
+                &r.try_get::<String, _>(1)?,
+                r.try_get(2)?,
+            ));
         }
         Ok(out)
     }

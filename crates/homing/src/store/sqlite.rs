@@ -2829,6 +2829,10 @@ impl Store for SqliteStore {
         self.db.read(super::schedules::sqlite::list).await
     }
 
+    async fn schedule_heads(&self) -> Result<Vec<crate::schedule::ScheduleHead>> {
+        self.db.read(super::schedules::sqlite::heads).await
+    }
+
     async fn schedule(&self, name: &str) -> Result<Option<crate::schedule::Schedule>> {
         let name = name.to_string();
         self.db

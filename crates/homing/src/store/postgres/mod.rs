@@ -3836,6 +3836,14 @@ impl Store for PgStore {
         .await
     }
 
+    async fn schedule_heads(&self) -> Result<Vec<crate::schedule::ScheduleHead>> {
+        self.call(async {
+            let mut c = self.pool.acquire().await?;
+            super::schedules::postgres::heads(&mut c).await
+        })
+        .await
+    }
+
     async fn schedule(&self, name: &str) -> Result<Option<crate::schedule::Schedule>> {
         self.call(async {
             let mut c = self.pool.acquire().await?;
