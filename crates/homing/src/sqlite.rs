@@ -672,7 +672,7 @@ impl Db {
         F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
     {
         if self.calls_here() {
-            let looked = on_this_thread(|| self.read_now(look)).and_then(|r| r);
+            let looked = on_this_thread(|| self.read_now(look, None)).and_then(|r| r);
             if !looked.map_err(|e| e.context("looking before the write"))? {
                 return given_back(Ok(None)).await;
             }
@@ -681,7 +681,7 @@ impl Db {
         let db = self.clone();
         on_blocking_pool(crate::requests::Work::Write, move || {
             if !db
-                .read_now(look)
+                .read_now(look, None)
                 .map_err(|e| e.context("looking before the write"))?
             {
                 return Ok(None);
@@ -842,16 +842,24 @@ impl Db {
     {
         if self.calls_here() {
             // A read seldom waits for another connection: the log keeps its snapshot.
-            let read = on_this_thread(|| self.read_now(f)).and_then(|r| r);
+            let read = on_this_thread(|| self.read_now(f, None)).and_then(|r| r);
             return given_back(read).await;
         }
         let db = self.clone();
-        on_blocking_pool(crate::requests::Work::Read, move || db.read_now(f)).await
+        let given_up = GiveUpOnDrop::default();
+        let flag = given_up.0.clone();
+        on_blocking_pool(crate::requests::Work::Read, move || {
+            db.read_now(f, Some(flag))
+        })
+        .await
     }
 
     /// The body of every read, on a blocking thread or the caller's ([`Db::run_calls_here`]):
-    /// a pooled read connection, or a new one.
-    fn read_now<T, F>(&self, f: F) -> Result<T>
+    /// a pooled read connection, or a new one. When `given_up` turns true (its caller stopped
+    /// waiting: a client went away, a request timed out) the statement stops at its next
+    /// progress check instead of running to its end for nobody; a search over a million jobs
+    /// takes half a second of a thread and of a request permit.
+    fn read_now<T, F>(&self, f: F, given_up: Option<Arc<AtomicBool>>) -> Result<T>
     where
         F: FnOnce(&Connection) -> rusqlite::Result<T>,
     {
@@ -860,12 +868,40 @@ impl Db {
             Some(c) => c,
             None => open_conn(&self.path).map_err(map_err)?,
         };
+        // The handler belongs to this read alone: installed here and removed before the
+        // connection goes back to the pool (a connection that keeps it is not pooled), so a
+        // late give-up cannot stop another read. Without it the read only runs to its end.
+        let watched = given_up.is_some_and(|flag| {
+            conn.progress_handler(
+                GIVE_UP_CHECK_OPS,
+                Some(move || flag.load(Ordering::Relaxed)),
+            )
+            .is_ok()
+        });
         let out = f(&conn).map_err(map_err);
+        if watched && conn.progress_handler(0, None::<fn() -> bool>).is_err() {
+            return out;
+        }
         let mut pool = self.readers.lock().unwrap_or_else(|p| p.into_inner());
         if pool.len() < 8 {
             pool.push(conn);
         }
         out
+    }
+}
+
+/// How many SQLite virtual-machine steps a watched read runs between looks at its give-up
+/// flag: a few microseconds, and a load of one atomic each time.
+const GIVE_UP_CHECK_OPS: std::ffi::c_int = 1000;
+
+/// Set when the future of a read is dropped before the read answered (see [`Db::read`]); once
+/// the read has answered, the flag is no longer looked at.
+#[derive(Default)]
+struct GiveUpOnDrop(Arc<AtomicBool>);
+
+impl Drop for GiveUpOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -1041,6 +1077,51 @@ pub fn path_from_url(url: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A read whose caller stops waiting (a client gone, a request timed out) stops its
+    /// statement instead of running it to its end for nobody, and the connection it used
+    /// answers the next read in full. Without the give-up the count below runs for
+    /// tens of seconds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_whose_caller_gave_up_stops_its_statement() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path().join("h.db")).unwrap();
+        let count = |to: i64| {
+            format!(
+                "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < {to}) \
+                 SELECT count(*) FROM n"
+            )
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let long = count(150_000_000);
+        let slow = db.read(move |c| {
+            let r = c.query_row(&long, [], |r| r.get::<_, i64>(0));
+            let interrupted = matches!(&r, Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::OperationInterrupted);
+            let _ = tx.send(interrupted);
+            r
+        });
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), slow)
+                .await
+                .is_err(),
+            "a count to 150 million does not answer in 300 ms"
+        );
+        let stopped = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(10)))
+            .await
+            .unwrap();
+        assert_eq!(
+            stopped,
+            Ok(true),
+            "the statement stopped, interrupted, once its caller gave up"
+        );
+        let short = count(300_000);
+        let n = db
+            .read(move |c| c.query_row(&short, [], |r| r.get::<_, i64>(0)))
+            .await
+            .expect("the next read on the pooled connection");
+        assert_eq!(n, 300_000);
+    }
 
     /// Calls made on the runtime's thread let its other tasks run after each (a loop of them,
     /// such as maintenance's batches, does not hold the heartbeat for the whole loop), and a
