@@ -156,6 +156,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0026_counts_without_upserts",
         sql: include_str!("sqlite/migrations/0026_counts_without_upserts.sql"),
     },
+    Migration {
+        version: 27,
+        name: "0027_schedule_heads",
+        sql: include_str!("sqlite/migrations/0027_schedule_heads.sql"),
+    },
 ];
 
 /// An open database file.
