@@ -418,6 +418,54 @@ pub fn settle(steps: &[Job]) -> Vec<Settle> {
     }
 }
 
+/// The columns a store leaves out when it reads a workflow's steps (to settle it, to show it),
+/// with what it reads in their place: args, results and progress (up to 1 MiB, 8 MiB and 64 KiB
+/// a step, and every step's end settles its workflow, which read all of them again), the
+/// follow-ups and a step's own parents (which hold its parents' results). [`settle`] looks at
+/// states and links; the results a made-runnable step carries are read afterwards, for its
+/// parents alone ([`parents_to_read`], [`with_results`]).
+pub const STEPS_LEAVE_OUT: [(&str, &str); 6] = [
+    ("args", "'null'"),
+    ("result", "NULL"),
+    ("progress", "NULL"),
+    ("on_success", "NULL"),
+    ("on_failure", "NULL"),
+    ("parents", "NULL"),
+];
+
+/// A store's job column as a workflow's steps are read ([`STEPS_LEAVE_OUT`]).
+pub fn step_column(column: &str) -> &str {
+    STEPS_LEAVE_OUT
+        .iter()
+        .find(|(c, _)| *c == column)
+        .map_or(column, |(_, read)| read)
+}
+
+/// The parents whose results the steps [`settle`] made runnable carry, each once.
+pub fn parents_to_read(decided: &[Settle]) -> Vec<JobId> {
+    let mut ids: Vec<JobId> = decided
+        .iter()
+        .flat_map(|d| match d {
+            Settle::Ready { parents, .. } => parents.values().map(|p| p.id).collect(),
+            Settle::Cancel { .. } => Vec::new(),
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Gives the made-runnable steps' parents their results, as read by the store.
+pub fn with_results(decided: &mut [Settle], results: &HashMap<JobId, serde_json::Value>) {
+    for d in decided {
+        if let Settle::Ready { parents, .. } = d {
+            for p in parents.values_mut() {
+                p.result = results.get(&p.id).cloned();
+            }
+        }
+    }
+}
+
 /// The reason of a [`Settle::Cancel`], naming the first parent that did not succeed.
 pub fn cancel_reason(steps: &[Job], id: JobId, decided: &[Settle]) -> String {
     let cancelled: HashSet<JobId> = decided
@@ -745,6 +793,44 @@ mod tests {
         // Not waiting any more (already made ready): never decided again.
         let s = jobs(&[("a", "", Success, Succeeded), ("c", "a", Success, Queued)]);
         assert!(decided(&s).is_empty());
+    }
+
+    /// Steps are read without results; the made-runnable steps' parents, each once, get theirs
+    /// afterwards, and only those.
+    #[test]
+    fn results_are_read_for_the_parents_of_ready_steps_alone() {
+        use JobState::*;
+        use RunOn::*;
+        let s = jobs(&[
+            ("a", "", Success, Succeeded),
+            ("b", "", Success, Succeeded),
+            ("x", "", Success, Succeeded),
+            ("c", "a,b", Success, Waiting),
+            ("d", "a", Any, Waiting),
+        ]);
+        let mut decided = settle(&s);
+        assert_eq!(parents_to_read(&decided), {
+            let mut want = vec![s[0].id, s[1].id];
+            want.sort_unstable();
+            want
+        });
+        let results = [
+            (s[0].id, serde_json::json!("A")),
+            (s[2].id, serde_json::json!("X")),
+        ];
+        with_results(&mut decided, &results.into_iter().collect());
+        for d in &decided {
+            let Settle::Ready { parents, .. } = d else {
+                panic!("{d:?}")
+            };
+            assert_eq!(parents["a"].result, Some(serde_json::json!("A")));
+            if let Some(b) = parents.get("b") {
+                assert_eq!(b.result, None, "a parent without a result read has none");
+            }
+        }
+        assert_eq!(step_column("args"), "'null'");
+        assert_eq!(step_column("parents"), "NULL");
+        assert_eq!(step_column("workflow"), "workflow");
     }
 
     #[test]

@@ -120,6 +120,7 @@ pub async fn workflow_step_runs_once_after_its_parents(s: Arc<dyn Store>) {
     assert_eq!(j.state, JobState::Queued);
     let parents = j.parents.expect("parents fixed when it became runnable");
     assert_eq!(parents["a"].result, Some(serde_json::json!("A")));
+    assert_eq!(parents["b"].result, Some(serde_json::json!("B")));
     assert_eq!(parents["b"].state, JobState::Succeeded);
     let w = s.workflow(wf).await.unwrap().unwrap();
     assert_eq!(w.state, WorkflowState::Running);

@@ -592,12 +592,36 @@ fn write_effects(
 }
 
 /// A workflow's steps, as jobs.
+/// A workflow's steps, as jobs without their args, results and the rest of
+/// [`crate::workflow::STEPS_LEAVE_OUT`].
 fn workflow_jobs(tx: &rusqlite::Connection, workflow: &str) -> rusqlite::Result<Vec<Job>> {
+    let columns: Vec<&str> = COLUMNS
+        .split(',')
+        .map(|c| crate::workflow::step_column(c.trim()))
+        .collect();
     tx.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM jobs WHERE workflow_id = ?1 ORDER BY id"
+        "SELECT {} FROM jobs WHERE workflow_id = ?1 ORDER BY id",
+        columns.join(", ")
     ))?
     .query_map([workflow], row_to_job)?
     .collect()
+}
+
+/// The results of `ids`, those that have one and can be read.
+fn results_of(
+    tx: &rusqlite::Connection,
+    ids: &[JobId],
+) -> rusqlite::Result<std::collections::HashMap<JobId, serde_json::Value>> {
+    let mut st = tx.prepare_cached("SELECT result FROM jobs WHERE id = ?1")?;
+    let mut out = std::collections::HashMap::new();
+    for id in ids {
+        let text: Option<Option<String>> =
+            st.query_row([id.to_string()], |r| r.get(0)).optional()?;
+        if let Some(v) = read_json(text.flatten().as_deref(), "result", &mut Vec::new()) {
+            out.insert(*id, v);
+        }
+    }
+    Ok(out)
 }
 
 /// Applies [`crate::workflow::settle`] to a workflow whose step just reached a terminal state,
@@ -610,7 +634,9 @@ fn settle_in(
 ) -> rusqlite::Result<Vec<ToPublish>> {
     use crate::workflow::Settle;
     let steps = workflow_jobs(tx, workflow)?;
-    let decided = crate::workflow::settle(&steps);
+    let mut decided = crate::workflow::settle(&steps);
+    let results = results_of(tx, &crate::workflow::parents_to_read(&decided))?;
+    crate::workflow::with_results(&mut decided, &results);
     let mut publish = Vec::new();
     for d in &decided {
         match d {

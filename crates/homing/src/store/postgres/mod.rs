@@ -1323,11 +1323,16 @@ async fn lock_ahead_of_jobs(
     super::limits::postgres::lock_limited(conn, ids).await
 }
 
-/// A workflow's steps, as jobs.
+/// A workflow's steps, as jobs without their args, results and the rest of
+/// [`crate::workflow::STEPS_LEAVE_OUT`].
 async fn workflow_jobs(conn: &mut PgConnection, wf: uuid::Uuid) -> sqlx::Result<Vec<Job>> {
+    let columns: Vec<&str> = COLUMNS
+        .iter()
+        .map(|c| crate::workflow::step_column(c))
+        .collect();
     let sql = format!(
         "SELECT {} FROM homing_jobs WHERE workflow_id = $1 ORDER BY id",
-        columns("")
+        columns.join(", ")
     );
     sqlx::query(AssertSqlSafe(sql))
         .bind(wf)
@@ -1355,7 +1360,22 @@ async fn settle_tx(
         .fetch_optional(&mut *conn)
         .await?;
     let steps = workflow_jobs(conn, wf).await?;
-    let decided = crate::workflow::settle(&steps);
+    let mut decided = crate::workflow::settle(&steps);
+    let to_read = crate::workflow::parents_to_read(&decided);
+    if !to_read.is_empty() {
+        let rows: Vec<(JobId, Option<String>)> =
+            sqlx::query_as("SELECT id, result FROM homing_jobs WHERE id = ANY($1)")
+                .bind(to_read)
+                .fetch_all(&mut *conn)
+                .await?;
+        let results = rows
+            .into_iter()
+            .filter_map(|(id, text)| {
+                Some((id, read_json(text.as_deref(), "result", &mut Vec::new())?))
+            })
+            .collect();
+        crate::workflow::with_results(&mut decided, &results);
+    }
     let mut publish = Vec::new();
     for d in &decided {
         match d {
