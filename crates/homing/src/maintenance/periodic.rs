@@ -1,4 +1,4 @@
-//! Periodic schedules' loop (docs/schedules.md): every pass reads the schedules, asks
+//! Periodic schedules' loop (docs/schedules.md): every pass reads the schedules' heads, asks
 //! [`crate::schedule::due`] which ticks are due for each, and applies the answer with
 //! [`Store::fire_schedule`], which moves the schedule's cursor and inserts the ticks' jobs in one
 //! transaction, only if no other scheduler moved the cursor first. Every worker and server runs

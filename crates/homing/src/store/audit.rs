@@ -75,7 +75,8 @@ pub struct AuditPage {
 }
 
 impl AuditPage {
-    /// Makes a page from up to `limit + 1` rows, newest first (as [`super::JobPage::cut`]).
+    /// Makes a page from up to `limit + 1` rows, newest first: the extra row only says that
+    /// another page follows, whose cursor is the last kept entry's id.
     pub fn cut(mut entries: Vec<AuditEntry>, limit: usize) -> AuditPage {
         let next_cursor = if entries.len() > limit {
             entries.truncate(limit);

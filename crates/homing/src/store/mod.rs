@@ -228,10 +228,16 @@ impl PageFill {
         }
     }
 
+    /// Whether the page holds its `limit` of jobs already: the next row will not go on it,
+    /// whatever its size.
+    pub fn counted_out(&self) -> bool {
+        self.taken == self.limit
+    }
+
     /// Whether the next row, of `bytes` stored, goes on the page. The first `false` ends the
     /// page, and says that another follows: the row offered is its first.
     pub fn take(&mut self, bytes: usize) -> bool {
-        let full = self.taken == self.limit
+        let full = self.counted_out()
             || (self.taken > 0 && self.bytes.saturating_add(bytes) > self.budget);
         if !full {
             self.taken += 1;

@@ -64,7 +64,7 @@ fn head(name: String, spec: &str, cursor: Micros) -> Option<ScheduleHead> {
 }
 
 /// The heads of unpaused schedules, by name; see [`crate::store::Store::schedule_heads`].
-const HEADS: &str = "SELECT name, spec, cursor FROM {table} WHERE {unpaused} ORDER BY name";
+const HEADS: &str = "SELECT name, spec, cursor FROM {table} WHERE {unpaused} ORDER BY name {bytes}";
 
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite {
@@ -113,6 +113,7 @@ pub(crate) mod sqlite {
         HEADS
             .replace("{table}", "schedules")
             .replace("{unpaused}", "paused = 0")
+            .replace(" {bytes}", "")
     }
 
     pub(crate) fn heads(c: &rusqlite::Connection) -> rusqlite::Result<Vec<ScheduleHead>> {
@@ -272,7 +273,9 @@ pub(crate) mod postgres {
     pub(crate) async fn heads(c: &mut PgConnection) -> sqlx::Result<Vec<ScheduleHead>> {
         let sql = HEADS
             .replace("{table}", "homing_schedules")
-            .replace("{unpaused}", "NOT paused");
+            .replace("{unpaused}", "NOT paused")
+            // By bytes, as the embedded file orders them, whatever the database's collation.
+            .replace("{bytes}", "COLLATE \"C\"");
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(c).await?;
         let mut out = Vec::new();
         for r in &rows {

@@ -153,22 +153,24 @@ fn text_lossy(row: &Row<'_>, idx: usize) -> rusqlite::Result<Option<String>> {
     })
 }
 
-/// A job row, decoded so that no stored value but the id fails it: JSON columns, counters,
-/// the epoch and the state that cannot be decoded are shown as null/zero/`queued` and named in
-/// [`Job::unreadable`] (see [`crate::transition::unreadable_reason`]).
-/// What a row holds as stored (text and blobs at their length), measured before it is decoded.
+/// What a row holds as stored (text and blobs at their length, numbers at 8 bytes, nulls at
+/// none), measured before it is decoded.
 fn stored_bytes(row: &Row<'_>) -> rusqlite::Result<usize> {
     use rusqlite::types::ValueRef;
     let mut n = 0usize;
     for i in 0..row.as_ref().column_count() {
         n += match row.get_ref(i)? {
             ValueRef::Text(b) | ValueRef::Blob(b) => b.len(),
-            _ => 8,
+            ValueRef::Integer(_) | ValueRef::Real(_) => 8,
+            ValueRef::Null => 0,
         };
     }
     Ok(n)
 }
 
+/// A job row, decoded so that no stored value but the id fails it: JSON columns, counters,
+/// the epoch and the state that cannot be decoded are shown as null/zero/`queued` and named in
+/// [`Job::unreadable`] (see [`crate::transition::unreadable_reason`]).
 fn row_to_job(row: &Row<'_>) -> rusqlite::Result<Job> {
     let id: String = row.get(0)?;
     let mut bad = Vec::new();
@@ -591,7 +593,6 @@ fn write_effects(
     Ok(publish)
 }
 
-/// A workflow's steps, as jobs.
 /// A workflow's steps, as jobs without their args, results and the rest of
 /// [`crate::workflow::STEPS_LEAVE_OUT`].
 fn workflow_jobs(tx: &rusqlite::Connection, workflow: &str) -> rusqlite::Result<Vec<Job>> {
@@ -2107,7 +2108,8 @@ impl Store for SqliteStore {
                 let mut fill = PageFill::new(limit);
                 let mut jobs = Vec::new();
                 while let Some(row) = rows.next()? {
-                    if !fill.take(stored_bytes(row)?) {
+                    // The row past the count limit only says that more follow: not measured.
+                    if fill.counted_out() || !fill.take(stored_bytes(row)?) {
                         return Ok(JobPage::new(jobs, true));
                     }
                     jobs.push(row_to_job(row)?);

@@ -344,8 +344,9 @@ const COLUMNS: &[&str] = &[
     "traceparent",
 ];
 
-/// A job row's stored text in bytes, as [`PageFill`] weighs it (every text column; the numbers
-/// as 8 bytes each, as the embedded store counts them).
+/// A job row's stored text in bytes, as [`PageFill`] weighs it: every text column at its length
+/// and the numbers at 8 bytes each, about as the embedded store counts them (which counts a
+/// null number as nothing).
 const STORED_BYTES: &str =
     "octet_length(task)::bigint + octet_length(queue) + octet_length(state) \
     + octet_length(args) + coalesce(octet_length(result), 0) + coalesce(octet_length(error), 0) \
