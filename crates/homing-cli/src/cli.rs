@@ -831,9 +831,14 @@ pub struct ScheduleSetArgs {
     /// The schedule's name: 1-128 letters, digits, '.', '_', '-', ':'.
     #[arg(value_parser = schedule_name)]
     pub name: String,
-    /// The task each tick's job runs, e.g. builtin.http.
+    /// The task each tick's job runs, e.g. builtin.http. It must be one a worker has
+    /// registered (or a builtin), as for `homing enqueue`, unless --allow-unknown-task.
     #[arg(long)]
     pub task: String,
+    /// Set the schedule even if no worker has ever registered its task (its ticks' jobs wait
+    /// until one does).
+    #[arg(long)]
+    pub allow_unknown_task: bool,
     /// The jobs' input as JSON; `@FILE` reads a file.
     #[arg(long, default_value = "{}")]
     pub args: String,

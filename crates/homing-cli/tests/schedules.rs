@@ -316,6 +316,28 @@ async fn pause_resume_and_errors() {
     ]);
     assert_eq!(code, 1);
     assert!(err.contains("internal"), "{err}");
+    // A task no worker registered is refused as an enqueue refuses it (its ticks' jobs would
+    // wait for ever), unless the caller says so.
+    let typo = [
+        "schedules",
+        "set",
+        "typo",
+        "--task",
+        "reports.nightyl",
+        "--every",
+        "1h",
+    ];
+    let (code, _, err) = env.run(&typo);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("no worker has registered task 'reports.nightyl'"),
+        "{err}"
+    );
+    assert!(err.contains("--allow-unknown-task"), "{err}");
+    let (code, _, err) = env.run(&[&typo[..], &["--allow-unknown-task"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = env.run(&["schedules", "delete", "typo"]);
+    assert_eq!(code, 0, "{err}");
     // A builtin's args are checked as an enqueue checks them (a bad URL scheme, a bad type):
     // such a schedule made a job that failed at every tick.
     for (task, args, says) in [
@@ -409,6 +431,31 @@ async fn pause_resume_and_errors() {
         s["next_tick"].as_str().unwrap().ends_with("T18:00:00.000Z"),
         "{s}"
     );
+    let typo = serde_json::json!({"task": "reports.nightyl", "every": "1h"});
+    let r = http
+        .put(format!("{base}/v1/schedules/api-typo"))
+        .json(&typo)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unknown_task", "{body}");
+    let mut allowed = typo.clone();
+    allowed["allow_unknown_task"] = true.into();
+    let r = http
+        .put(format!("{base}/v1/schedules/api-typo"))
+        .json(&allowed)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http
+        .delete(format!("{base}/v1/schedules/api-typo"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
     let r = http
         .post(format!("{base}/v1/schedules/nope/pause"))
         .send()

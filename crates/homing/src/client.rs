@@ -353,10 +353,17 @@ impl Client {
 
     /// Creates or replaces a periodic schedule after checking it as an enqueue is checked
     /// (names, args, options) plus its spec ([`crate::schedule::check`]).
+    /// Checks a definition and creates or replaces the schedule (docs/schedules.md).
     pub async fn set_schedule(
         &self,
         def: &crate::schedule::ScheduleDef,
     ) -> Result<crate::schedule::Schedule> {
+        self.check_schedule(def).await?;
+        self.store.put_schedule(def, now()).await
+    }
+
+    /// [`check_schedule`] as a serving process runs it.
+    pub async fn check_schedule(&self, def: &crate::schedule::ScheduleDef) -> Result<()> {
         // Refusing a cron that never fires can take a second of searching (every time it
         // names falls in a daylight-saving gap): off the runtime, so an API server's other
         // requests go on meanwhile, and one check at a time (SCHEDULE_CHECKS).
@@ -372,8 +379,7 @@ impl Client {
             check_schedule(&d)
         })
         .await
-        .map_err(|e| Error::backend_from("schedule check", e))??;
-        self.store.put_schedule(def, now()).await
+        .map_err(|e| Error::backend_from("schedule check", e))?
     }
 
     pub async fn get(&self, id: JobId) -> Result<Job> {

@@ -36,6 +36,10 @@ pub struct PutSchedule {
     pub on_success: Option<FollowUp>,
     pub on_failure: Option<FollowUp>,
     pub callback_url: Option<String>,
+    /// Set it even if no worker has registered its task (as an enqueue's field). The config
+    /// file's schedules are never checked so: they are set at start, before workers register.
+    #[serde(default)]
+    pub allow_unknown_task: bool,
 }
 
 impl PutSchedule {
@@ -104,8 +108,15 @@ pub async fn put(
 ) -> Result<Response, ApiError> {
     checked_name(&name)?;
     let Json(body) = body?;
+    let allow_unknown_task = body.allow_unknown_task;
     let def = body.into_def(name).map_err(ApiError::bad_request)?;
-    let s = state.client.set_schedule(&def).await?;
+    // Every rule first, so a refused name or cron is reported as such rather than as an
+    // unknown task.
+    state.client.check_schedule(&def).await?;
+    if !allow_unknown_task {
+        super::jobs::check_known_task(&state, &def.task).await?;
+    }
+    let s = state.backends.store.put_schedule(&def, now()).await?;
     Ok(Json(ScheduleView::from(s)).into_response())
 }
 

@@ -43,18 +43,8 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
     homing::client::validate_request(&req)?;
     let backends = open(g).await?;
     let registry = tasks::registry(&crate::pipelines::for_routing());
-    if !a.allow_unknown_task && registry.get(&task).is_none() {
-        let known = backends.store.known_tasks().await?;
-        if !known.contains(&task) {
-            let mut all = registry.names();
-            all.extend(known);
-            let all = homing::validate::enqueueable_tasks(all);
-            anyhow::bail!(
-                "no worker has registered task '{}' (known: {}); start a worker that runs it, or pass --allow-unknown-task",
-                task,
-                all.join(", ")
-            );
-        }
+    if !a.allow_unknown_task {
+        require_known(&*backends.store, &registry, &task).await?;
     }
     let client =
         Client::new(backends.broker.clone(), backends.store.clone()).with_registry(registry);
@@ -101,4 +91,28 @@ pub async fn run(g: &Global, a: EnqueueArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// Fails with the tasks that are known unless a worker has registered `task` or it is one of
+/// this binary's (`homing enqueue`, `homing schedules set`).
+pub(crate) async fn require_known(
+    store: &dyn homing::store::Store,
+    registry: &homing::Registry,
+    task: &str,
+) -> anyhow::Result<()> {
+    if registry.get(task).is_some() {
+        return Ok(());
+    }
+    let known = store.known_tasks().await?;
+    if known.iter().any(|t| t == task) {
+        return Ok(());
+    }
+    let mut all = registry.names();
+    all.extend(known);
+    let all = homing::validate::enqueueable_tasks(all);
+    anyhow::bail!(
+        "no worker has registered task '{}' (known: {}); start a worker that runs it, or pass --allow-unknown-task",
+        task,
+        all.join(", ")
+    )
 }

@@ -20,8 +20,13 @@ pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> 
     match cmd {
         SchedulesCommand::Set(a) => {
             let json = a.json;
+            let allow_unknown_task = a.allow_unknown_task;
             let def = definition(a)?;
             homing::client::check_schedule(&def)?;
+            if !allow_unknown_task {
+                let registry = crate::tasks::registry(&crate::pipelines::for_routing());
+                super::enqueue::require_known(&*store, &registry, &def.task).await?;
+            }
             let target = format!("name={}", def.name);
             let put = store.put_schedule(&def, now()).await;
             let s = audited(&*store, "cli schedules set", &target, put).await?;
