@@ -336,6 +336,18 @@ async fn pause_resume_and_errors() {
     assert!(err.contains("--allow-unknown-task"), "{err}");
     let (code, _, err) = env.run(&[&typo[..], &["--allow-unknown-task"]].concat());
     assert_eq!(code, 0, "{err}");
+    // Set again with the task it has (a new interval): not refused.
+    let again = [
+        "schedules",
+        "set",
+        "typo",
+        "--task",
+        "reports.nightyl",
+        "--every",
+        "2h",
+    ];
+    let (code, _, err) = env.run(&again);
+    assert_eq!(code, 0, "{err}");
     let (code, _, err) = env.run(&["schedules", "delete", "typo"]);
     assert_eq!(code, 0, "{err}");
     // A builtin's args are checked as an enqueue checks them (a bad URL scheme, a bad type):

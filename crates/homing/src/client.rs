@@ -136,7 +136,8 @@ pub fn validate_request(req: &EnqueueRequest) -> Result<()> {
         .map_err(Error::Invalid)
 }
 
-/// How many schedule checks of [`Client::set_schedule`] run at once in this process: one. A
+/// How many schedule checks of [`Client::check_schedule_def`] (which [`Client::set_schedule`]
+/// and the API's `PUT` run) run at once in this process: one. A
 /// check of a cron that never fires holds a core for up to a second, and on the runtime's
 /// blocking pool, whose threads the embedded store's calls share: a flood of such requests
 /// (hundreds at once) filled the pool, and every enqueue, heartbeat and job of the process
@@ -352,18 +353,19 @@ impl Client {
     }
 
     /// Creates or replaces a periodic schedule after checking it as an enqueue is checked
-    /// (names, args, options) plus its spec ([`crate::schedule::check`]).
-    /// Checks a definition and creates or replaces the schedule (docs/schedules.md).
+    /// (names, args, options) plus its spec ([`crate::schedule::check`]); see
+    /// [`Client::check_schedule_def`].
     pub async fn set_schedule(
         &self,
         def: &crate::schedule::ScheduleDef,
     ) -> Result<crate::schedule::Schedule> {
-        self.check_schedule(def).await?;
+        self.check_schedule_def(def).await?;
         self.store.put_schedule(def, now()).await
     }
 
-    /// [`check_schedule`] as a serving process runs it.
-    pub async fn check_schedule(&self, def: &crate::schedule::ScheduleDef) -> Result<()> {
+    /// The free function [`check_schedule`] as a serving process runs it: off the runtime and
+    /// one at a time ([`SCHEDULE_CHECKS`]). The API runs it before it looks for the task.
+    pub async fn check_schedule_def(&self, def: &crate::schedule::ScheduleDef) -> Result<()> {
         // Refusing a cron that never fires can take a second of searching (every time it
         // names falls in a daylight-saving gap): off the runtime, so an API server's other
         // requests go on meanwhile, and one check at a time (SCHEDULE_CHECKS).

@@ -1,7 +1,8 @@
 //! `/v1/schedules`: periodic schedules (docs/schedules.md). A schedule is set whole with `PUT`
 //! (create or replace, idempotent), read, listed, paused, resumed and deleted. Bodies are checked
 //! by `homing::client::check_schedule`, the same rules as the CLI's: a bad name, cron expression,
-//! time zone, interval or policy is a 400 with the reason.
+//! time zone, interval or policy is a 400 with the reason; a task no worker registered is a 422,
+//! as for an enqueue, unless the schedule had that task already or the body allows it.
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
@@ -93,6 +94,18 @@ impl PutSchedule {
     }
 }
 
+/// Whether the schedule exists with this task already: setting it again (a new time, new args)
+/// is not refused for a task whose workers have not registered yet on this store.
+pub async fn same_task(
+    store: &dyn homing::store::Store,
+    def: &ScheduleDef,
+) -> homing::Result<bool> {
+    Ok(store
+        .schedule(&def.name)
+        .await?
+        .is_some_and(|s| s.def.task == def.task))
+}
+
 fn not_found(name: &str) -> ApiError {
     ApiError::not_found(format!("no schedule named '{name}'"))
 }
@@ -112,8 +125,8 @@ pub async fn put(
     let def = body.into_def(name).map_err(ApiError::bad_request)?;
     // Every rule first, so a refused name or cron is reported as such rather than as an
     // unknown task.
-    state.client.check_schedule(&def).await?;
-    if !allow_unknown_task {
+    state.client.check_schedule_def(&def).await?;
+    if !allow_unknown_task && !same_task(&*state.backends.store, &def).await? {
         super::jobs::check_known_task(&state, &def.task).await?;
     }
     let s = state.backends.store.put_schedule(&def, now()).await?;

@@ -259,7 +259,7 @@ pub(crate) mod postgres {
 
     pub(crate) async fn list(c: &mut PgConnection) -> sqlx::Result<Vec<Schedule>> {
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM homing_schedules ORDER BY name"
+            "SELECT {COLUMNS} FROM homing_schedules ORDER BY name COLLATE \"C\""
         )))
         .fetch_all(c)
         .await?;
