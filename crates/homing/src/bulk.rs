@@ -113,10 +113,8 @@ pub async fn step(
     cursor: Option<&str>,
 ) -> Result<Step> {
     check(action, filter).map_err(Error::Invalid)?;
-    // Ids alone: a page of whole jobs ends at 4 MiB of their args and results, which would
-    // make a step of a few jobs where results are large.
-    let page = store.list_ids(filter, cursor, BATCH).await?;
-    let ids = page.ids;
+    let page = store.list(filter, cursor, BATCH).await?;
+    let ids: Vec<_> = page.jobs.iter().map(|j| j.id).collect();
     let mut out = Step {
         next: page.next_cursor,
         ..Step::default()

@@ -178,36 +178,6 @@ pub struct JobFilter {
     pub task: Option<String>,
 }
 
-impl JobFilter {
-    /// The same filter as a search: [`Store::list`] is [`Store::search`] on these fields.
-    pub fn search(&self) -> crate::search::JobSearch {
-        crate::search::JobSearch {
-            state: self.state,
-            queue: self.queue.clone(),
-            task: self.task.clone(),
-            ..Default::default()
-        }
-    }
-}
-
-/// A page of job ids, newest first; `next_cursor` continues after the last one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IdPage {
-    pub ids: Vec<JobId>,
-    pub next_cursor: Option<String>,
-}
-
-impl IdPage {
-    /// Makes a page from up to `limit + 1` ids, newest first: the extra one only says that
-    /// another page follows, whose cursor is the last kept id.
-    pub fn cut(mut ids: Vec<JobId>, limit: usize) -> IdPage {
-        let more = ids.len() > limit;
-        ids.truncate(limit);
-        let next_cursor = ids.last().filter(|_| more).map(|id| id.to_string());
-        IdPage { ids, next_cursor }
-    }
-}
-
 /// A page of jobs, newest first; `next_cursor` continues after the last one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobPage {
@@ -882,17 +852,14 @@ pub trait Store: Send + Sync + 'static {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<JobPage> {
-        self.search(&filter.search(), cursor, limit).await
+        let search = crate::search::JobSearch {
+            state: filter.state,
+            queue: filter.queue.clone(),
+            task: filter.task.clone(),
+            ..Default::default()
+        };
+        self.search(&search, cursor, limit).await
     }
-
-    /// The ids of the jobs [`Store::list`] would give, at most `limit` (1-1000) and never cut
-    /// short by [`PAGE_BYTES`]: what a bulk action walks, which needs no job's args or result.
-    async fn list_ids(
-        &self,
-        filter: &JobFilter,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<IdPage>;
 
     /// Jobs matching every field of `search` (docs/operate.md), newest first (by id), at most
     /// `limit`, after `cursor` (a job id): keyset paging, so a page costs the same deep in the

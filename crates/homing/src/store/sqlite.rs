@@ -1136,13 +1136,13 @@ const START_RUNS: &str = "crashes < max_crashes AND (state = 'queued' OR (state 
 /// store runs.
 fn search_sql(
     c: &rusqlite::Connection,
-    (search, columns): (&crate::search::JobSearch, &str),
+    search: &crate::search::JobSearch,
     cursor: Option<&str>,
     limit: usize,
 ) -> rusqlite::Result<(String, Vec<rusqlite::types::Value>)> {
     use rusqlite::types::Value as V;
     let mut sql = format!(
-        "SELECT {columns} FROM jobs{} WHERE 1 = 1{}",
+        "SELECT {COLUMNS} FROM jobs{} WHERE 1 = 1{}",
         state_index(c, search.state, search.queue.is_some())?,
         state_term(search.state)
     );
@@ -2102,7 +2102,7 @@ impl Store for SqliteStore {
         let limit = limit.clamp(1, 1000);
         self.db
             .read(move |c| {
-                let (sql, args) = search_sql(c, (&search, COLUMNS), cursor.as_deref(), limit)?;
+                let (sql, args) = search_sql(c, &search, cursor.as_deref(), limit)?;
                 let mut st = c.prepare(&sql)?;
                 let mut rows = st.query(rusqlite::params_from_iter(args.iter()))?;
                 let mut fill = PageFill::new(limit);
@@ -2115,35 +2115,6 @@ impl Store for SqliteStore {
                     jobs.push(row_to_job(row)?);
                 }
                 Ok(JobPage::new(jobs, false))
-            })
-            .await
-    }
-
-    async fn list_ids(
-        &self,
-        filter: &JobFilter,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<IdPage> {
-        if let Some(c) = cursor {
-            if c.parse::<JobId>().is_err() {
-                return Err(Error::Invalid(format!("invalid cursor '{c}'")));
-            }
-        }
-        let search = filter.search();
-        let cursor = cursor.map(str::to_string);
-        let limit = limit.clamp(1, 1000);
-        self.db
-            .read(move |c| {
-                let (sql, args) = search_sql(c, (&search, "id"), cursor.as_deref(), limit)?;
-                let mut st = c.prepare(&sql)?;
-                let ids = st
-                    .query_map(rusqlite::params_from_iter(args.iter()), |r| {
-                        r.get::<_, String>(0)
-                    })?
-                    .map(|id| id.and_then(parse_id))
-                    .collect::<rusqlite::Result<Vec<JobId>>>()?;
-                Ok(IdPage::cut(ids, limit))
             })
             .await
     }
@@ -3110,7 +3081,7 @@ mod tests {
                     task: task.map(str::to_string),
                     ..Default::default()
                 };
-                let (sql, args) = search_sql(&c, (&search, COLUMNS), Some(&cursor), 50).unwrap();
+                let (sql, args) = search_sql(&c, &search, Some(&cursor), 50).unwrap();
                 let plan: Vec<String> = c
                     .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
                     .unwrap()

@@ -344,80 +344,6 @@ const COLUMNS: &[&str] = &[
     "traceparent",
 ];
 
-/// The ids of the jobs matching `search` after `cursor`, newest first, at most `limit + 1`,
-/// each with its stored size ([`STORED_BYTES`]; octet_length reads a value's size without
-/// fetching it when it is stored apart).
-async fn sized_matches(
-    conn: &mut PgConnection,
-    search: &crate::search::JobSearch,
-    cursor: Option<JobId>,
-    limit: usize,
-) -> sqlx::Result<Vec<(JobId, i64)>> {
-    // Parameters are numbered in the order they are bound below.
-    let mut sql = format!("SELECT id, {STORED_BYTES} FROM homing_jobs WHERE true");
-    let mut n = 0;
-    let mut next = || {
-        n += 1;
-        n
-    };
-    let texts: Vec<String> = [
-        ("state", search.state.map(|s| s.as_str().to_string())),
-        ("queue", search.queue.clone()),
-        ("task", search.task.clone()),
-    ]
-    .into_iter()
-    .filter_map(|(col, v)| v.inspect(|_| sql += &format!(" AND {col} = ${}", next())))
-    .collect();
-    if search.id_range.is_some() {
-        sql += &format!(" AND id >= ${} AND id <= ${}", next(), next());
-    }
-    if search.created_from.is_some() {
-        sql += &format!(" AND created_at >= ${}", next());
-    }
-    if search.created_to.is_some() {
-        sql += &format!(" AND created_at < ${}", next());
-    }
-    let path = search.postgres_path();
-    if path.is_some() && search.args_value.is_some() {
-        // `json`, not `jsonb`: its `#>` returns the element's text as stored (serde_json's
-        // compact form) and accepts an escaped NUL; homing_json_at (migration 0013) turns
-        // a damaged row into no match instead of an error for the whole search.
-        sql += &format!(" AND homing_json_at(args, ${}) = ${}", next(), next());
-    }
-    if search.args_contains.is_some() {
-        sql += &format!(" AND strpos(args, ${}) > 0", next());
-    }
-    if cursor.is_some() {
-        sql += &format!(" AND id < ${}", next());
-    }
-    sql += &format!(" ORDER BY id DESC LIMIT {}", limit + 1);
-    let mut q = sqlx::query(AssertSqlSafe(sql));
-    for t in &texts {
-        q = q.bind(t);
-    }
-    if let Some((lo, hi)) = search.id_range {
-        q = q.bind(lo).bind(hi);
-    }
-    if let Some(f) = search.created_from {
-        q = q.bind(f);
-    }
-    if let Some(t) = search.created_to {
-        q = q.bind(t);
-    }
-    if let (Some(p), Some(v)) = (&path, &search.args_value) {
-        q = q.bind(p).bind(v);
-    }
-    if let Some(sub) = &search.args_contains {
-        q = q.bind(sub);
-    }
-    if let Some(c) = cursor {
-        q = q.bind(c);
-    }
-    q.try_map(|r: PgRow| Ok((r.try_get(0)?, r.try_get(1)?)))
-        .fetch_all(conn)
-        .await
-}
-
 /// A job row's stored text in bytes, as [`PageFill`] weighs it: every text column at its length
 /// and the numbers at 8 bytes each, about as the embedded store counts them (which counts a
 /// null number as nothing).
@@ -2864,13 +2790,77 @@ impl Store for PgStore {
         };
         let limit = limit.clamp(1, 1000);
         self.call(async {
-            // The matching ids and their sizes first, then the rows the page holds, both in one
-            // snapshot so the sizes are the rows'.
+            // Parameters are numbered in the order they are bound below.
+            // The matching ids and their stored sizes first (octet_length reads a value's size
+            // without fetching it when it is stored apart), then the rows the page holds, both
+            // in one snapshot so the sizes are the rows'.
+            let mut sql = format!("SELECT id, {STORED_BYTES} FROM homing_jobs WHERE true");
+            let mut n = 0;
+            let mut next = || {
+                n += 1;
+                n
+            };
+            let texts: Vec<String> = [
+                ("state", search.state.map(|s| s.as_str().to_string())),
+                ("queue", search.queue.clone()),
+                ("task", search.task.clone()),
+            ]
+            .into_iter()
+            .filter_map(|(col, v)| v.inspect(|_| sql += &format!(" AND {col} = ${}", next())))
+            .collect();
+            if search.id_range.is_some() {
+                sql += &format!(" AND id >= ${} AND id <= ${}", next(), next());
+            }
+            if search.created_from.is_some() {
+                sql += &format!(" AND created_at >= ${}", next());
+            }
+            if search.created_to.is_some() {
+                sql += &format!(" AND created_at < ${}", next());
+            }
+            let path = search.postgres_path();
+            if path.is_some() && search.args_value.is_some() {
+                // `json`, not `jsonb`: its `#>` returns the element's text as stored (serde_json's
+                // compact form) and accepts an escaped NUL; homing_json_at (migration 0013) turns
+                // a damaged row into no match instead of an error for the whole search.
+                sql += &format!(" AND homing_json_at(args, ${}) = ${}", next(), next());
+            }
+            if search.args_contains.is_some() {
+                sql += &format!(" AND strpos(args, ${}) > 0", next());
+            }
+            if cursor.is_some() {
+                sql += &format!(" AND id < ${}", next());
+            }
+            sql += &format!(" ORDER BY id DESC LIMIT {}", limit + 1);
+            let mut q = sqlx::query(AssertSqlSafe(sql));
+            for t in &texts {
+                q = q.bind(t);
+            }
+            if let Some((lo, hi)) = search.id_range {
+                q = q.bind(lo).bind(hi);
+            }
+            if let Some(f) = search.created_from {
+                q = q.bind(f);
+            }
+            if let Some(t) = search.created_to {
+                q = q.bind(t);
+            }
+            if let (Some(p), Some(v)) = (&path, &search.args_value) {
+                q = q.bind(p).bind(v);
+            }
+            if let Some(sub) = &search.args_contains {
+                q = q.bind(sub);
+            }
+            if let Some(c) = cursor {
+                q = q.bind(c);
+            }
             let mut tx = self.pool.begin().await?;
             sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 .execute(&mut *tx)
                 .await?;
-            let sized = sized_matches(&mut tx, search, cursor, limit).await?;
+            let sized: Vec<(JobId, i64)> = q
+                .try_map(|r: PgRow| Ok((r.try_get(0)?, r.try_get(1)?)))
+                .fetch_all(&mut *tx)
+                .await?;
             let mut fill = PageFill::new(limit);
             let ids: Vec<JobId> = sized
                 .iter()
@@ -2891,32 +2881,6 @@ impl Store for PgStore {
                 .collect::<sqlx::Result<Vec<Job>>>()?;
             tx.commit().await?;
             Ok(JobPage::new(jobs, more))
-        })
-        .await
-    }
-
-    async fn list_ids(
-        &self,
-        filter: &JobFilter,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<IdPage> {
-        let cursor = match cursor {
-            Some(c) => Some(
-                c.parse::<JobId>()
-                    .map_err(|_| Error::Invalid(format!("invalid cursor '{c}'")))?,
-            ),
-            None => None,
-        };
-        let limit = limit.clamp(1, 1000);
-        let search = filter.search();
-        self.call(async {
-            let mut c = self.pool.acquire().await?;
-            let ids = sized_matches(&mut c, &search, cursor, limit).await?;
-            Ok(IdPage::cut(
-                ids.into_iter().map(|(id, _)| id).collect(),
-                limit,
-            ))
         })
         .await
     }
