@@ -170,6 +170,15 @@ pub fn check_schedule(def: &crate::schedule::ScheduleDef) -> Result<()> {
     Ok(())
 }
 
+/// Whether schedule `def.name` exists with `def.task` already: setting it again (a new time,
+/// new args) is not refused for a task whose workers have not registered on this store yet.
+pub async fn keeps_task(store: &dyn Store, def: &crate::schedule::ScheduleDef) -> Result<bool> {
+    Ok(store
+        .schedule(&def.name)
+        .await?
+        .is_some_and(|s| s.def.task == def.task))
+}
+
 impl Client {
     pub fn new(broker: Arc<dyn Broker>, store: Arc<dyn Store>) -> Self {
         Self {

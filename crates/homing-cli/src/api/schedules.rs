@@ -94,18 +94,6 @@ impl PutSchedule {
     }
 }
 
-/// Whether the schedule exists with this task already: setting it again (a new time, new args)
-/// is not refused for a task whose workers have not registered yet on this store.
-pub async fn same_task(
-    store: &dyn homing::store::Store,
-    def: &ScheduleDef,
-) -> homing::Result<bool> {
-    Ok(store
-        .schedule(&def.name)
-        .await?
-        .is_some_and(|s| s.def.task == def.task))
-}
-
 fn not_found(name: &str) -> ApiError {
     ApiError::not_found(format!("no schedule named '{name}'"))
 }
@@ -126,7 +114,7 @@ pub async fn put(
     // Every rule first, so a refused name or cron is reported as such rather than as an
     // unknown task.
     state.client.check_schedule_def(&def).await?;
-    if !allow_unknown_task && !same_task(&*state.backends.store, &def).await? {
+    if !allow_unknown_task && !homing::client::keeps_task(&*state.backends.store, &def).await? {
         super::jobs::check_known_task(&state, &def.task).await?;
     }
     let s = state.backends.store.put_schedule(&def, now()).await?;

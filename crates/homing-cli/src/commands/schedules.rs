@@ -23,7 +23,7 @@ pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> 
             let allow_unknown_task = a.allow_unknown_task;
             let def = definition(a)?;
             homing::client::check_schedule(&def)?;
-            if !allow_unknown_task && !crate::api::schedules::same_task(&*store, &def).await? {
+            if !allow_unknown_task && !homing::client::keeps_task(&*store, &def).await? {
                 let registry = crate::tasks::registry(&crate::pipelines::for_routing());
                 super::enqueue::require_known(&*store, &registry, &def.task).await?;
             }

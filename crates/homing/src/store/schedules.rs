@@ -63,9 +63,6 @@ fn head(name: String, spec: &str, cursor: Micros) -> Option<ScheduleHead> {
     }
 }
 
-/// The heads of unpaused schedules, by name; see [`crate::store::Store::schedule_heads`].
-const HEADS: &str = "SELECT name, spec, cursor FROM {table} WHERE {unpaused} ORDER BY name {bytes}";
-
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite {
     use super::*;
@@ -109,15 +106,11 @@ pub(crate) mod sqlite {
         Ok(out)
     }
 
-    fn heads_sql() -> String {
-        HEADS
-            .replace("{table}", "schedules")
-            .replace("{unpaused}", "paused = 0")
-            .replace(" {bytes}", "")
-    }
+    /// The heads of unpaused schedules, by name; see [`crate::store::Store::schedule_heads`].
+    const HEADS: &str = "SELECT name, spec, cursor FROM schedules WHERE paused = 0 ORDER BY name";
 
     pub(crate) fn heads(c: &rusqlite::Connection) -> rusqlite::Result<Vec<ScheduleHead>> {
-        let mut st = c.prepare_cached(&heads_sql())?;
+        let mut st = c.prepare_cached(HEADS)?;
         let rows = st.query_map([], |r| Ok((r.get(0)?, r.get::<_, String>(1)?, r.get(2)?)))?;
         let mut out = Vec::new();
         for r in rows {
@@ -136,7 +129,7 @@ pub(crate) mod sqlite {
         let _migrated = crate::sqlite::Db::open(&path).unwrap();
         let c = rusqlite::Connection::open(&path).unwrap();
         let plan: Vec<String> = c
-            .prepare(&format!("EXPLAIN QUERY PLAN {}", heads_sql()))
+            .prepare(&format!("EXPLAIN QUERY PLAN {HEADS}"))
             .unwrap()
             .query_map([], |r| r.get(3))
             .unwrap()
@@ -271,12 +264,13 @@ pub(crate) mod postgres {
     }
 
     pub(crate) async fn heads(c: &mut PgConnection) -> sqlx::Result<Vec<ScheduleHead>> {
-        let sql = HEADS
-            .replace("{table}", "homing_schedules")
-            .replace("{unpaused}", "NOT paused")
-            // By bytes, as the embedded file orders them, whatever the database's collation.
-            .replace("{bytes}", "COLLATE \"C\"");
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(c).await?;
+        // By bytes, as the embedded file orders them, whatever the database's collation.
+        let rows = sqlx::query(
+            "SELECT name, spec, cursor FROM homing_schedules WHERE NOT paused \
+             ORDER BY name COLLATE \"C\"",
+        )
+        .fetch_all(c)
+        .await?;
         let mut out = Vec::new();
         for r in &rows {
             out.extend(head(
