@@ -136,14 +136,7 @@ pub async fn step(
             // The others were changed (or removed) by someone else since the page was read.
             out.done.skipped = met - out.done.count;
             if action == Action::Retry {
-                out.publish = changed
-                    .into_iter()
-                    .map(|job| ToPublish {
-                        id: job.id,
-                        queue: job.queue,
-                        priority: job.priority,
-                    })
-                    .collect();
+                out.publish = changed;
             }
         }
     }

@@ -18,6 +18,7 @@ macro_rules! access_conformance {
         $crate::__conformance_cases!(access, $make;
             audit_is_recorded_paged_and_pruned, count_and_delete_take_only_finished_jobs,
             bulk_walks_in_bounded_steps_and_a_rerun_finishes, bulk_cancel_requests_running_jobs,
+            a_bulk_step_over_large_jobs_stays_within_a_page,
             retention_prunes_an_audit_log_longer_than_a_batch,
             many_applies_each_single_decision_in_one_step
         );
@@ -296,13 +297,75 @@ pub async fn bulk_cancel_requests_running_jobs(s: Arc<dyn Store>) {
     assert_eq!(s.cancel_requested(&[a]).await.unwrap(), vec![a]);
 }
 
+/// A step over large jobs changes no more than a page of whole jobs holds ([`PAGE_BYTES`]):
+/// each change rewrites its row, so a step of 500 jobs of 1 MB args would be a transaction of
+/// half a gigabyte holding the store's writers up. The walk goes on to the end, and a retry's
+/// step answers each job to publish with its queue and priority.
+pub async fn a_bulk_step_over_large_jobs_stays_within_a_page(s: Arc<dyn Store>) {
+    let q = unique_queue("bulkbig");
+    let pad = "x".repeat(1_000_000);
+    let jobs = (0..6)
+        .map(|i| {
+            let mut j = new_job(&q, "t");
+            j.args = serde_json::json!({ "i": i, "pad": pad });
+            j.options.priority = Some(3);
+            j
+        })
+        .collect();
+    let mut ids: Vec<JobId> = s.insert(jobs).await.unwrap().iter().map(|i| i.id).collect();
+    ids.sort();
+    let f = |state| JobFilter {
+        state: Some(state),
+        queue: Some(q.clone()),
+        task: None,
+    };
+    for (action, state) in [
+        (Action::Cancel, JobState::Queued),
+        (Action::Retry, JobState::Cancelled),
+    ] {
+        let (mut steps, mut done, mut published, mut cursor) = (0, 0, Vec::new(), None::<String>);
+        loop {
+            let st = bulk::step(&*s, action, &f(state), cursor.as_deref())
+                .await
+                .unwrap();
+            assert!(
+                st.done.count <= (PAGE_BYTES / 1_000_000) as u64,
+                "{:?}",
+                st.done
+            );
+            assert!(st.publish.iter().all(|p| p.queue == q && p.priority == 3));
+            steps += 1;
+            done += st.done.count;
+            published.extend(st.publish.iter().map(|p| p.id));
+            match st.next {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(done, 6, "{action:?}");
+        assert!(steps >= 2, "{action:?}: one step took every large job");
+        published.sort();
+        let want = if action == Action::Retry {
+            ids.clone()
+        } else {
+            Vec::new()
+        };
+        assert_eq!(published, want);
+    }
+}
+
 /// `retry_many` and `cancel_many` decide each job as the single action does, in one step: the
 /// jobs the decision takes change, the others (gone, or in a state the action refuses) are
 /// left exactly as they were and are not returned; a second run changes nothing more.
 pub async fn many_applies_each_single_decision_in_one_step(s: Arc<dyn Store>) {
     let q = unique_queue("many");
+    let prioritised = || {
+        let mut j = new_job(&q, "t");
+        j.options.priority = Some(7);
+        j
+    };
     let ids: Vec<JobId> = s
-        .insert((0..5).map(|_| new_job(&q, "t")).collect())
+        .insert((0..5).map(|_| prioritised()).collect())
         .await
         .unwrap()
         .iter()
@@ -321,11 +384,16 @@ pub async fn many_applies_each_single_decision_in_one_step(s: Arc<dyn Store>) {
     };
 
     let retried = s.retry_many(&all, now()).await.unwrap();
+    // As the broker needs it: the queue and priority the job is published to.
     assert_eq!(
-        retried.iter().map(|j| j.id).collect::<Vec<_>>(),
-        vec![ids[0]]
+        retried,
+        vec![crate::store::ToPublish {
+            id: ids[0],
+            queue: q.clone(),
+            priority: 7,
+        }]
     );
-    let j = &retried[0];
+    let j = s.get(ids[0]).await.unwrap().unwrap();
     assert_eq!((j.state, j.attempts), (JobState::Queued, 0));
     assert_eq!(state(ids[1]).await, JobState::Succeeded);
     assert_eq!(state(ids[2]).await, JobState::Running);

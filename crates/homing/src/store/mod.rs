@@ -40,6 +40,16 @@ pub struct ToPublish {
     pub priority: i32,
 }
 
+impl From<Job> for ToPublish {
+    fn from(job: Job) -> Self {
+        ToPublish {
+            id: job.id,
+            queue: job.queue,
+            priority: job.priority,
+        }
+    }
+}
+
 /// What [`Store::insert`] did with one job.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Inserted {
@@ -889,18 +899,21 @@ pub trait Store: Send + Sync + 'static {
 
     /// Of these jobs, the ones with a cancel request.
     /// A bulk retry's step (docs/bulk.md): [`Store::retry`] of each of `ids`, all in one
-    /// transaction. Returns the jobs it put back in their queue; a job that is gone or that the
-    /// decision refuses now (another party changed it since it was read) is left as it is.
+    /// transaction. Returns the jobs it put back in their queue, as the broker needs them (id,
+    /// queue, priority: a step never holds its jobs' args and results together); a job that is
+    /// gone or that the decision refuses now (another party changed it since it was read) is
+    /// left as it is.
     ///
     /// Crash contract: one transaction (the caller keeps the slice small): all of the step's
     /// retries or none; running it again retries what is still retryable.
-    async fn retry_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<Job>>;
+    async fn retry_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<ToPublish>>;
 
     /// A bulk cancel's step: [`Store::cancel`] of each of `ids`, all in one transaction.
-    /// Returns the jobs it cancelled or asked to stop; the others are left as they are.
+    /// Returns the jobs it cancelled or asked to stop (as [`Store::retry_many`] does); the
+    /// others are left as they are.
     ///
     /// Crash contract: as [`Store::retry_many`].
-    async fn cancel_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<Job>>;
+    async fn cancel_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<ToPublish>>;
 
     async fn cancel_requested(&self, ids: &[JobId]) -> Result<Vec<JobId>>;
 

@@ -1529,17 +1529,18 @@ fn cancel_in(
     }
 }
 
-/// One bulk step's single actions in one transaction: the jobs changed; a job the decision
+/// One bulk step's single actions in one transaction: the jobs changed, kept as the broker
+/// needs them (one job's args and result held at a time, not the step's); a job the decision
 /// refuses (or that is gone) is left as it is, as the single action would leave it.
 fn many(
     tx: &rusqlite::Transaction<'_>,
     ids: &[JobId],
     one: impl Fn(&rusqlite::Transaction<'_>, JobId) -> rusqlite::Result<Result<Job>>,
-) -> rusqlite::Result<Vec<Job>> {
+) -> rusqlite::Result<Vec<ToPublish>> {
     let mut out = Vec::with_capacity(ids.len());
     for &id in ids {
         if let Ok(job) = one(tx, id)? {
-            out.push(job);
+            out.push(job.into());
         }
     }
     Ok(out)
@@ -2127,7 +2128,7 @@ impl Store for SqliteStore {
         self.db.write(move |tx| cancel_in(tx, id, now)).await?
     }
 
-    async fn retry_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<Job>> {
+    async fn retry_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<ToPublish>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -2137,7 +2138,7 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn cancel_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<Job>> {
+    async fn cancel_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<ToPublish>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }

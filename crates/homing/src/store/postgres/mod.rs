@@ -356,6 +356,17 @@ const STORED_BYTES: &str =
     + coalesce(octet_length(callback_url), 0) + coalesce(octet_length(workflow), 0) \
     + coalesce(octet_length(parents), 0) + coalesce(octet_length(traceparent), 0) + 36 + 8 * 12";
 
+/// The job columns in `row_to_job`'s order without args, results and the rest of
+/// [`crate::workflow::STEPS_LEAVE_OUT`]: what decisions on states and links read, where many
+/// jobs are read at once.
+fn light_columns() -> String {
+    COLUMNS
+        .iter()
+        .map(|c| crate::workflow::step_column(c))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The job columns in `row_to_job`'s order, qualified with `alias` when it is not empty.
 fn columns(alias: &str) -> String {
     COLUMNS
@@ -504,17 +515,18 @@ async fn get_job(conn: &mut PgConnection, id: JobId, lock: bool) -> sqlx::Result
         .transpose()
 }
 
-/// Locks the rows of `ids` (in id order) and returns them by id. `plans` keeps the statement of
-/// a [`begin_keyed`] transaction apart from everyone else's ([`Plans`]).
+/// Locks the rows of `ids` (in id order) and returns them by id, read as `columns` (whole
+/// with [`columns`], or [`light_columns`]). `plans` keeps the statement of a [`begin_keyed`]
+/// transaction apart from everyone else's ([`Plans`]).
 async fn lock_jobs(
     conn: &mut PgConnection,
     ids: &[JobId],
     plans: Plans,
+    columns: &str,
 ) -> sqlx::Result<HashMap<JobId, Job>> {
     let sql = format!(
-        "{}SELECT {} FROM homing_jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+        "{}SELECT {columns} FROM homing_jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
         plans.tag(),
-        columns("")
     );
     let rows = sqlx::query(AssertSqlSafe(sql))
         .bind(lock_order(ids))
@@ -1327,13 +1339,9 @@ async fn lock_ahead_of_jobs(
 /// A workflow's steps, as jobs without their args, results and the rest of
 /// [`crate::workflow::STEPS_LEAVE_OUT`].
 async fn workflow_jobs(conn: &mut PgConnection, wf: uuid::Uuid) -> sqlx::Result<Vec<Job>> {
-    let columns: Vec<&str> = COLUMNS
-        .iter()
-        .map(|c| crate::workflow::step_column(c))
-        .collect();
     let sql = format!(
         "SELECT {} FROM homing_jobs WHERE workflow_id = $1 ORDER BY id",
-        columns.join(", ")
+        light_columns()
     );
     sqlx::query(AssertSqlSafe(sql))
         .bind(wf)
@@ -1691,7 +1699,7 @@ async fn start_tx(
 ) -> sqlx::Result<Vec<StartOutcome>> {
     let mut tx = begin_keyed(pool).await?;
     let limited = lock_ahead_of_jobs(&mut tx, ids, Fenced::Start(FenceKey::of(worker))).await?;
-    let mut jobs = lock_jobs(&mut tx, ids, Plans::Keyed).await?;
+    let mut jobs = lock_jobs(&mut tx, ids, Plans::Keyed, &columns("")).await?;
     // What the store counted per (queue, key), once per batch (the queue's row lock keeps it
     // true until the commit), plus what this batch has granted, not yet written.
     let mut usage_here: HashMap<(String, Option<String>), crate::limit::Usage> = HashMap::new();
@@ -1849,7 +1857,7 @@ async fn complete_tx(
     let mut tx = begin_keyed(pool).await?;
     let ids: Vec<JobId> = done.iter().map(|c| c.id).collect();
     let limited = lock_ahead_of_jobs(&mut tx, &ids, Fenced::No(Plans::Keyed)).await?;
-    let mut jobs = lock_jobs(&mut tx, &ids, Plans::Keyed).await?;
+    let mut jobs = lock_jobs(&mut tx, &ids, Plans::Keyed, &columns("")).await?;
     // Runs of limited queues this batch ends, with their completion's index: each frees a slot.
     let mut released: Vec<(usize, JobId, String)> = Vec::new();
     // The workflows whose step this batch ends, each with the first such completion, which
@@ -2910,16 +2918,17 @@ impl Store for PgStore {
         .await?
     }
 
-    async fn retry_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<Job>> {
+    async fn retry_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<ToPublish>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
         // Set-wise, as `retry_in` per row: the step's rows locked in id order in one
         // statement, each decided by `operator_retry`, the admitted ones reset in one
-        // statement. Two round trips per step instead of three per job.
+        // statement. Two round trips per step instead of three per job. Read light: a step of
+        // 500 jobs of 1 MiB args would otherwise hold half a gigabyte to decide on states.
         self.call(async {
             let mut tx = self.pool.begin().await?;
-            let locked = lock_jobs(&mut tx, ids, Plans::Own).await?;
+            let locked = lock_jobs(&mut tx, ids, Plans::Own, &light_columns()).await?;
             let take: Vec<JobId> = lock_order(ids)
                 .into_iter()
                 .filter(|id| {
@@ -2935,7 +2944,7 @@ impl Store for PgStore {
                 "UPDATE homing_jobs SET state = 'queued', dispatched = false, attempts = 0, \
                  crashes = 0, cancel_requested = false, worker = NULL, finished_at = NULL, \
                  scheduled_at = NULL, updated_at = $2 WHERE id = ANY($1) RETURNING {}",
-                columns("")
+                light_columns()
             );
             let mut out = sqlx::query(AssertSqlSafe(sql))
                 .bind(&take)
@@ -2953,12 +2962,12 @@ impl Store for PgStore {
             trim_history(&mut tx, &take).await?;
             tx.commit().await?;
             out.sort_by_key(|j| j.id);
-            Ok(out)
+            Ok(out.into_iter().map(ToPublish::from).collect())
         })
         .await
     }
 
-    async fn cancel_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<Job>> {
+    async fn cancel_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<ToPublish>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -2966,9 +2975,10 @@ impl Store for PgStore {
             let mut tx = self.pool.begin().await?;
             lock_workflows_of(&mut tx, ids).await?;
             let mut out = Vec::with_capacity(ids.len());
+            // One job's args and result held at a time, not the step's.
             for id in lock_order(ids) {
                 if let Ok(job) = cancel_in(&mut tx, id, now).await? {
-                    out.push(job);
+                    out.push(job.into());
                 }
             }
             tx.commit().await?;
@@ -3114,7 +3124,7 @@ impl Store for PgStore {
                     .bind(id)
                     .fetch_all(&mut *tx)
                     .await?;
-            let jobs = lock_jobs(&mut tx, &ids, Plans::Own).await?;
+            let jobs = lock_jobs(&mut tx, &ids, Plans::Own, &columns("")).await?;
             // Waiting steps first, without settling: no finaliser may be made runnable by its
             // parents' cancellation.
             for j in lock_order(&ids).iter().filter_map(|i| jobs.get(i)) {
