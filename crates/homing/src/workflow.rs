@@ -21,6 +21,14 @@ pub type WorkflowId = uuid::Uuid;
 /// so the bound keeps that read small.
 pub const MAX_STEPS: usize = 200;
 
+/// The most of its parents' results one step is given, together (their stored JSON text). A
+/// step's parents are copied into its row when it is made runnable, so without a bound a
+/// fan-in of 199 parents of 8 MiB results would make one row, and one allocation, of 1.6 GB.
+/// Room for two results of the largest size a handler may return
+/// ([`crate::validate::MAX_RESULT_BYTES`]); a step whose parents' results come to more is
+/// cancelled, saying so ([`too_large_reason`]), as one whose parent failed is.
+pub const MAX_PARENTS_BYTES: u64 = 16 * 1024 * 1024;
+
 /// When a step runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -335,9 +343,18 @@ pub enum Settle {
         id: JobId,
         parents: BTreeMap<String, ParentRun>,
     },
-    /// A parent failed for good, died or was cancelled, and the step runs only on success:
+    /// A parent failed for good, died or was cancelled, and the step runs only on success; or
+    /// its parents' results come to `too_large` bytes, more than [`MAX_PARENTS_BYTES`]:
     /// `waiting` → `cancelled`.
-    Cancel { id: JobId },
+    Cancel { id: JobId, too_large: Option<u64> },
+}
+
+/// The reason written on a step whose parents' results come to more than it may be given.
+pub fn too_large_reason(bytes: u64) -> String {
+    format!(
+        "cancelled: its parents' results come to {bytes} bytes, more than the {MAX_PARENTS_BYTES} \
+         a step is given; have the parents keep large outputs elsewhere and return their address"
+    )
 }
 
 /// The reason written on a step cancelled because a parent did not succeed.
@@ -364,7 +381,17 @@ fn readiness(run_on: RunOn, parents: &[JobState]) -> Option<bool> {
 /// A parent that no longer exists (purged) counts as cancelled. Steps not `waiting` are never
 /// touched, so deciding twice (a repair sweep, a second transaction) changes nothing: a step
 /// is made runnable exactly once.
+///
+/// Without the sizes of the steps' results: a store asks again with them
+/// ([`settle_within`]) when this makes a step runnable.
 pub fn settle(steps: &[Job]) -> Vec<Settle> {
+    settle_within(steps, &HashMap::new())
+}
+
+/// [`settle`], where a step that would be made runnable but whose parents' results
+/// (`result_bytes`, by job id; a parent not in it has none) come to more than
+/// [`MAX_PARENTS_BYTES`] is cancelled instead, and that cancellation propagated like any other.
+pub fn settle_within(steps: &[Job], result_bytes: &HashMap<JobId, u64>) -> Vec<Settle> {
     let mut state: HashMap<JobId, JobState> = steps.iter().map(|j| (j.id, j.state)).collect();
     let by_id: HashMap<JobId, &Job> = steps.iter().map(|j| (j.id, j)).collect();
     let mut out = Vec::new();
@@ -380,8 +407,17 @@ pub fn settle(steps: &[Job]) -> Vec<Settle> {
                 .iter()
                 .map(|p| state.get(p).copied().unwrap_or(JobState::Cancelled))
                 .collect();
+            let given: u64 = link.after.iter().filter_map(|p| result_bytes.get(p)).sum();
             match readiness(link.run_on, &parents) {
                 None => {}
+                Some(true) if given > MAX_PARENTS_BYTES => {
+                    state.insert(j.id, JobState::Cancelled);
+                    out.push(Settle::Cancel {
+                        id: j.id,
+                        too_large: Some(given),
+                    });
+                    changed = true;
+                }
                 Some(true) => {
                     let parents = link
                         .after
@@ -407,7 +443,10 @@ pub fn settle(steps: &[Job]) -> Vec<Settle> {
                 }
                 Some(false) => {
                     state.insert(j.id, JobState::Cancelled);
-                    out.push(Settle::Cancel { id: j.id });
+                    out.push(Settle::Cancel {
+                        id: j.id,
+                        too_large: None,
+                    });
                     changed = true;
                 }
             }
@@ -455,23 +494,37 @@ pub fn parents_to_read(decided: &[Settle]) -> Vec<JobId> {
     ids
 }
 
-/// Gives the made-runnable steps' parents their results, as read by the store.
-pub fn with_results(decided: &mut [Settle], results: &HashMap<JobId, serde_json::Value>) {
-    for d in decided {
-        if let Settle::Ready { parents, .. } = d {
-            for p in parents.values_mut() {
-                p.result = results.get(&p.id).cloned();
-            }
-        }
+/// One made-runnable step's parents with their results, as read by the store, to be written
+/// and dropped before the next step's are made: a fan-out's children share one parent's
+/// result, and all their copies at once would hold it as many times over.
+pub fn with_results(
+    parents: &BTreeMap<String, ParentRun>,
+    results: &HashMap<JobId, serde_json::Value>,
+) -> BTreeMap<String, ParentRun> {
+    let mut parents = parents.clone();
+    for p in parents.values_mut() {
+        p.result = results.get(&p.id).cloned();
     }
+    parents
 }
 
-/// The reason of a [`Settle::Cancel`], naming the first parent that did not succeed.
+/// The reason of a [`Settle::Cancel`]: its parents' results too large, or the first parent
+/// that did not succeed.
 pub fn cancel_reason(steps: &[Job], id: JobId, decided: &[Settle]) -> String {
+    let too_large = decided.iter().find_map(|d| match d {
+        Settle::Cancel {
+            id: c,
+            too_large: Some(bytes),
+        } if *c == id => Some(*bytes),
+        _ => None,
+    });
+    if let Some(bytes) = too_large {
+        return too_large_reason(bytes);
+    }
     let cancelled: HashSet<JobId> = decided
         .iter()
         .filter_map(|s| match s {
-            Settle::Cancel { id } => Some(*id),
+            Settle::Cancel { id, .. } => Some(*id),
             _ => None,
         })
         .collect();
@@ -765,7 +818,7 @@ mod tests {
             .iter()
             .map(|s| match s {
                 Settle::Ready { id, .. } => (name(id), "ready"),
-                Settle::Cancel { id } => (name(id), "cancel"),
+                Settle::Cancel { id, .. } => (name(id), "cancel"),
             })
             .collect()
     }
@@ -808,7 +861,7 @@ mod tests {
             ("c", "a,b", Success, Waiting),
             ("d", "a", Any, Waiting),
         ]);
-        let mut decided = settle(&s);
+        let decided = settle(&s);
         assert_eq!(parents_to_read(&decided), {
             let mut want = vec![s[0].id, s[1].id];
             want.sort_unstable();
@@ -818,11 +871,12 @@ mod tests {
             (s[0].id, serde_json::json!("A")),
             (s[2].id, serde_json::json!("X")),
         ];
-        with_results(&mut decided, &results.into_iter().collect());
+        let results = results.into_iter().collect();
         for d in &decided {
             let Settle::Ready { parents, .. } = d else {
                 panic!("{d:?}")
             };
+            let parents = with_results(parents, &results);
             assert_eq!(parents["a"].result, Some(serde_json::json!("A")));
             if let Some(b) = parents.get("b") {
                 assert_eq!(b.result, None, "a parent without a result read has none");
@@ -831,6 +885,60 @@ mod tests {
         assert_eq!(step_column("args"), "'null'");
         assert_eq!(step_column("parents"), "NULL");
         assert_eq!(step_column("workflow"), "workflow");
+    }
+
+    /// A step whose parents' results come to more than it may be given is cancelled, and its
+    /// dependents follow as after any cancellation; at the bound exactly it runs.
+    #[test]
+    fn too_large_parents_cancel_the_step_and_reach_its_dependents() {
+        use JobState::*;
+        use RunOn::*;
+        let s = jobs(&[
+            ("a", "", Success, Succeeded),
+            ("b", "", Success, Succeeded),
+            ("c", "a,b", Success, Waiting),
+            ("d", "c", Success, Waiting),
+            ("fin", "c", Any, Waiting),
+            ("e", "a", Success, Waiting),
+        ]);
+        let half = MAX_PARENTS_BYTES / 2;
+        let sizes: HashMap<JobId, u64> = [(s[0].id, half), (s[1].id, half + 1)].into();
+        let decided = settle_within(&s, &sizes);
+        let names: Vec<(String, &str, Option<u64>)> = decided
+            .iter()
+            .map(|d| match d {
+                Settle::Ready { id, .. } => (step_of(&s, *id), "ready", None),
+                Settle::Cancel { id, too_large } => (step_of(&s, *id), "cancel", *too_large),
+            })
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                ("c".into(), "cancel", Some(MAX_PARENTS_BYTES + 1)),
+                ("d".into(), "cancel", None),
+                ("fin".into(), "ready", None),
+                ("e".into(), "ready", None),
+            ]
+        );
+        assert_eq!(
+            cancel_reason(&s, s[2].id, &decided),
+            too_large_reason(MAX_PARENTS_BYTES + 1)
+        );
+        assert!(too_large_reason(1).contains("16777216"));
+        assert_eq!(
+            cancel_reason(&s, s[3].id, &decided),
+            "cancelled: its parent step 'c' is cancelled"
+        );
+        let sizes: HashMap<JobId, u64> = [(s[0].id, half), (s[1].id, half)].into();
+        assert!(matches!(
+            settle_within(&s, &sizes)[0],
+            Settle::Ready { id, .. } if id == s[2].id
+        ));
+    }
+
+    fn step_of(steps: &[Job], id: JobId) -> String {
+        let j = steps.iter().find(|j| j.id == id).unwrap();
+        j.workflow.as_ref().unwrap().step.clone()
     }
 
     #[test]

@@ -189,6 +189,57 @@ pub async fn workflow_failure_cancels_dependents_but_not_finalisers(s: Arc<dyn S
     assert_eq!(state(&*s, ids["b"]).await, JobState::Cancelled);
 }
 
+/// A step is given at most [`crate::workflow::MAX_PARENTS_BYTES`] of its parents' results: a
+/// fan-in whose parents' results come to more is cancelled saying so, and that reaches its own
+/// dependents as a failure would; a fan-out of one large result gives it to every child.
+pub async fn workflow_parents_results_given_to_a_step_are_bounded(s: Arc<dyn Store>) {
+    use RunOn::{Any, Success};
+    let q = unique_queue("wfbig");
+    let (_, ids) = create(
+        &*s,
+        &q,
+        &[
+            ("a", "", Success),
+            ("b", "", Success),
+            ("x", "b", Success),
+            ("y", "b", Success),
+            ("c", "a,b", Success),
+            ("d", "c", Success),
+            ("fin", "c", Any),
+        ],
+    )
+    .await;
+    let big = |c: char| serde_json::Value::String(c.to_string().repeat(9 * 1024 * 1024));
+    let r = finish(&*s, ids["a"], Outcome::Succeeded(big('a'))).await;
+    assert!(dispatched(&r).is_empty());
+    let r = finish(&*s, ids["b"], Outcome::Succeeded(big('b'))).await;
+    let mut made = dispatched(&r);
+    made.sort();
+    let mut want = vec![ids["x"], ids["y"], ids["fin"]];
+    want.sort();
+    assert_eq!(made, want, "the fan-out and the finaliser, not the fan-in");
+    for child in ["x", "y"] {
+        let j = s.get(ids[child]).await.unwrap().unwrap();
+        assert_eq!(j.parents.unwrap()["b"].result, Some(big('b')), "{child}");
+    }
+    let c = s.get(ids["c"]).await.unwrap().unwrap();
+    assert_eq!(c.state, JobState::Cancelled);
+    let given = 2 * (9 * 1024 * 1024 + 2);
+    assert_eq!(
+        c.error,
+        Some(crate::workflow::too_large_reason(given)),
+        "the reason names the bytes"
+    );
+    let d = s.get(ids["d"]).await.unwrap().unwrap();
+    assert_eq!(d.state, JobState::Cancelled);
+    assert_eq!(
+        d.error.as_deref(),
+        Some("cancelled: its parent step 'c' is cancelled")
+    );
+    let fin = s.get(ids["fin"]).await.unwrap().unwrap();
+    assert_eq!(fin.parents.unwrap()["c"].state, JobState::Cancelled);
+}
+
 pub async fn workflow_last_parents_racing_ready_the_step_once(s: Arc<dyn Store>) {
     let q = unique_queue("wfrace");
     let names: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();

@@ -625,6 +625,21 @@ fn results_of(
     Ok(out)
 }
 
+/// The stored size in bytes of each result of a workflow's steps (`octet_length` takes a text's
+/// size from its record header, without reading the text).
+fn result_sizes(
+    tx: &rusqlite::Connection,
+    workflow: &str,
+) -> rusqlite::Result<std::collections::HashMap<JobId, u64>> {
+    tx.prepare_cached(
+        "SELECT id, octet_length(result) FROM jobs WHERE workflow_id = ?1 AND result IS NOT NULL",
+    )?
+    .query_map([workflow], |r| {
+        Ok((parse_id(r.get(0)?)?, r.get::<_, i64>(1)?.max(0) as u64))
+    })?
+    .collect()
+}
+
 /// Applies [`crate::workflow::settle`] to a workflow whose step just reached a terminal state,
 /// in that transition's transaction (SQLite's one writer makes the read and the writes atomic):
 /// steps made runnable are returned to publish, cancelled ones get their callback event.
@@ -636,18 +651,21 @@ fn settle_in(
     use crate::workflow::Settle;
     let steps = workflow_jobs(tx, workflow)?;
     let mut decided = crate::workflow::settle(&steps);
+    if decided.iter().any(|d| matches!(d, Settle::Ready { .. })) {
+        decided = crate::workflow::settle_within(&steps, &result_sizes(tx, workflow)?);
+    }
     let results = results_of(tx, &crate::workflow::parents_to_read(&decided))?;
-    crate::workflow::with_results(&mut decided, &results);
     let mut publish = Vec::new();
     for d in &decided {
         match d {
             Settle::Ready { id, parents } => {
+                let parents = to_json(&crate::workflow::with_results(parents, &results));
                 let queue: Option<(String, i64)> = tx
                     .prepare_cached(
                         "UPDATE jobs SET state = 'queued', dispatched = 0, parents = ?2, \
                          updated_at = ?3 WHERE id = ?1 AND state = 'waiting' RETURNING queue, priority",
                     )?
-                    .query_row(params![id.to_string(), to_json(parents), now], |r| {
+                    .query_row(params![id.to_string(), parents, now], |r| {
                         Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
                     })
                     .optional()?;
@@ -667,7 +685,7 @@ fn settle_in(
                     });
                 }
             }
-            Settle::Cancel { id } => {
+            Settle::Cancel { id, .. } => {
                 let change = Change {
                     error: Some(Some(crate::workflow::cancel_reason(&steps, *id, &decided))),
                     ..Change::cancelled()

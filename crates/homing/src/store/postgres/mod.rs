@@ -1370,31 +1370,47 @@ async fn settle_tx(
         .await?;
     let steps = workflow_jobs(conn, wf).await?;
     let mut decided = crate::workflow::settle(&steps);
+    if decided.iter().any(|d| matches!(d, Settle::Ready { .. })) {
+        // octet_length takes a stored value's size without fetching it.
+        let sizes: Vec<(JobId, i64)> = sqlx::query_as(
+            "SELECT id, octet_length(result)::bigint FROM homing_jobs \
+             WHERE workflow_id = $1 AND result IS NOT NULL",
+        )
+        .bind(wf)
+        .fetch_all(&mut *conn)
+        .await?;
+        let sizes = sizes
+            .into_iter()
+            .map(|(id, n)| (id, n.max(0) as u64))
+            .collect();
+        decided = crate::workflow::settle_within(&steps, &sizes);
+    }
     let to_read = crate::workflow::parents_to_read(&decided);
+    let mut results = HashMap::new();
     if !to_read.is_empty() {
         let rows: Vec<(JobId, Option<String>)> =
             sqlx::query_as("SELECT id, result FROM homing_jobs WHERE id = ANY($1)")
                 .bind(to_read)
                 .fetch_all(&mut *conn)
                 .await?;
-        let results = rows
+        results = rows
             .into_iter()
             .filter_map(|(id, text)| {
                 Some((id, read_json(text.as_deref(), "result", &mut Vec::new())?))
             })
             .collect();
-        crate::workflow::with_results(&mut decided, &results);
     }
     let mut publish = Vec::new();
     for d in &decided {
         match d {
             Settle::Ready { id, parents } => {
+                let parents = to_json(&crate::workflow::with_results(parents, &results));
                 let queue: Option<(String, i64)> = sqlx::query_as(
                     "UPDATE homing_jobs SET state = 'queued', dispatched = false, parents = $2, \
                      updated_at = $3 WHERE id = $1 AND state = 'waiting' RETURNING queue, priority",
                 )
                 .bind(id)
-                .bind(to_json(parents))
+                .bind(parents)
                 .bind(now)
                 .fetch_optional(&mut *conn)
                 .await?;
@@ -1409,7 +1425,7 @@ async fn settle_tx(
                     });
                 }
             }
-            Settle::Cancel { id } => {
+            Settle::Cancel { id, .. } => {
                 let change = Change {
                     error: Some(Some(crate::workflow::cancel_reason(&steps, *id, &decided))),
                     ..Change::cancelled()
