@@ -1382,3 +1382,71 @@ async fn the_unparking_pass_skips_a_queue_whose_row_a_stuck_start_holds() {
         "the skipped queue's job at the next pass"
     );
 }
+
+/// A search whose caller stopped waiting does not run on for nobody: its connection is closed
+/// rather than pooled again, and the server ends the statement at its next check of the client
+/// (each second), not at its statement_timeout (30 s). The search is held up by a lock another
+/// session keeps, as a long scan of every row would keep it busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_whose_caller_left_is_stopped_on_the_server() {
+    let s = Arc::new(fresh_store().await);
+    s.insert(vec![new_job("q", "t")]).await.unwrap();
+    let mut hold = s.pool().begin().await.unwrap();
+    sqlx::query("LOCK TABLE homing_jobs IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *hold)
+        .await
+        .unwrap();
+    let searching = {
+        let s = s.clone();
+        move || {
+            let s = s.clone();
+            async move {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                     AND pid <> pg_backend_pid() AND state = 'active' \
+                     AND query LIKE '%strpos(args%'",
+                )
+                .fetch_one(s.pool())
+                .await
+                .unwrap()
+            }
+        }
+    };
+    let search = homing::search::JobSearch {
+        args_contains: Some("no such text".into()),
+        ..Default::default()
+    };
+    let task = {
+        let (s, search) = (s.clone(), search.clone());
+        tokio::spawn(async move { s.search(&search, None, 10).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while searching().await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the search never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    task.abort();
+    let left = Instant::now();
+    while searching().await > 0 {
+        assert!(
+            left.elapsed() < Duration::from_secs(10),
+            "the abandoned search still runs on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    hold.rollback().await.unwrap();
+    // The pool goes on serving.
+    let page = s.search(&search, None, 10).await.unwrap();
+    assert!(page.jobs.is_empty());
+    assert_eq!(
+        s.search(&Default::default(), None, 10)
+            .await
+            .unwrap()
+            .jobs
+            .len(),
+        1
+    );
+}

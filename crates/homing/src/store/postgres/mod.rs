@@ -144,6 +144,7 @@ impl PgStore {
             // Checking a pooled connection before use costs one round trip and is what lets the
             // store recover by itself after the server restarts.
             .test_before_acquire(true)
+            .after_connect(|conn, _| Box::pin(watch_client(conn)))
             .connect_lazy_with(connect);
         Ok(Self {
             pool,
@@ -355,6 +356,62 @@ const STORED_BYTES: &str =
     + coalesce(octet_length(on_success), 0) + coalesce(octet_length(on_failure), 0) \
     + coalesce(octet_length(callback_url), 0) + coalesce(octet_length(workflow), 0) \
     + coalesce(octet_length(parents), 0) + coalesce(octet_length(traceparent), 0) + 36 + 8 * 12";
+
+/// Has the server check, every second of a statement, that this connection's client is still
+/// there (PostgreSQL 14 and later; older servers have no such check and are left as they are).
+/// Without it a statement whose client went away runs to its end or its statement_timeout,
+/// since the server only notices when it next writes: a search with no match writes nothing
+/// until it is done ([`CloseIfAbandoned`]).
+async fn watch_client(conn: &mut PgConnection) -> sqlx::Result<()> {
+    use sqlx::Executor;
+    if conn.server_version_num().is_some_and(|v| v >= 140_000) {
+        conn.execute("SET client_connection_check_interval = 1000")
+            .await?;
+    }
+    Ok(())
+}
+
+/// A pooled connection that is closed, not returned to the pool, unless [`Self::done`] is
+/// called: dropped mid-statement (its caller stopped waiting: a client that left, a call's
+/// deadline), it would otherwise go back to the pool only once that statement had ended, held
+/// for nobody meanwhile. Closed, the server stops the statement at its next client check
+/// ([`watch_client`]).
+struct CloseIfAbandoned {
+    conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
+    done: bool,
+}
+
+impl CloseIfAbandoned {
+    fn new(conn: sqlx::pool::PoolConnection<sqlx::Postgres>) -> Self {
+        Self { conn, done: false }
+    }
+
+    fn done(mut self) {
+        self.done = true;
+    }
+}
+
+impl std::ops::Deref for CloseIfAbandoned {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for CloseIfAbandoned {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+}
+
+impl Drop for CloseIfAbandoned {
+    fn drop(&mut self) {
+        if !self.done {
+            self.conn.close_on_drop();
+        }
+    }
+}
 
 /// The job columns in `row_to_job`'s order without args, results and the rest of
 /// [`crate::workflow::STEPS_LEAVE_OUT`]: what decisions on states and links read, where many
@@ -2877,7 +2934,10 @@ impl Store for PgStore {
             if let Some(c) = cursor {
                 q = q.bind(c);
             }
-            let mut tx = self.pool.begin().await?;
+            // The args predicates read every row of the filter: a search can run long, and its
+            // client may leave before it ends.
+            let mut conn = CloseIfAbandoned::new(self.pool.acquire().await?);
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
             sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 .execute(&mut *tx)
                 .await?;
@@ -2904,6 +2964,7 @@ impl Store for PgStore {
                 .map(row_to_job)
                 .collect::<sqlx::Result<Vec<Job>>>()?;
             tx.commit().await?;
+            conn.done();
             Ok(JobPage::new(jobs, more))
         })
         .await
