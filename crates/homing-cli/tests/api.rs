@@ -318,6 +318,30 @@ async fn bad_requests_get_clear_4xx_errors() {
         error_code(post(big_args).await.unwrap()).await,
         (400, "invalid_request".into())
     );
+    // An integer beyond 64 bits would be kept as a double, a changed value: refused, saying so.
+    let wide = post(
+        "{\"task\": \"builtin.noop\", \"args\": {\"n\": 123456789012345678901234567890}}".into(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(wide.status(), 400);
+    let body: serde_json::Value = wide.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "invalid_json", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("the integer 123456789012345678901234567890 does not fit in 64 bits"),
+        "{message}"
+    );
+    let widest = post("{\"task\": \"builtin.noop\", \"args\": {\"n\": 18446744073709551615}, \"queue\": \"parked\"}".into())
+        .await
+        .unwrap();
+    assert_eq!(widest.status(), 202);
+    let job: serde_json::Value = widest.json().await.unwrap();
+    assert_eq!(
+        job["args"]["n"],
+        serde_json::json!(18446744073709551615u64),
+        "{job}"
+    );
     let text = http
         .post(format!("{base}/v1/jobs"))
         .body("{\"task\": \"builtin.noop\"}")

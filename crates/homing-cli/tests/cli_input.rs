@@ -154,6 +154,19 @@ fn hostile_names_and_values_are_refused_with_a_reason() {
         1,
         "deeper than 64",
     );
+    // An integer the JSON reader would keep as a double, changed: refused, not rounded.
+    refused(
+        d,
+        &[
+            "enqueue",
+            "builtin.noop",
+            "--args",
+            r#"{"n": 123456789012345678901234567890}"#,
+        ],
+        &[],
+        1,
+        "does not fit in 64 bits",
+    );
     // A HOMING_LOG that would silence every line (a bare word that is not a level) is refused;
     // a blank one is the default.
     refused(

@@ -636,6 +636,52 @@ async fn remote_protocol_on_the_embedded_backend() {
         "{refused}"
     );
     assert!(refused["result"].is_null());
+    // A result holding an integer beyond 64 bits (which the JSON reader would keep as a
+    // double) fails its own job with the reason; the call's other completion stands, exact.
+    let y = api.enqueue("py.work", "py", json!({"n": 10})).await;
+    let z = api.enqueue("py.work", "py", json!({"n": 11})).await;
+    let yjob = w.reserve_job(&y).await;
+    let zjob = w.reserve_job(&z).await;
+    let one = |j: &Value, result: &str| {
+        format!(
+            r#"{{"job_id": {}, "epoch": {}, "lease": {}, "outcome": "succeeded", "result": {result}}}"#,
+            j["job_id"], j["epoch"], j["lease"]
+        )
+    };
+    let body = format!(
+        r#"{{"results": [{}, {}]}}"#,
+        one(&yjob, r#"{"n": 123456789012345678901234567890}"#),
+        one(&zjob, r#"{"n": 18446744073709551615}"#)
+    );
+    let r = api
+        .http
+        .post(api.url(&w.path("complete")))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let answer: Value = r.json().await.unwrap();
+    assert_eq!(answer["results"][0]["status"], "applied", "{answer}");
+    assert_eq!(answer["results"][1]["status"], "applied", "{answer}");
+    w.held
+        .lock()
+        .unwrap()
+        .retain(|h| h["job_id"] != yjob["job_id"] && h["job_id"] != zjob["job_id"]);
+    let inexact = api.job(&y).await;
+    assert_eq!(inexact["state"], "failed", "{inexact}");
+    assert!(
+        inexact["error"]
+            .as_str()
+            .unwrap()
+            .contains("result was refused: the integer 123456789012345678901234567890 does not fit in 64 bits"),
+        "{inexact}"
+    );
+    let exact = api.job(&z).await;
+    assert_eq!(exact["state"], "succeeded", "{exact}");
+    assert_eq!(exact["result"]["n"], json!(18446744073709551615u64));
     // Refused from the declared length, before any of the body is read.
     let (status, text) = declared_only(&api.url(&w.path("complete")), 17 * 1024 * 1024).await;
     assert_eq!(status, 413, "{text}");

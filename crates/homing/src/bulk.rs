@@ -115,6 +115,8 @@ pub async fn step(
     check(action, filter).map_err(Error::Invalid)?;
     let page = store.list(filter, cursor, BATCH).await?;
     let ids: Vec<_> = page.jobs.iter().map(|j| j.id).collect();
+    // The page's args and results are not needed past here (up to 4 MiB of them).
+    drop(page.jobs);
     let mut out = Step {
         next: page.next_cursor,
         ..Step::default()

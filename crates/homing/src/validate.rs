@@ -199,6 +199,58 @@ pub fn result(v: &serde_json::Value) -> Result<(), String> {
     json("the result", v, MAX_RESULT_BYTES)
 }
 
+/// Refuses JSON text holding an integer that does not fit in 64 bits (below -2^63 or above
+/// 2^64 - 1). The JSON reader keeps such a number as a double without a word, so
+/// 123456789012345678901234567890 would be stored, and handed to the task, as
+/// 1.2345678901234568e29: a changed value, where every other rule refuses. `json` is text the
+/// JSON reader has accepted; numbers inside strings are not numbers.
+pub fn exact_integers(json: &[u8]) -> Result<(), String> {
+    let mut i = 0;
+    while i < json.len() {
+        match json[i] {
+            b'"' => {
+                i += 1;
+                while i < json.len() && json[i] != b'"' {
+                    // An escape's next byte is never the closing quote.
+                    i += if json[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < json.len()
+                    && matches!(json[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    i += 1;
+                }
+                let n = &json[start..i];
+                let integer = !n.iter().any(|b| matches!(b, b'.' | b'e' | b'E'));
+                // ASCII by the match above.
+                let text = std::str::from_utf8(n).unwrap_or_default();
+                let fits = text.parse::<u64>().is_ok() || text.parse::<i64>().is_ok();
+                if integer && !fits {
+                    let shown = if text.len() > 40 {
+                        format!(
+                            "{}… ({} digits)",
+                            &text[..40],
+                            text.trim_start_matches('-').len()
+                        )
+                    } else {
+                        text.to_string()
+                    };
+                    return Err(format!(
+                        "the integer {shown} does not fit in 64 bits \
+                         (-9223372036854775808 to 18446744073709551615): it would be kept as a \
+                         double and so changed; send it as a string"
+                    ));
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    Ok(())
+}
+
 /// A text to store (an error, a reason, a progress message): U+0000 replaced, cut to
 /// `max_bytes` on a character boundary with a marker saying so.
 pub fn text(s: &str, max_bytes: usize) -> String {
@@ -265,6 +317,39 @@ pub fn nested(levels: usize, inner: serde_json::Value) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn integers_beyond_64_bits_are_refused_and_the_rest_kept() {
+        for ok in [
+            r#"{"n": 18446744073709551615, "m": -9223372036854775808}"#,
+            r#"[0, -0, 1.5, 1e400, 123456789012345678901234567890.0, 1E+30, -2.5e-7]"#,
+            r#"{"s": "123456789012345678901234567890", "e": "\\\"99999999999999999999999"}"#,
+            r#"{"123456789012345678901234567890": true}"#,
+            "",
+        ] {
+            assert_eq!(exact_integers(ok.as_bytes()), Ok(()), "{ok}");
+        }
+        for (wide, shown) in [
+            (r#"{"n": 18446744073709551616}"#, "18446744073709551616"),
+            (r#"[-9223372036854775809]"#, "-9223372036854775809"),
+            (
+                r#"{"s": "a\"b", "n": [1, 99999999999999999999]}"#,
+                "99999999999999999999",
+            ),
+        ] {
+            let e = exact_integers(wide.as_bytes()).unwrap_err();
+            assert!(
+                e.contains(&format!("the integer {shown} does not fit in 64 bits")),
+                "{e}"
+            );
+        }
+        let long = format!("[{}]", "7".repeat(5000));
+        let e = exact_integers(long.as_bytes()).unwrap_err();
+        assert!(e.contains("… (5000 digits)") && e.len() < 300, "{e}");
+        // Whatever serde_json reads an integer beyond 64 bits as, it is not that integer.
+        let v: serde_json::Value = serde_json::from_str("123456789012345678901234567890").unwrap();
+        assert!(v.is_f64());
+    }
 
     #[test]
     fn the_known_tasks_of_a_refusal_leave_out_the_internal_ones() {

@@ -872,11 +872,24 @@ async fn start_held(
 async fn starts_and_completions_plan_once_and_keep_their_settings_to_themselves() {
     let s = one_connection().await;
     let (w, other) = worker_and_job(&s, "plans").await;
-    // Another caller of the jobs' lock (an operator's retry) plans its statement by PostgreSQL's
-    // own rule first, six times, on a table of one job: the keyed transactions must not take
-    // its plan (without a text of their own they would, and its five custom plans would show).
+    // Another caller of the jobs' lock (a workflow's cancel, which reads them whole as the keyed
+    // transactions do) plans its statement by PostgreSQL's own rule first, six times, on a small
+    // table: the keyed transactions must not take its plan (without a text of their own they
+    // would, and its five custom plans would show).
+    let _ = other;
     for _ in 0..6 {
-        s.retry_many(&[other], now()).await.unwrap();
+        let spec = homing::workflow::WorkflowSpec::new("plans").with_step(
+            "a",
+            homing::workflow::StepSpec::new("t", serde_json::json!({})),
+        );
+        let wf =
+            homing::workflow::plan(spec, now(), |_, st| Ok(new_job("plans-wf", &st.task))).unwrap();
+        let id = wf.id;
+        s.create_workflow(wf).await.unwrap();
+        s.cancel_workflow(id, now())
+            .await
+            .unwrap()
+            .expect("the workflow");
     }
     let q = homing::conformance::unique_queue("plans");
     // More rounds than the five custom plans PostgreSQL makes before it weighs a generic one.
@@ -913,7 +926,7 @@ async fn starts_and_completions_plan_once_and_keep_their_settings_to_themselves(
     .fetch_one(&mut *conn)
     .await
     .unwrap();
-    assert_eq!(retry_plans, 6, "the retries' own statement");
+    assert_eq!(retry_plans, 6, "the workflow cancels' own statement");
     for (statement, generic, custom) in &plans {
         assert_eq!(*custom, 0, "planned anew on a call: {statement}");
         assert!(*generic >= 1, "never planned: {statement}");

@@ -1,6 +1,6 @@
 //! `/v1/jobs`: enqueue, read, list, retry and cancel (the event stream is in `events.rs`).
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -120,9 +120,9 @@ pub async fn check_known_task(state: &AppState, task: &str) -> Result<(), ApiErr
 pub async fn create(
     State(state): State<AppState>,
     headers: axum::http::HeaderMap,
-    body: Result<Json<CreateJob>, JsonRejection>,
+    body: Result<super::ExactJson<CreateJob>, ApiError>,
 ) -> Result<Response, ApiError> {
-    let Json(body) = body?;
+    let super::ExactJson(body) = body?;
     let (mut req, allow_unknown_task) = body.into_request();
     req.options.traceparent = traceparent(&headers)?;
     // Every rule first (names, internal tasks and queues, depth, sizes, ranges), so a refused
@@ -209,9 +209,9 @@ pub async fn batch_requests(
 /// every one already existed).
 pub async fn create_batch(
     State(state): State<AppState>,
-    body: Result<Json<CreateBatch>, JsonRejection>,
+    body: Result<super::ExactJson<CreateBatch>, ApiError>,
 ) -> Result<Response, ApiError> {
-    let Json(body) = body?;
+    let super::ExactJson(body) = body?;
     let reqs = batch_requests(&state, body.jobs).await?;
     let inserted = state.client.enqueue_batch(reqs).await?;
     let created = inserted.iter().filter(|i| !i.existed).count();

@@ -10,6 +10,8 @@
 
 mod audit;
 mod events;
+mod exact_json;
+pub use exact_json::ExactJson;
 pub mod jobs;
 mod metrics;
 pub mod queues;

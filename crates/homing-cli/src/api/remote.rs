@@ -193,9 +193,9 @@ struct ProgressBody {
 async fn progress(
     State(state): State<AppState>,
     Path(session): Path<String>,
-    body: Result<Json<ProgressBody>, JsonRejection>,
+    body: Result<super::ExactJson<ProgressBody>, ApiError>,
 ) -> Result<Response, ApiError> {
-    let Json(b) = body?;
+    let super::ExactJson(b) = body?;
     let applied = gateway(&state)
         .progress(&session, b.job_id, b.epoch, b.progress)
         .await

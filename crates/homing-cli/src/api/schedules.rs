@@ -4,7 +4,6 @@
 //! time zone, interval or policy is a 400 with the reason; a task no worker registered is a 422,
 //! as for an enqueue, unless the schedule had that task already or the body allows it.
 
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -105,10 +104,10 @@ fn checked_name(name: &str) -> Result<(), ApiError> {
 pub async fn put(
     State(state): State<AppState>,
     Path(name): Path<String>,
-    body: Result<Json<PutSchedule>, JsonRejection>,
+    body: Result<super::ExactJson<PutSchedule>, ApiError>,
 ) -> Result<Response, ApiError> {
     checked_name(&name)?;
-    let Json(body) = body?;
+    let super::ExactJson(body) = body?;
     let allow_unknown_task = body.allow_unknown_task;
     let def = body.into_def(name).map_err(ApiError::bad_request)?;
     // Every rule first, so a refused name or cron is reported as such rather than as an

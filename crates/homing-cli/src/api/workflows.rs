@@ -2,7 +2,7 @@
 //! (docs/workflows.md). The graph's rules live in the library (`homing::workflow`); this module
 //! only parses and maps errors.
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -32,9 +32,9 @@ fn parse_id(s: &str) -> Result<WorkflowId, ApiError> {
 
 pub async fn create(
     State(state): State<AppState>,
-    body: Result<Json<CreateWorkflow>, JsonRejection>,
+    body: Result<super::ExactJson<CreateWorkflow>, ApiError>,
 ) -> Result<Response, ApiError> {
-    let Json(body) = body?;
+    let super::ExactJson(body) = body?;
     let spec = WorkflowSpec {
         name: body.name,
         steps: body.steps,

@@ -140,6 +140,7 @@ fn parse_line(
     let body: CreateJob = serde_json::from_str(text).map_err(|e| {
         anyhow::anyhow!("not a job (an object with the fields of POST /v1/jobs): {e}")
     })?;
+    homing::validate::exact_integers(text.as_bytes()).map_err(anyhow::Error::msg)?;
     let (req, allow) = body.into_request();
     homing::client::validate_request(&req)?;
     if !(allow || allow_unknown_task)

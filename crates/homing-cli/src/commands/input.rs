@@ -19,7 +19,11 @@ pub fn read_args(raw: &str) -> anyhow::Result<serde_json::Value> {
     } else {
         raw.to_string()
     };
-    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("--args is not valid JSON: {e}"))
+    let args = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("--args is not valid JSON: {e}"))?;
+    homing::validate::exact_integers(text.as_bytes())
+        .map_err(|e| anyhow::anyhow!("--args: {e}"))?;
+    Ok(args)
 }
 
 fn read_capped(from: impl Read, what: &str) -> anyhow::Result<String> {

@@ -76,6 +76,8 @@ pub async fn workflows(g: &Global, cmd: WorkflowsCommand) -> anyhow::Result<Exit
             };
             let spec: homing::workflow::WorkflowSpec = serde_json::from_str(&text)
                 .map_err(|e| anyhow::anyhow!("{file} is not a workflow: {e}"))?;
+            homing::validate::exact_integers(text.as_bytes())
+                .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
             let target = format!("name={}", spec.name);
             let created = client.create_workflow(spec).await;
             let store = &**client.store();

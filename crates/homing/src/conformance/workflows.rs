@@ -210,7 +210,9 @@ pub async fn workflow_parents_results_given_to_a_step_are_bounded(s: Arc<dyn Sto
     )
     .await;
     let big = |c: char| serde_json::Value::String(c.to_string().repeat(9 * 1024 * 1024));
-    let r = finish(&*s, ids["a"], Outcome::Succeeded(big('a'))).await;
+    // 'é' is two bytes: 4.5 Mi of them count 9 MiB, so sizes are bytes, not characters.
+    let wide = serde_json::Value::String("é".repeat(9 * 1024 * 1024 / 2));
+    let r = finish(&*s, ids["a"], Outcome::Succeeded(wide)).await;
     assert!(dispatched(&r).is_empty());
     let r = finish(&*s, ids["b"], Outcome::Succeeded(big('b'))).await;
     let mut made = dispatched(&r);

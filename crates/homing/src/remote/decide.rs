@@ -38,7 +38,7 @@ pub fn defaults(declared: Option<&TaskDeclaration>) -> TaskDefaults {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReportIn<'a> {
     pub kind: ReportKind,
-    pub result: Option<&'a serde_json::Value>,
+    pub result: Option<&'a super::Reported>,
     pub error: Option<&'a str>,
     pub retry_delay: Option<Duration>,
     pub delay: Option<Duration>,
@@ -59,9 +59,13 @@ pub fn outcome(
     let error = || crate::validate::error_text(r.error.unwrap_or("(no error text)"));
     match r.kind {
         ReportKind::Succeeded => {
-            let value = r.result.cloned().unwrap_or(serde_json::Value::Null);
-            match crate::validate::result(&value) {
-                Ok(()) => Outcome::Succeeded(value),
+            let checked = match r.result {
+                None => Ok(serde_json::Value::Null),
+                Some(super::Reported::Value(v)) => crate::validate::result(v).map(|()| v.clone()),
+                Some(super::Reported::Inexact(e)) => Err(e.clone()),
+            };
+            match checked {
+                Ok(value) => Outcome::Succeeded(value),
                 Err(e) => Outcome::Failed {
                     error: format!("the handler's result was refused: {e}"),
                 },
@@ -365,19 +369,42 @@ mod tests {
             Outcome::Released
         );
         let v = serde_json::json!({"pages": 3});
+        let sent = super::super::Reported::Value(v.clone());
         let mut ok = report(ReportKind::Succeeded);
-        ok.result = Some(&v);
+        ok.result = Some(&sent);
         assert_eq!(
             outcome(&ok, Some(&j), None, 0),
             Outcome::Succeeded(v.clone())
         );
         // A result that breaks a storage rule fails the job; it is never stored.
-        let deep = crate::validate::nested(crate::validate::MAX_DEPTH + 1, serde_json::json!(1));
+        let deep = super::super::Reported::Value(crate::validate::nested(
+            crate::validate::MAX_DEPTH + 1,
+            serde_json::json!(1),
+        ));
         ok.result = Some(&deep);
         assert!(matches!(
             outcome(&ok, Some(&j), None, 0),
             Outcome::Failed { .. }
         ));
+        // So does one the worker sent with an integer beyond 64 bits, read apart from the call.
+        let body = r#"[{"job_id": "01a24df1-6141-73cd-b3c3-c9de35fb57f2", "epoch": 1, "lease": "l",
+            "outcome": "succeeded", "result": {"n": 123456789012345678901234567890}},
+            {"job_id": "01a24df1-6141-73cd-b3c3-c9de35fb57f2", "epoch": 1, "lease": "l",
+            "outcome": "succeeded", "result": {"n": 18446744073709551615}}]"#;
+        let reports: Vec<super::super::Report> = serde_json::from_str(body).unwrap();
+        ok.result = reports[0].result.as_ref();
+        let Outcome::Failed { error } = outcome(&ok, Some(&j), None, 0) else {
+            panic!("an inexact result was stored")
+        };
+        assert!(
+            error.starts_with("the handler's result was refused: the integer 1234567890"),
+            "{error}"
+        );
+        ok.result = reports[1].result.as_ref();
+        assert_eq!(
+            outcome(&ok, Some(&j), None, 0),
+            Outcome::Succeeded(serde_json::json!({"n": 18446744073709551615u64}))
+        );
         // Error texts are cut like a Rust handler's.
         let long = "x".repeat(100_000);
         let mut e = report(ReportKind::Fatal);

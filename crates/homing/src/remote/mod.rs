@@ -177,13 +177,35 @@ pub struct Report {
     pub lease: String,
     pub outcome: ReportKind,
     #[serde(default)]
-    pub result: Option<serde_json::Value>,
+    pub result: Option<Reported>,
     #[serde(default)]
     pub error: Option<String>,
     #[serde(default)]
     pub retry_delay_ms: Option<u64>,
     #[serde(default)]
     pub delay_ms: Option<u64>,
+}
+
+/// A result as a worker sent it: the value, or why it cannot be kept as sent (an integer beyond
+/// 64 bits, which the JSON reader would keep as a double: [`validate::exact_integers`]). Read
+/// one result at a time from the call's JSON text, so that a result refused fails its own job
+/// ("the handler's result was refused: …") and the call's other completions stand.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reported {
+    Value(serde_json::Value),
+    Inexact(String),
+}
+
+impl<'de> Deserialize<'de> for Reported {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let raw = Box::<serde_json::value::RawValue>::deserialize(d)?;
+        if let Err(e) = validate::exact_integers(raw.get().as_bytes()) {
+            return Ok(Reported::Inexact(e));
+        }
+        serde_json::from_str(raw.get())
+            .map(Reported::Value)
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

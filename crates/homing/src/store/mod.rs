@@ -897,7 +897,6 @@ pub trait Store: Send + Sync + 'static {
     /// worker: the rescuer finds it and makes the job `cancelled`.
     async fn cancel(&self, id: JobId, now: Micros) -> Result<Job>;
 
-    /// Of these jobs, the ones with a cancel request.
     /// A bulk retry's step (docs/bulk.md): [`Store::retry`] of each of `ids`, all in one
     /// transaction. Returns the jobs it put back in their queue, as the broker needs them (id,
     /// queue, priority: a step never holds its jobs' args and results together); a job that is
@@ -915,6 +914,7 @@ pub trait Store: Send + Sync + 'static {
     /// Crash contract: as [`Store::retry_many`].
     async fn cancel_many(&self, ids: &[JobId], now: Micros) -> Result<Vec<ToPublish>>;
 
+    /// Of these jobs, the ones with a cancel request.
     async fn cancel_requested(&self, ids: &[JobId]) -> Result<Vec<JobId>>;
 
     /// Waits until another party may have enqueued jobs left undispatched for homing to publish
