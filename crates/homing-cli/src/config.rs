@@ -241,6 +241,9 @@ impl Config {
                     path.to_string_lossy()
                 )
             })?;
+            // Its schedules' args are stored: an integer the reader would round is refused.
+            homing::validate::exact_integers(text.as_bytes())
+                .map_err(|e| anyhow::anyhow!("HOMING_CONFIG {}: {e}", path.to_string_lossy()))?;
         }
         let env_token = match std::env::var_os("HOMING_API_TOKEN") {
             Some(t) => Some(

@@ -162,6 +162,12 @@ async fn batch_route_is_all_or_nothing_in_order_and_audited() {
             "job 1: ",
         ),
         (
+            r#"{"jobs": [{"task": "builtin.noop"}, {"task": "builtin.noop", "args": {"n": 123456789012345678901234567890}}]}"#.into(),
+            400,
+            "invalid_json",
+            "job 1: the integer 123456789012345678901234567890 does not fit in 64 bits",
+        ),
+        (
             r#"{"jobs": [{"task": "builtin.noop"}, {"task": "builtin.noop", "argz": 1}]}"#.into(),
             422,
             "invalid_json",

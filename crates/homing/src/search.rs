@@ -240,7 +240,12 @@ pub fn json_value(v: &str) -> Result<String, String> {
         return Err(format!("args_value must be at most {MAX_TEXT} bytes"));
     }
     let value = match serde_json::from_str::<serde_json::Value>(v) {
-        Ok(x) => x,
+        Ok(x) => {
+            // Compared as a double, it would match nothing stored.
+            crate::validate::exact_integers(v.as_bytes())
+                .map_err(|e| format!("args_value: {e}"))?;
+            x
+        }
         Err(_) => serde_json::Value::String(v.to_string()),
     };
     if value.is_object() || value.is_array() {
@@ -317,6 +322,13 @@ mod tests {
         assert_eq!(json_value("100%_x").unwrap(), "\"100%_x\"");
         assert!(json_value("{\"a\":1}").is_err());
         assert!(json_value("[1]").is_err());
+        // Compared as the double it would be read as, it would match nothing: refused.
+        let e = json_value("123456789012345678901234567890").unwrap_err();
+        assert!(e.contains("does not fit in 64 bits"), "{e}");
+        assert_eq!(
+            json_value("18446744073709551615").unwrap(),
+            "18446744073709551615"
+        );
         assert!(json_value(&"x".repeat(MAX_TEXT + 1)).is_err());
         assert!(json_value("\"a\\u0000b\"").is_err());
     }

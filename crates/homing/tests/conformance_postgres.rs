@@ -871,12 +871,11 @@ async fn start_held(
 #[tokio::test]
 async fn starts_and_completions_plan_once_and_keep_their_settings_to_themselves() {
     let s = one_connection().await;
-    let (w, other) = worker_and_job(&s, "plans").await;
+    let (w, _) = worker_and_job(&s, "plans").await;
     // Another caller of the jobs' lock (a workflow's cancel, which reads them whole as the keyed
     // transactions do) plans its statement by PostgreSQL's own rule first, six times, on a small
     // table: the keyed transactions must not take its plan (without a text of their own they
     // would, and its five custom plans would show).
-    let _ = other;
     for _ in 0..6 {
         let spec = homing::workflow::WorkflowSpec::new("plans").with_step(
             "a",
@@ -919,14 +918,14 @@ async fn starts_and_completions_plan_once_and_keep_their_settings_to_themselves(
     // The start's update, the completion's, the probe before the locks (a start's form and a
     // completion's), the jobs' lock, the paused-queues read.
     assert_eq!(plans.len(), 6, "{plans:#?}");
-    let retry_plans: i64 = sqlx::query_scalar(
+    let cancel_plans: i64 = sqlx::query_scalar(
         "SELECT generic_plans + custom_plans FROM pg_prepared_statements \
          WHERE statement LIKE 'SELECT id, %FOR UPDATE'",
     )
     .fetch_one(&mut *conn)
     .await
     .unwrap();
-    assert_eq!(retry_plans, 6, "the workflow cancels' own statement");
+    assert_eq!(cancel_plans, 6, "the workflow cancels' own statement");
     for (statement, generic, custom) in &plans {
         assert_eq!(*custom, 0, "planned anew on a call: {statement}");
         assert!(*generic >= 1, "never planned: {statement}");
@@ -1404,21 +1403,35 @@ async fn the_unparking_pass_skips_a_queue_whose_row_a_stuck_start_holds() {
 async fn a_search_whose_caller_left_is_stopped_on_the_server() {
     let s = Arc::new(fresh_store().await);
     s.insert(vec![new_job("q", "t")]).await.unwrap();
+    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert!(
+        version >= 140_000,
+        "the server's check of its clients needs PostgreSQL 14 or later (Debian package \
+         postgresql-15); this one is {version}"
+    );
     let mut hold = s.pool().begin().await.unwrap();
+    let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *hold)
+        .await
+        .unwrap();
     sqlx::query("LOCK TABLE homing_jobs IN ACCESS EXCLUSIVE MODE")
         .execute(&mut *hold)
         .await
         .unwrap();
+    // Sessions waiting for the holder's lock: the search, while it runs.
     let searching = {
         let s = s.clone();
         move || {
             let s = s.clone();
             async move {
                 sqlx::query_scalar::<_, i64>(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                     AND pid <> pg_backend_pid() AND state = 'active' \
-                     AND query LIKE '%strpos(args%'",
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() \
+                     AND wait_event_type = 'Lock' AND $1 = ANY(pg_blocking_pids(pid))",
                 )
+                .bind(holder)
                 .fetch_one(s.pool())
                 .await
                 .unwrap()

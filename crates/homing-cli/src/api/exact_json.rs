@@ -1,5 +1,5 @@
-//! `ExactJson`: the JSON body of a route that stores what it is sent (a job's args, a batch, a
-//! workflow, a schedule, a progress value), read as axum's `Json` reads it and then refused if it
+//! `ExactJson`: the JSON body of a route that stores what it is sent (a job's args, a workflow,
+//! a schedule, a progress value), read as axum's `Json` reads it and then refused if it
 //! holds an integer beyond 64 bits. The JSON reader keeps such a number as a double without a
 //! word, so the job would run with a value other than the one its producer sent; every other
 //! way a body can break a rule is refused, and so is this one (`homing::validate::exact_integers`).
@@ -7,7 +7,7 @@
 //! Bodies whose numbers are typed fields (a session's heartbeat, a reservation's count) need no
 //! such check: their reader already refuses a number that does not fit. A worker's completion
 //! checks each result apart (`homing::remote::Reported`), so that one job's result cannot have
-//! every job of the call refused.
+//! every job of the call refused, and a batch each item, so that the refusal names it.
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};

@@ -195,10 +195,16 @@ impl Task for Http {
 }
 
 /// The response body as the result holds it: its JSON when that can be stored as it is
-/// (see [`crate::validate`]: not too deep, no U+0000), else its text.
+/// (see [`crate::validate`]: not too deep, no U+0000, no integer beyond 64 bits, which would be
+/// kept changed), else its text.
 fn response_body(body: &[u8]) -> serde_json::Value {
     match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(v) if crate::validate::json("body", &v, usize::MAX).is_ok() => v,
+        Ok(v)
+            if crate::validate::json("body", &v, usize::MAX).is_ok()
+                && crate::validate::exact_integers(body).is_ok() =>
+        {
+            v
+        }
         _ => serde_json::Value::String(crate::validate::text(
             &String::from_utf8_lossy(body),
             usize::MAX,
@@ -255,6 +261,12 @@ mod tests {
         let v = response_body(deep.as_bytes());
         assert_eq!(v, serde_json::Value::String(deep));
         assert!(crate::validate::result(&serde_json::json!({ "body": v })).is_ok());
+        // An integer the reader would round: the body is kept as its text, exactly.
+        let wide = br#"{"id": 123456789012345678901234567890}"#;
+        assert_eq!(
+            response_body(wide),
+            serde_json::Value::String(String::from_utf8(wide.to_vec()).unwrap())
+        );
         let v = response_body(b"a\0b");
         assert_eq!(v, serde_json::json!("a\u{FFFD}b"));
         let v = response_body(br#"{"x": "\u0000"}"#);

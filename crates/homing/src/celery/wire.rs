@@ -158,8 +158,11 @@ pub fn decode(payload: &[u8]) -> Result<Message, Malformed> {
         None => body.clone().into_bytes(),
         Some(other) => return Err(fail(format!("body encoding '{other}' is not supported"))),
     };
-    let body: Value =
-        serde_json::from_slice(&body).map_err(|e| fail(format!("the body is not JSON: {e}")))?;
+    let body_text = body;
+    let body: Value = serde_json::from_slice(&body_text)
+        .map_err(|e| fail(format!("the body is not JSON: {e}")))?;
+    // Read as a double, such an integer would reach the task changed.
+    crate::validate::exact_integers(&body_text).map_err(|e| fail(format!("the body: {e}")))?;
     let Value::Array(parts) = body else {
         return Err(fail(
             "the body is not a JSON array [args, kwargs, embed]".into(),
@@ -439,6 +442,15 @@ mod tests {
             Some("1037f2aa-ab5e-4598-8fa9-8b11acd878e7")
         );
         assert_eq!(r.task.as_deref(), Some("demo.add"));
+
+        let mut e = env.clone();
+        e["body"] = json!(base64::engine::general_purpose::STANDARD
+            .encode("[[123456789012345678901234567890], {}, {}]"));
+        let r = reason(&e);
+        assert!(
+            r.contains("the integer 123456789012345678901234567890 does not fit in 64 bits"),
+            "{r}"
+        );
 
         env["headers"]["eta"] = json!("soon");
         assert!(reason(&env).contains("eta"), "{}", reason(&env));

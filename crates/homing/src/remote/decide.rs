@@ -400,6 +400,17 @@ mod tests {
             error.starts_with("the handler's result was refused: the integer 1234567890"),
             "{error}"
         );
+        // A number the raw reader passes and the value reader refuses: this job's failure too.
+        let odd: Vec<super::super::Report> = serde_json::from_str(
+            r#"[{"job_id": "01a24df1-6141-73cd-b3c3-c9de35fb57f2", "epoch": 1, "lease": "l",
+            "outcome": "succeeded", "result": 1e400}]"#,
+        )
+        .unwrap();
+        ok.result = odd[0].result.as_ref();
+        assert!(matches!(
+            outcome(&ok, Some(&j), None, 0),
+            Outcome::Failed { error } if error.contains("cannot be read")
+        ));
         ok.result = reports[1].result.as_ref();
         assert_eq!(
             outcome(&ok, Some(&j), None, 0),

@@ -187,7 +187,8 @@ pub struct Report {
 }
 
 /// A result as a worker sent it: the value, or why it cannot be kept as sent (an integer beyond
-/// 64 bits, which the JSON reader would keep as a double: [`validate::exact_integers`]). Read
+/// 64 bits, which the JSON reader would keep as a double: [`validate::exact_integers`]; a number
+/// or nesting the value reader refuses). Read
 /// one result at a time from the call's JSON text, so that a result refused fails its own job
 /// ("the handler's result was refused: …") and the call's other completions stand.
 #[derive(Debug, Clone, PartialEq)]
@@ -202,9 +203,12 @@ impl<'de> Deserialize<'de> for Reported {
         if let Err(e) = validate::exact_integers(raw.get().as_bytes()) {
             return Ok(Reported::Inexact(e));
         }
-        serde_json::from_str(raw.get())
-            .map(Reported::Value)
-            .map_err(serde::de::Error::custom)
+        // A value the raw reader took but the value reader does not (1e400, deeper than it
+        // reads) is this job's failure too, not the call's.
+        Ok(serde_json::from_str(raw.get()).map_or_else(
+            |e| Reported::Inexact(format!("it cannot be read: {e}")),
+            Reported::Value,
+        ))
     }
 }
 

@@ -362,11 +362,23 @@ const STORED_BYTES: &str =
 /// Without it a statement whose client went away runs to its end or its statement_timeout,
 /// since the server only notices when it next writes: a search with no match writes nothing
 /// until it is done ([`CloseIfAbandoned`]).
+///
+/// A server that refuses the setting (Windows, PostgreSQL 14 without `POLLRDHUP`, a
+/// look-alike) is used without it, said once: a refusal must not fail the connection.
 async fn watch_client(conn: &mut PgConnection) -> sqlx::Result<()> {
     use sqlx::Executor;
+    static REFUSED: std::sync::Once = std::sync::Once::new();
     if conn.server_version_num().is_some_and(|v| v >= 140_000) {
-        conn.execute("SET client_connection_check_interval = 1000")
-            .await?;
+        match conn
+            .execute("SET client_connection_check_interval = 1000")
+            .await
+        {
+            Ok(_) => {}
+            Err(sqlx::Error::Database(e)) => REFUSED.call_once(|| {
+                tracing::warn!(error = %e, "the PostgreSQL server refuses client_connection_check_interval: a statement whose client went away runs to its end or its statement_timeout");
+            }),
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
