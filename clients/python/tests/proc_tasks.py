@@ -64,6 +64,11 @@ def not_json(ctx: Context) -> Any:
     return {1, 2, 3}
 
 
+@app.task(name="py.wide", queue=QUEUE)
+def wide(ctx: Context, n: Any) -> dict[str, int]:
+    return {"n": int(n)}
+
+
 @app.task(name="py.sleep", queue=QUEUE)
 def sleep(ctx: Context, seconds: float) -> dict[str, Any]:
     deadline = time.monotonic() + seconds

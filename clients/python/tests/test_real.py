@@ -136,6 +136,22 @@ def test_non_json_result_fails_the_job_not_the_worker(shared: tuple[Homing, Proc
     assert w.p.poll() is None
 
 
+def test_integers_beyond_64_bits_are_refused_not_rounded(shared: tuple[Homing, Proc, App]) -> None:
+    _, w, app = shared
+    # Sent as args: refused by the server, nothing enqueued.
+    with pytest.raises(ApiError) as e:
+        app.enqueue("py.wide", {"n": 2**70}, queue="py")
+    assert e.value.status == 400 and "does not fit in 64 bits" in str(e.value), e.value
+    # Returned by a task (args as a string, turned into the integer inside): the job fails
+    # with the reason, the worker goes on, and the widest integer that fits is kept exactly.
+    bad = app.wait(app.enqueue("py.wide", {"n": str(2**70)}, queue="py").id, timeout=30)
+    assert bad.state == "failed", bad
+    assert f"the integer {2**70} does not fit in 64 bits" in (bad.error or ""), bad
+    good = app.wait(app.enqueue("py.wide", {"n": 2**64 - 1}, queue="py").id, timeout=30)
+    assert good.result == {"n": 2**64 - 1}, good
+    assert w.p.poll() is None
+
+
 def test_workflow_steps_see_their_parents(shared: tuple[Homing, Proc, App]) -> None:
     _, _, app = shared
     wf = app.workflow(
