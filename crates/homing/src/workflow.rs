@@ -452,7 +452,32 @@ pub fn settle_within(steps: &[Job], result_bytes: &HashMap<JobId, u64>) -> Vec<S
             }
         }
         if !changed {
+            give_reasons(steps, &mut out);
             return out;
+        }
+    }
+}
+
+/// A made-runnable step's parents cancelled in the same answer carry the reason written on them
+/// (the steps were read before it, without it): a finaliser sees why its parent did not run.
+fn give_reasons(steps: &[Job], decided: &mut [Settle]) {
+    let reasons: HashMap<JobId, String> = decided
+        .iter()
+        .filter_map(|d| match d {
+            Settle::Cancel { id, .. } => Some((*id, cancel_reason(steps, *id, decided))),
+            Settle::Ready { .. } => None,
+        })
+        .collect();
+    if reasons.is_empty() {
+        return;
+    }
+    for d in decided {
+        if let Settle::Ready { parents, .. } = d {
+            for p in parents.values_mut() {
+                if let Some(r) = reasons.get(&p.id) {
+                    p.error = Some(r.clone());
+                }
+            }
         }
     }
 }
@@ -923,6 +948,14 @@ mod tests {
         assert_eq!(
             cancel_reason(&s, s[2].id, &decided),
             too_large_reason(MAX_PARENTS_BYTES + 1)
+        );
+        // The finaliser sees why its parent did not run.
+        let Settle::Ready { parents, .. } = &decided[2] else {
+            panic!("{decided:?}")
+        };
+        assert_eq!(
+            parents["c"].error,
+            Some(too_large_reason(MAX_PARENTS_BYTES + 1))
         );
         assert!(too_large_reason(1).contains("16777216"));
         assert_eq!(

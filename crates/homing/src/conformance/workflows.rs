@@ -169,7 +169,13 @@ pub async fn workflow_failure_cancels_dependents_but_not_finalisers(s: Arc<dyn S
     assert_eq!(state(&*s, ids["c"]).await, JobState::Cancelled);
     let fin = s.get(ids["fin"]).await.unwrap().unwrap();
     assert_eq!(fin.state, JobState::Queued);
-    assert_eq!(fin.parents.unwrap()["c"].state, JobState::Cancelled);
+    let parents = fin.parents.unwrap();
+    assert_eq!(parents["c"].state, JobState::Cancelled);
+    // Cancelled in the same transaction, after the steps were read: the reason is given too.
+    assert_eq!(
+        parents["c"].error.as_deref(),
+        Some("cancelled: its parent step 'b' is cancelled")
+    );
     finish(&*s, ids["fin"], Outcome::Succeeded(serde_json::json!(0))).await;
     assert_eq!(
         s.workflow(wf).await.unwrap().unwrap().state,
@@ -239,7 +245,13 @@ pub async fn workflow_parents_results_given_to_a_step_are_bounded(s: Arc<dyn Sto
         Some("cancelled: its parent step 'c' is cancelled")
     );
     let fin = s.get(ids["fin"]).await.unwrap().unwrap();
-    assert_eq!(fin.parents.unwrap()["c"].state, JobState::Cancelled);
+    let parents = fin.parents.unwrap();
+    assert_eq!(parents["c"].state, JobState::Cancelled);
+    assert_eq!(
+        parents["c"].error,
+        Some(crate::workflow::too_large_reason(given)),
+        "the finaliser sees why"
+    );
 }
 
 pub async fn workflow_last_parents_racing_ready_the_step_once(s: Arc<dyn Store>) {
