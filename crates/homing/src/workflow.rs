@@ -423,19 +423,7 @@ pub fn settle_within(steps: &[Job], result_bytes: &HashMap<JobId, u64>) -> Vec<S
                         .after
                         .iter()
                         .filter_map(|p| by_id.get(p))
-                        .map(|p| {
-                            let step = p.workflow.as_ref().map_or("", |l| l.step.as_str());
-                            (
-                                step.to_string(),
-                                ParentRun {
-                                    id: p.id,
-                                    task: p.task.clone(),
-                                    state: state[&p.id],
-                                    result: p.result.clone(),
-                                    error: p.error.clone(),
-                                },
-                            )
-                        })
+                        .map(|p| parent_run(p, state[&p.id]))
                         .collect();
                     state.insert(j.id, JobState::Queued);
                     out.push(Settle::Ready { id: j.id, parents });
@@ -456,6 +444,76 @@ pub fn settle_within(steps: &[Job], result_bytes: &HashMap<JobId, u64>) -> Vec<S
             return out;
         }
     }
+}
+
+/// What an operator's retry does with a workflow step's parents.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Rerun {
+    /// Not a step with parents, or one that ran: its `parents` stay as they are.
+    AsItIs,
+    /// A step that never ran (cancelled while waiting): it runs with its parents as they are
+    /// now, results to be read for them ([`with_results`]), as if they had just made it ready.
+    WithParents(BTreeMap<String, ParentRun>),
+    /// Its parents are not as its `run_on` requires, or give it too much: refused, saying why.
+    Refuse(String),
+}
+
+/// Decides [`Rerun`] for `job`, an operator's retry of which [`crate::transition`] took:
+/// `steps` are its workflow's steps as [`STEPS_LEAVE_OUT`] reads them, `result_bytes` their
+/// results' sizes. A step cancelled before it ran had no parents written; run without them, its
+/// handler would see none, so it is given them now, by the rule that makes a step ready.
+pub fn rerun(job: &Job, steps: &[Job], result_bytes: &HashMap<JobId, u64>) -> Rerun {
+    let Some(link) = &job.workflow else {
+        return Rerun::AsItIs;
+    };
+    if link.after.is_empty() || job.parents.is_some() {
+        return Rerun::AsItIs;
+    }
+    let by_id: HashMap<JobId, &Job> = steps.iter().map(|j| (j.id, j)).collect();
+    let states: Vec<JobState> = link
+        .after
+        .iter()
+        .map(|p| by_id.get(p).map_or(JobState::Cancelled, |j| j.state))
+        .collect();
+    if readiness(link.run_on, &states) != Some(true) {
+        let blocking = link.after.iter().find_map(|p| {
+            let j = by_id.get(p)?;
+            let step = j.workflow.as_ref().map_or("?", |l| l.step.as_str());
+            (j.state != JobState::Succeeded).then(|| format!("'{step}' is {}", j.state))
+        });
+        return Rerun::Refuse(format!(
+            "this workflow step never ran and its parents are not done as it requires ({}): \
+             retry them first",
+            blocking.unwrap_or_else(|| "a parent no longer exists".into())
+        ));
+    }
+    let given: u64 = link.after.iter().filter_map(|p| result_bytes.get(p)).sum();
+    if given > MAX_PARENTS_BYTES {
+        return Rerun::Refuse(too_large_reason(given));
+    }
+    let parents = link
+        .after
+        .iter()
+        .filter_map(|p| by_id.get(p))
+        .map(|p| parent_run(p, p.state))
+        .collect();
+    Rerun::WithParents(parents)
+}
+
+/// A parent as its dependent sees it, under its step name, in `state`; its result is filled in
+/// afterwards ([`with_results`]), since steps are read without them.
+fn parent_run(p: &Job, state: JobState) -> (String, ParentRun) {
+    let step = p.workflow.as_ref().map_or("", |l| l.step.as_str());
+    (
+        step.to_string(),
+        ParentRun {
+            id: p.id,
+            task: p.task.clone(),
+            state,
+            result: p.result.clone(),
+            error: p.error.clone(),
+        },
+    )
 }
 
 /// A made-runnable step's parents cancelled in the same answer carry the reason written on them
@@ -967,6 +1025,44 @@ mod tests {
             settle_within(&s, &sizes)[0],
             Settle::Ready { id, .. } if id == s[2].id
         ));
+    }
+
+    /// A step cancelled before it ran is retried with its parents as they are now, if they are
+    /// as its `run_on` requires and within the bound; one that ran keeps what it had.
+    #[test]
+    fn a_rerun_gives_a_never_run_step_its_parents_now() {
+        use JobState::*;
+        use RunOn::*;
+        let s = jobs(&[
+            ("a", "", Success, Succeeded),
+            ("x", "", Success, Failed),
+            ("b", "a", Success, Cancelled),
+            ("c", "a,x", Success, Cancelled),
+            ("fin", "a,x", Any, Cancelled),
+        ]);
+        let none = HashMap::new();
+        let Rerun::WithParents(p) = rerun(&s[2], &s, &none) else {
+            panic!()
+        };
+        assert_eq!(p.keys().collect::<Vec<_>>(), vec!["a"]);
+        assert_eq!((p["a"].id, p["a"].state), (s[0].id, Succeeded));
+        let Rerun::Refuse(why) = rerun(&s[3], &s, &none) else {
+            panic!()
+        };
+        assert!(why.contains("'x' is failed"), "{why}");
+        assert!(matches!(rerun(&s[4], &s, &none), Rerun::WithParents(p) if p.len() == 2));
+        let big: HashMap<JobId, u64> = [(s[0].id, MAX_PARENTS_BYTES + 1)].into();
+        assert_eq!(
+            rerun(&s[2], &s, &big),
+            Rerun::Refuse(too_large_reason(MAX_PARENTS_BYTES + 1))
+        );
+        let mut ran = s[2].clone();
+        ran.parents = Some(BTreeMap::new());
+        assert_eq!(rerun(&ran, &s, &none), Rerun::AsItIs);
+        assert_eq!(rerun(&s[0], &s, &none), Rerun::AsItIs);
+        let mut alone = s[2].clone();
+        alone.workflow = None;
+        assert_eq!(rerun(&alone, &s, &none), Rerun::AsItIs);
     }
 
     fn step_of(steps: &[Job], id: JobId) -> String {

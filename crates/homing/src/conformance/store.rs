@@ -37,6 +37,7 @@ macro_rules! store_conformance {
             workflow_cancel_reaches_every_unfinished_step,
             workflow_rows_are_purged_with_their_steps,
             workflow_parents_results_given_to_a_step_are_bounded,
+            workflow_step_cancelled_before_it_ran_is_retried_with_its_parents,
             batch_insert_decides_each_job_as_one_by_one, refused_batch_stores_nothing,
             lost_worker_keeps_its_reclaims,
             a_worker_presumed_dead_starts_nothing_and_only_its_recorded_runs_crash

@@ -254,6 +254,42 @@ pub async fn workflow_parents_results_given_to_a_step_are_bounded(s: Arc<dyn Sto
     );
 }
 
+/// A step cancelled before it ran (its parent failed) had no parents written: an operator's
+/// retry of it is refused while its parents are not as it requires, and once they are, it runs
+/// with them as they are now, results and all (by a single retry and by a bulk step alike).
+pub async fn workflow_step_cancelled_before_it_ran_is_retried_with_its_parents(s: Arc<dyn Store>) {
+    use RunOn::Success;
+    let q = unique_queue("wfrerun");
+    for bulk in [false, true] {
+        let (_, ids) = create(&*s, &q, &[("a", "", Success), ("b", "a", Success)]).await;
+        let (a, b) = (ids["a"], ids["b"]);
+        finish(&*s, a, Outcome::Failed { error: "no".into() }).await;
+        assert_eq!(state(&*s, b).await, JobState::Cancelled);
+        match s.retry(b, now()).await {
+            Err(crate::Error::Conflict { message, .. }) => {
+                assert!(message.contains("'a' is failed"), "{message}")
+            }
+            other => panic!("a step whose parent failed was retried: {other:?}"),
+        }
+        assert!(s.retry_many(&[b], now()).await.unwrap().is_empty());
+        assert_eq!(state(&*s, b).await, JobState::Cancelled);
+        s.retry(a, now()).await.unwrap();
+        finish(&*s, a, Outcome::Succeeded(serde_json::json!("A"))).await;
+        if bulk {
+            let published = s.retry_many(&[b], now()).await.unwrap();
+            assert_eq!(published.iter().map(|p| p.id).collect::<Vec<_>>(), vec![b]);
+        } else {
+            assert_eq!(s.retry(b, now()).await.unwrap().state, JobState::Queued);
+        }
+        let j = s.get(b).await.unwrap().unwrap();
+        assert_eq!(j.state, JobState::Queued);
+        let parents = j.parents.expect("given its parents");
+        assert_eq!(parents["a"].state, JobState::Succeeded);
+        assert_eq!(parents["a"].result, Some(serde_json::json!("A")));
+        finish(&*s, b, Outcome::Succeeded(serde_json::json!(1))).await;
+    }
+}
+
 pub async fn workflow_last_parents_racing_ready_the_step_once(s: Arc<dyn Store>) {
     let q = unique_queue("wfrace");
     let names: Vec<String> = (0..12).map(|i| format!("p{i}")).collect();

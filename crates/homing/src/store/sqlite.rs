@@ -1500,16 +1500,57 @@ fn retry_in(
             message: message.into(),
         }));
     }
+    let parents = match rerun_parents(tx, &job)? {
+        Ok(parents) => parents,
+        Err(message) => {
+            return Ok(Err(Error::Conflict {
+                id,
+                state: job.state,
+                message,
+            }))
+        }
+    };
     let job = tx
         .prepare_cached(&format!(
             "UPDATE jobs SET state = 'queued', dispatched = 0, attempts = 0, \
              crashes = 0, cancel_requested = 0, worker = NULL, finished_at = NULL, \
-             scheduled_at = NULL, updated_at = ?2 WHERE id = ?1 RETURNING {COLUMNS}"
+             scheduled_at = NULL, parents = coalesce(?3, parents), updated_at = ?2 \
+             WHERE id = ?1 RETURNING {COLUMNS}"
         ))?
-        .query_row(params![sid, now], row_to_job)?;
+        .query_row(params![sid, now, parents], row_to_job)?;
     write_history(tx, &[(sid.clone(), history::retried(&job, now))])?;
     trim_history(tx, std::slice::from_ref(&sid))?;
     Ok(Ok(job))
+}
+
+/// The parents column an operator's retry of `job` writes ([`crate::workflow::rerun`]): `None`
+/// keeps the row's; `Err` refuses the retry with the reason.
+fn rerun_parents(
+    tx: &rusqlite::Transaction<'_>,
+    job: &Job,
+) -> rusqlite::Result<std::result::Result<Option<String>, String>> {
+    use crate::workflow::Rerun;
+    let Some(link) = job.workflow.as_ref().filter(|l| !l.after.is_empty()) else {
+        return Ok(Ok(None));
+    };
+    if job.parents.is_some() {
+        return Ok(Ok(None));
+    }
+    let wf = link.id.to_string();
+    let steps = workflow_jobs(tx, &wf)?;
+    Ok(
+        match crate::workflow::rerun(job, &steps, &result_sizes(tx, &wf)?) {
+            Rerun::AsItIs => Ok(None),
+            Rerun::Refuse(message) => Err(message),
+            Rerun::WithParents(parents) => {
+                let ids: Vec<JobId> = parents.values().map(|p| p.id).collect();
+                let results = results_of(tx, &ids)?;
+                Ok(Some(to_json(&crate::workflow::with_results(
+                    &parents, &results,
+                ))))
+            }
+        },
+    )
 }
 
 /// An operator's cancel of one job inside `tx`, decided by [`transition::cancel`].

@@ -1440,35 +1440,9 @@ async fn settle_tx(
     let steps = workflow_jobs(conn, wf).await?;
     let mut decided = crate::workflow::settle(&steps);
     if decided.iter().any(|d| matches!(d, Settle::Ready { .. })) {
-        // octet_length takes a stored value's size without fetching it.
-        let sizes: Vec<(JobId, i64)> = sqlx::query_as(
-            "SELECT id, octet_length(result)::bigint FROM homing_jobs \
-             WHERE workflow_id = $1 AND result IS NOT NULL",
-        )
-        .bind(wf)
-        .fetch_all(&mut *conn)
-        .await?;
-        let sizes = sizes
-            .into_iter()
-            .map(|(id, n)| (id, n.max(0) as u64))
-            .collect();
-        decided = crate::workflow::settle_within(&steps, &sizes);
+        decided = crate::workflow::settle_within(&steps, &result_sizes(conn, wf).await?);
     }
-    let to_read = crate::workflow::parents_to_read(&decided);
-    let mut results = HashMap::new();
-    if !to_read.is_empty() {
-        let rows: Vec<(JobId, Option<String>)> =
-            sqlx::query_as("SELECT id, result FROM homing_jobs WHERE id = ANY($1)")
-                .bind(to_read)
-                .fetch_all(&mut *conn)
-                .await?;
-        results = rows
-            .into_iter()
-            .filter_map(|(id, text)| {
-                Some((id, read_json(text.as_deref(), "result", &mut Vec::new())?))
-            })
-            .collect();
-    }
+    let results = results_of(conn, crate::workflow::parents_to_read(&decided)).await?;
     let mut publish = Vec::new();
     for d in &decided {
         match d {
@@ -2235,6 +2209,71 @@ fn dispatch_rows(rows: Vec<PgRow>) -> sqlx::Result<Vec<ToPublish>> {
         .collect()
 }
 
+/// The stored size in bytes of each result of workflow `wf`'s steps (octet_length takes a
+/// stored value's size without fetching it).
+async fn result_sizes(
+    conn: &mut PgConnection,
+    wf: uuid::Uuid,
+) -> sqlx::Result<HashMap<JobId, u64>> {
+    let sizes: Vec<(JobId, i64)> = sqlx::query_as(
+        "SELECT id, octet_length(result)::bigint FROM homing_jobs \
+         WHERE workflow_id = $1 AND result IS NOT NULL",
+    )
+    .bind(wf)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(sizes
+        .into_iter()
+        .map(|(id, n)| (id, n.max(0) as u64))
+        .collect())
+}
+
+/// The results of `ids`, those that have one and can be read.
+async fn results_of(
+    conn: &mut PgConnection,
+    ids: Vec<JobId>,
+) -> sqlx::Result<HashMap<JobId, serde_json::Value>> {
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows: Vec<(JobId, Option<String>)> =
+        sqlx::query_as("SELECT id, result FROM homing_jobs WHERE id = ANY($1)")
+            .bind(ids)
+            .fetch_all(&mut *conn)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(id, text)| Some((id, read_json(text.as_deref(), "result", &mut Vec::new())?)))
+        .collect())
+}
+
+/// The parents column an operator's retry of `job` writes ([`crate::workflow::rerun`]): `None`
+/// keeps the row's; `Err` refuses the retry with the reason.
+async fn rerun_parents(
+    conn: &mut PgConnection,
+    job: &Job,
+) -> sqlx::Result<std::result::Result<Option<String>, String>> {
+    use crate::workflow::Rerun;
+    let Some(link) = job.workflow.as_ref().filter(|l| !l.after.is_empty()) else {
+        return Ok(Ok(None));
+    };
+    if job.parents.is_some() {
+        return Ok(Ok(None));
+    }
+    let steps = workflow_jobs(conn, link.id).await?;
+    let sizes = result_sizes(conn, link.id).await?;
+    Ok(match crate::workflow::rerun(job, &steps, &sizes) {
+        Rerun::AsItIs => Ok(None),
+        Rerun::Refuse(message) => Err(message),
+        Rerun::WithParents(parents) => {
+            let results = results_of(conn, parents.values().map(|p| p.id).collect()).await?;
+            Ok(Some(to_json(&crate::workflow::with_results(
+                &parents, &results,
+            ))))
+        }
+    })
+}
+
 /// An operator's retry of one job inside the caller's transaction, decided by
 /// [`transition::operator_retry`]. The outer `Result` is the database's; the inner one the
 /// decision's (not found, or refused: nothing written).
@@ -2249,13 +2288,24 @@ async fn retry_in(conn: &mut PgConnection, id: JobId, now: Micros) -> sqlx::Resu
             message: message.into(),
         }));
     }
+    let parents = match rerun_parents(conn, &job).await? {
+        Ok(parents) => parents,
+        Err(message) => {
+            return Ok(Err(Error::Conflict {
+                id,
+                state: job.state,
+                message,
+            }))
+        }
+    };
     sqlx::query(
         "UPDATE homing_jobs SET state = 'queued', dispatched = false, attempts = 0, \
          crashes = 0, cancel_requested = false, worker = NULL, finished_at = NULL, \
-         scheduled_at = NULL, updated_at = $2 WHERE id = $1",
+         scheduled_at = NULL, parents = coalesce($3, parents), updated_at = $2 WHERE id = $1",
     )
     .bind(id)
     .bind(now)
+    .bind(parents)
     .execute(&mut *conn)
     .await?;
     let job = get_job(conn, id, false)
@@ -3018,16 +3068,27 @@ impl Store for PgStore {
         self.call(async {
             let mut tx = self.pool.begin().await?;
             let locked = lock_jobs(&mut tx, ids, Plans::Own, &light_columns()).await?;
-            let take: Vec<JobId> = lock_order(ids)
-                .into_iter()
-                .filter(|id| {
-                    locked
-                        .get(id)
-                        .is_some_and(|j| transition::operator_retry(j).is_ok())
-                })
+            let admitted: Vec<&Job> = lock_order(ids)
+                .iter()
+                .filter_map(|id| locked.get(id))
+                .filter(|j| transition::operator_retry(j).is_ok())
                 .collect();
+            // A workflow step with parents may need them given (workflow::rerun): one by one,
+            // as a single retry, in the same transaction (its row is locked already).
+            let (steps, plain): (Vec<&Job>, Vec<&Job>) = admitted
+                .into_iter()
+                .partition(|j| j.workflow.as_ref().is_some_and(|l| !l.after.is_empty()));
+            let mut done: Vec<ToPublish> = Vec::new();
+            for j in steps {
+                if let Ok(job) = retry_in(&mut tx, j.id, now).await? {
+                    done.push(job.into());
+                }
+            }
+            let take: Vec<JobId> = plain.iter().map(|j| j.id).collect();
             if take.is_empty() {
-                return Ok(Vec::new());
+                tx.commit().await?;
+                done.sort_by_key(|p| p.id);
+                return Ok(done);
             }
             let sql = format!(
                 "UPDATE homing_jobs SET state = 'queued', dispatched = false, attempts = 0, \
@@ -3035,7 +3096,7 @@ impl Store for PgStore {
                  scheduled_at = NULL, updated_at = $2 WHERE id = ANY($1) RETURNING {}",
                 light_columns()
             );
-            let mut out = sqlx::query(AssertSqlSafe(sql))
+            let out = sqlx::query(AssertSqlSafe(sql))
                 .bind(&take)
                 .bind(now)
                 .fetch_all(&mut *tx)
@@ -3050,8 +3111,10 @@ impl Store for PgStore {
             write_history(&mut tx, &entries).await?;
             trim_history(&mut tx, &take).await?;
             tx.commit().await?;
-            out.sort_by_key(|j| j.id);
-            Ok(out.into_iter().map(ToPublish::from).collect())
+            let mut out: Vec<ToPublish> = out.into_iter().map(ToPublish::from).collect();
+            out.extend(done);
+            out.sort_by_key(|p| p.id);
+            Ok(out)
         })
         .await
     }
