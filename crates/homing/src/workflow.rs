@@ -460,9 +460,16 @@ pub enum Rerun {
 
 /// Decides [`Rerun`] for `job`, an operator's retry of which [`crate::transition`] took:
 /// `steps` are its workflow's steps as [`STEPS_LEAVE_OUT`] reads them, `result_bytes` their
-/// results' sizes. A step cancelled before it ran had no parents written; run without them, its
-/// handler would see none, so it is given them now, by the rule that makes a step ready.
-pub fn rerun(job: &Job, steps: &[Job], result_bytes: &HashMap<JobId, u64>) -> Rerun {
+/// results' sizes, `retrying` the jobs the same call retries (a bulk step), which count as
+/// queued: a parent brought back by the same transaction has not finished. A step cancelled
+/// before it ran had no parents written; run without them, its handler would see none, so it is
+/// given them now, by the rule that makes a step ready.
+pub fn rerun(
+    job: &Job,
+    steps: &[Job],
+    result_bytes: &HashMap<JobId, u64>,
+    retrying: &[JobId],
+) -> Rerun {
     let Some(link) = &job.workflow else {
         return Rerun::AsItIs;
     };
@@ -470,21 +477,42 @@ pub fn rerun(job: &Job, steps: &[Job], result_bytes: &HashMap<JobId, u64>) -> Re
         return Rerun::AsItIs;
     }
     let by_id: HashMap<JobId, &Job> = steps.iter().map(|j| (j.id, j)).collect();
+    let state_of = |p: &JobId| {
+        by_id.get(p).map(|j| {
+            if retrying.contains(p) {
+                JobState::Queued
+            } else {
+                j.state
+            }
+        })
+    };
     let states: Vec<JobState> = link
         .after
         .iter()
-        .map(|p| by_id.get(p).map_or(JobState::Cancelled, |j| j.state))
+        .map(|p| state_of(p).unwrap_or(JobState::Cancelled))
         .collect();
     if readiness(link.run_on, &states) != Some(true) {
-        let blocking = link.after.iter().find_map(|p| {
-            let j = by_id.get(p)?;
-            let step = j.workflow.as_ref().map_or("?", |l| l.step.as_str());
-            (j.state != JobState::Succeeded).then(|| format!("'{step}' is {}", j.state))
-        });
+        let named: Vec<(&str, JobState)> = link
+            .after
+            .iter()
+            .filter_map(|p| {
+                let step = by_id
+                    .get(p)?
+                    .workflow
+                    .as_ref()
+                    .map_or("?", |l| l.step.as_str());
+                Some((step, state_of(p)?))
+            })
+            .collect();
+        let why = if let Some((step, st)) = named.iter().find(|(_, s)| !s.is_terminal()) {
+            format!("its parent step '{step}' is {st}: wait for it to finish")
+        } else if let Some((step, st)) = named.iter().find(|(_, s)| *s != JobState::Succeeded) {
+            format!("its parent step '{step}' is {st}: retry it first, then this step once it has succeeded")
+        } else {
+            "a parent step no longer exists (purged), so it cannot be given its parents".into()
+        };
         return Rerun::Refuse(format!(
-            "this workflow step never ran and its parents are not done as it requires ({}): \
-             retry them first",
-            blocking.unwrap_or_else(|| "a parent no longer exists".into())
+            "this workflow step never became runnable and cannot run yet: {why}"
         ));
     }
     let given: u64 = link.after.iter().filter_map(|p| result_bytes.get(p)).sum();
@@ -1041,28 +1069,33 @@ mod tests {
             ("fin", "a,x", Any, Cancelled),
         ]);
         let none = HashMap::new();
-        let Rerun::WithParents(p) = rerun(&s[2], &s, &none) else {
+        let Rerun::WithParents(p) = rerun(&s[2], &s, &none, &[]) else {
             panic!()
         };
         assert_eq!(p.keys().collect::<Vec<_>>(), vec!["a"]);
         assert_eq!((p["a"].id, p["a"].state), (s[0].id, Succeeded));
-        let Rerun::Refuse(why) = rerun(&s[3], &s, &none) else {
+        let Rerun::Refuse(why) = rerun(&s[3], &s, &none, &[]) else {
             panic!()
         };
         assert!(why.contains("'x' is failed"), "{why}");
-        assert!(matches!(rerun(&s[4], &s, &none), Rerun::WithParents(p) if p.len() == 2));
+        assert!(matches!(rerun(&s[4], &s, &none, &[]), Rerun::WithParents(p) if p.len() == 2));
+        // Its parent retried by the same call has not finished: the finaliser waits.
+        let Rerun::Refuse(why) = rerun(&s[4], &s, &none, &[s[1].id]) else {
+            panic!()
+        };
+        assert!(why.contains("'x' is queued: wait for it"), "{why}");
         let big: HashMap<JobId, u64> = [(s[0].id, MAX_PARENTS_BYTES + 1)].into();
         assert_eq!(
-            rerun(&s[2], &s, &big),
+            rerun(&s[2], &s, &big, &[]),
             Rerun::Refuse(too_large_reason(MAX_PARENTS_BYTES + 1))
         );
         let mut ran = s[2].clone();
         ran.parents = Some(BTreeMap::new());
-        assert_eq!(rerun(&ran, &s, &none), Rerun::AsItIs);
-        assert_eq!(rerun(&s[0], &s, &none), Rerun::AsItIs);
+        assert_eq!(rerun(&ran, &s, &none, &[]), Rerun::AsItIs);
+        assert_eq!(rerun(&s[0], &s, &none, &[]), Rerun::AsItIs);
         let mut alone = s[2].clone();
         alone.workflow = None;
-        assert_eq!(rerun(&alone, &s, &none), Rerun::AsItIs);
+        assert_eq!(rerun(&alone, &s, &none, &[]), Rerun::AsItIs);
     }
 
     fn step_of(steps: &[Job], id: JobId) -> String {

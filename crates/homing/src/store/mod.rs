@@ -882,7 +882,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<JobPage>;
 
     /// An operator's retry: a `failed`, `dead` or `cancelled` job goes back to `queued`
-    /// (undispatched) with its retry budget renewed. Other states are a `Conflict`.
+    /// (undispatched) with its retry budget renewed. Other states are a `Conflict`, and so is a
+    /// workflow step that never became runnable whose parents are not yet as it requires
+    /// ([`crate::workflow::rerun`]; one whose parents are is given them).
     ///
     /// Crash contract: one transaction deciding on the locked row, so two operators retrying at
     /// once requeue the job once (the second gets a `Conflict`); a crash after it leaves the job

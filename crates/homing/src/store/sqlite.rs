@@ -1488,6 +1488,7 @@ fn retry_in(
     tx: &rusqlite::Transaction<'_>,
     id: JobId,
     now: Micros,
+    retrying: &[JobId],
 ) -> rusqlite::Result<Result<Job>> {
     let sid = id.to_string();
     let Some(job) = get_job(tx, &sid)? else {
@@ -1500,7 +1501,7 @@ fn retry_in(
             message: message.into(),
         }));
     }
-    let parents = match rerun_parents(tx, &job)? {
+    let parents = match rerun_parents(tx, &job, retrying)? {
         Ok(parents) => parents,
         Err(message) => {
             return Ok(Err(Error::Conflict {
@@ -1528,6 +1529,7 @@ fn retry_in(
 fn rerun_parents(
     tx: &rusqlite::Transaction<'_>,
     job: &Job,
+    retrying: &[JobId],
 ) -> rusqlite::Result<std::result::Result<Option<String>, String>> {
     use crate::workflow::Rerun;
     let Some(link) = job.workflow.as_ref().filter(|l| !l.after.is_empty()) else {
@@ -1539,7 +1541,7 @@ fn rerun_parents(
     let wf = link.id.to_string();
     let steps = workflow_jobs(tx, &wf)?;
     Ok(
-        match crate::workflow::rerun(job, &steps, &result_sizes(tx, &wf)?) {
+        match crate::workflow::rerun(job, &steps, &result_sizes(tx, &wf)?, retrying) {
             Rerun::AsItIs => Ok(None),
             Rerun::Refuse(message) => Err(message),
             Rerun::WithParents(parents) => {
@@ -2180,7 +2182,9 @@ impl Store for SqliteStore {
     }
 
     async fn retry(&self, id: JobId, now: Micros) -> Result<Job> {
-        self.db.write(move |tx| retry_in(tx, id, now)).await?
+        self.db
+            .write(move |tx| retry_in(tx, id, now, &[id]))
+            .await?
     }
 
     async fn cancel(&self, id: JobId, now: Micros) -> Result<Job> {
@@ -2193,7 +2197,7 @@ impl Store for SqliteStore {
         }
         let ids = ids.to_vec();
         self.db
-            .write(move |tx| many(tx, &ids, |tx, id| retry_in(tx, id, now)))
+            .write(move |tx| many(tx, &ids, |tx, id| retry_in(tx, id, now, &ids)))
             .await
     }
 

@@ -2252,6 +2252,7 @@ async fn results_of(
 async fn rerun_parents(
     conn: &mut PgConnection,
     job: &Job,
+    retrying: &[JobId],
 ) -> sqlx::Result<std::result::Result<Option<String>, String>> {
     use crate::workflow::Rerun;
     let Some(link) = job.workflow.as_ref().filter(|l| !l.after.is_empty()) else {
@@ -2262,22 +2263,29 @@ async fn rerun_parents(
     }
     let steps = workflow_jobs(conn, link.id).await?;
     let sizes = result_sizes(conn, link.id).await?;
-    Ok(match crate::workflow::rerun(job, &steps, &sizes) {
-        Rerun::AsItIs => Ok(None),
-        Rerun::Refuse(message) => Err(message),
-        Rerun::WithParents(parents) => {
-            let results = results_of(conn, parents.values().map(|p| p.id).collect()).await?;
-            Ok(Some(to_json(&crate::workflow::with_results(
-                &parents, &results,
-            ))))
-        }
-    })
+    Ok(
+        match crate::workflow::rerun(job, &steps, &sizes, retrying) {
+            Rerun::AsItIs => Ok(None),
+            Rerun::Refuse(message) => Err(message),
+            Rerun::WithParents(parents) => {
+                let results = results_of(conn, parents.values().map(|p| p.id).collect()).await?;
+                Ok(Some(to_json(&crate::workflow::with_results(
+                    &parents, &results,
+                ))))
+            }
+        },
+    )
 }
 
 /// An operator's retry of one job inside the caller's transaction, decided by
 /// [`transition::operator_retry`]. The outer `Result` is the database's; the inner one the
 /// decision's (not found, or refused: nothing written).
-async fn retry_in(conn: &mut PgConnection, id: JobId, now: Micros) -> sqlx::Result<Result<Job>> {
+async fn retry_in(
+    conn: &mut PgConnection,
+    id: JobId,
+    now: Micros,
+    retrying: &[JobId],
+) -> sqlx::Result<Result<Job>> {
     let Some(job) = get_job(conn, id, true).await? else {
         return Ok(Err(Error::NotFound(id)));
     };
@@ -2288,7 +2296,7 @@ async fn retry_in(conn: &mut PgConnection, id: JobId, now: Micros) -> sqlx::Resu
             message: message.into(),
         }));
     }
-    let parents = match rerun_parents(conn, &job).await? {
+    let parents = match rerun_parents(conn, &job, retrying).await? {
         Ok(parents) => parents,
         Err(message) => {
             return Ok(Err(Error::Conflict {
@@ -3035,7 +3043,10 @@ impl Store for PgStore {
     async fn retry(&self, id: JobId, now: Micros) -> Result<Job> {
         self.call(async {
             let mut tx = self.pool.begin().await?;
-            let out = retry_in(&mut tx, id, now).await?;
+            // Its workflow first, as every writer of a workflow's steps: the parents a step
+            // that never ran is given are read under it.
+            lock_workflows_of(&mut tx, &[id]).await?;
+            let out = retry_in(&mut tx, id, now, &[id]).await?;
             if out.is_ok() {
                 tx.commit().await?;
             }
@@ -3067,6 +3078,7 @@ impl Store for PgStore {
         // 500 jobs of 1 MiB args would otherwise hold half a gigabyte to decide on states.
         self.call(async {
             let mut tx = self.pool.begin().await?;
+            lock_workflows_of(&mut tx, ids).await?;
             let locked = lock_jobs(&mut tx, ids, Plans::Own, &light_columns()).await?;
             let admitted: Vec<&Job> = lock_order(ids)
                 .iter()
@@ -3080,7 +3092,7 @@ impl Store for PgStore {
                 .partition(|j| j.workflow.as_ref().is_some_and(|l| !l.after.is_empty()));
             let mut done: Vec<ToPublish> = Vec::new();
             for j in steps {
-                if let Ok(job) = retry_in(&mut tx, j.id, now).await? {
+                if let Ok(job) = retry_in(&mut tx, j.id, now, ids).await? {
                     done.push(job.into());
                 }
             }
