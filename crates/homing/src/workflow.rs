@@ -470,12 +470,9 @@ pub fn rerun(
     result_bytes: &HashMap<JobId, u64>,
     retrying: &[JobId],
 ) -> Rerun {
-    let Some(link) = &job.workflow else {
+    let Some(link) = job.workflow.as_ref().filter(|_| rerun_reads(job).is_some()) else {
         return Rerun::AsItIs;
     };
-    if link.after.is_empty() || job.parents.is_some() {
-        return Rerun::AsItIs;
-    }
     let by_id: HashMap<JobId, &Job> = steps.iter().map(|j| (j.id, j)).collect();
     let state_of = |p: &JobId| {
         by_id.get(p).map(|j| {
@@ -526,6 +523,16 @@ pub fn rerun(
         .map(|p| parent_run(p, p.state))
         .collect();
     Rerun::WithParents(parents)
+}
+
+/// The workflow whose steps a store reads for an operator's retry of `job` ([`rerun`]): a step
+/// with parents that never had them written. `None`: the retry leaves `parents` as they are,
+/// and nothing need be read.
+pub fn rerun_reads(job: &Job) -> Option<WorkflowId> {
+    job.workflow
+        .as_ref()
+        .filter(|l| !l.after.is_empty() && job.parents.is_none())
+        .map(|l| l.id)
 }
 
 /// A parent as its dependent sees it, under its step name, in `state`; its result is filled in

@@ -1532,13 +1532,10 @@ fn rerun_parents(
     retrying: &[JobId],
 ) -> rusqlite::Result<std::result::Result<Option<String>, String>> {
     use crate::workflow::Rerun;
-    let Some(link) = job.workflow.as_ref().filter(|l| !l.after.is_empty()) else {
+    let Some(wf) = crate::workflow::rerun_reads(job) else {
         return Ok(Ok(None));
     };
-    if job.parents.is_some() {
-        return Ok(Ok(None));
-    }
-    let wf = link.id.to_string();
+    let wf = wf.to_string();
     let steps = workflow_jobs(tx, &wf)?;
     Ok(
         match crate::workflow::rerun(job, &steps, &result_sizes(tx, &wf)?, retrying) {

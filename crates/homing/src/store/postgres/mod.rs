@@ -2255,14 +2255,11 @@ async fn rerun_parents(
     retrying: &[JobId],
 ) -> sqlx::Result<std::result::Result<Option<String>, String>> {
     use crate::workflow::Rerun;
-    let Some(link) = job.workflow.as_ref().filter(|l| !l.after.is_empty()) else {
+    let Some(wf) = crate::workflow::rerun_reads(job) else {
         return Ok(Ok(None));
     };
-    if job.parents.is_some() {
-        return Ok(Ok(None));
-    }
-    let steps = workflow_jobs(conn, link.id).await?;
-    let sizes = result_sizes(conn, link.id).await?;
+    let steps = workflow_jobs(conn, wf).await?;
+    let sizes = result_sizes(conn, wf).await?;
     Ok(
         match crate::workflow::rerun(job, &steps, &sizes, retrying) {
             Rerun::AsItIs => Ok(None),
