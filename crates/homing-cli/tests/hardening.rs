@@ -285,6 +285,84 @@ async fn a_damaged_database_file_refuses_to_start() {
     assert!(!err.contains("quick_check"), "{err}");
 }
 
+/// The database file removed from under a running server (`rm homing.db*`). Before, the server
+/// went on answering 202 to enqueues into the removed file (or 500, when a read opened a new,
+/// empty file at the path) and every job it accepted so was gone at its next start. Now its
+/// calls are refused with the reason within a second, every job it accepted is in the copy it
+/// saves beside the path, and the copy moved back holds them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_file_removed_under_the_server_loses_no_accepted_job() {
+    let env = Env::sqlite();
+    let (mut up, base) = start_up(&env, &[]).await;
+    let http = http_client();
+    let enqueue = |i: usize| {
+        http.post(format!("{base}/v1/jobs"))
+            .json(&serde_json::json!({"task": "builtin.noop", "queue": "parked", "args": {"i": i}}))
+            .send()
+    };
+    let mut accepted = Vec::new();
+    for i in 0..20 {
+        let r = enqueue(i).await.unwrap();
+        assert_eq!(r.status(), 202, "{:?}", r.text().await);
+        let job: serde_json::Value = r.json().await.unwrap();
+        accepted.push(job["id"].as_str().unwrap().to_string());
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = env.db_path().into_os_string();
+        p.push(suffix);
+        std::fs::remove_file(&p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    }
+    let started = Instant::now();
+    let refused = loop {
+        let r = enqueue(accepted.len()).await.unwrap();
+        if r.status() != 202 {
+            break (r.status(), r.text().await.unwrap());
+        }
+        let job: serde_json::Value = r.json().await.unwrap();
+        accepted.push(job["id"].as_str().unwrap().to_string());
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still accepting jobs into the removed file: {} since",
+            accepted.len() - 20
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(refused.0, 503, "{}", refused.1);
+    assert!(refused.1.contains("\"unavailable\""), "{}", refused.1);
+    up.wait_log("was removed or replaced while this process had it open")
+        .await;
+    up.wait_log("saved what").await;
+    let saved: Vec<_> = std::fs::read_dir(env.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("homing.db.removed-"))
+        .collect();
+    assert_eq!(saved.len(), 1, "one copy and no part left: {saved:?}");
+    assert!(up.log_text().contains(&saved[0].display().to_string()));
+    up.terminate(Duration::from_secs(10));
+
+    // Put back as the log says, every accepted job is there.
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = env.db_path().into_os_string();
+        p.push(suffix);
+        let _ = std::fs::remove_file(&p);
+    }
+    std::fs::rename(&saved[0], env.db_path()).unwrap();
+    let (_up, base) = start_up(&env, &[]).await;
+    for id in &accepted {
+        let r = http
+            .get(format!("{base}/v1/jobs/{id}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            200,
+            "job {id} accepted before the refusal is lost"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn queue_names_are_bounded_and_the_list_is_paged() {
     let env = Env::sqlite();

@@ -7,6 +7,7 @@
 //! lock, and wait out each other with a busy timeout instead of failing.
 
 mod doorbell;
+mod moved;
 
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use std::cell::Cell;
@@ -192,7 +193,12 @@ pub struct Db {
     /// Whether calls made on a current-thread runtime run on its thread when they need not wait
     /// for another connection ([`Db::run_calls_here`]).
     here: AtomicBool,
+    /// The file opened, to notice when its path names another ([`moved`]).
+    opened: Option<moved::Opened>,
 }
+
+/// The name `/healthz` reports a file removed from under this process by.
+const FILE_CHECK: &str = "database file";
 
 thread_local! {
     /// Set while an attempt on the runtime's own thread begins its transaction: the lock is
@@ -557,6 +563,7 @@ impl Db {
         let writer = open_conn(&path).map_err(|e| {
             Error::unavailable_from(BACKEND, e).context(format!("cannot open {}", path.display()))
         })?;
+        let opened = moved::Opened::at(&path);
         if check_pages {
             check_integrity(&writer, &path)?;
         }
@@ -580,6 +587,7 @@ impl Db {
             backstop_misses: AtomicU32::new(0),
             path,
             here: AtomicBool::new(false),
+            opened,
         }))
     }
 
@@ -611,6 +619,7 @@ impl Db {
         T: Send + 'static,
         F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
     {
+        self.refuse_if_moved()?;
         let f = if self.calls_here() {
             match on_this_thread(|| self.write_here(f, wakes)) {
                 Ok(Ok(done)) => return given_back(done).await,
@@ -676,6 +685,7 @@ impl Db {
         L: FnOnce(&Connection) -> rusqlite::Result<bool> + Send + 'static,
         F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
     {
+        self.refuse_if_moved()?;
         if self.calls_here() {
             let looked = on_this_thread(|| self.read_now(look, None)).and_then(|r| r);
             if !looked.map_err(|e| e.context("looking before the write"))? {
@@ -694,6 +704,83 @@ impl Db {
             db.write_now(f, |_| false).map(Some)
         })
         .await
+    }
+
+    /// Refuses a call once the path no longer names the file this process has open
+    /// ([`moved`]); the refusal that first finds it so also starts saving what the file holds.
+    /// Reads are refused too: a read that opened a new connection would open (and create) the
+    /// file now at the path and answer from it.
+    fn refuse_if_moved(self: &Arc<Self>) -> Result<()> {
+        self.refuse_if_moved_now(false)
+    }
+
+    /// [`Db::refuse_if_moved`], looking at the path whatever the last look's age when
+    /// `at_once`.
+    fn refuse_if_moved_now(self: &Arc<Self>, at_once: bool) -> Result<()> {
+        let Some(opened) = &self.opened else {
+            return Ok(());
+        };
+        let moved::Look::Moved { reason, first } = opened.look(&self.path, at_once) else {
+            return Ok(());
+        };
+        crate::health::global().failure(FILE_CHECK);
+        if first {
+            tracing::error!(
+                "{reason}. This process no longer reads or writes it, since a process started \
+                 later could not find what is written there; the copy is made in {} s, once \
+                 the other processes on the file have stopped writing to it too",
+                moved::SETTLE.as_secs()
+            );
+            let db = self.clone();
+            let saving = std::thread::Builder::new()
+                .name("homing-save".into())
+                .spawn(move || db.save_moved());
+            if let Err(e) = saving {
+                tracing::error!(error = %e, "could not start saving the removed database file");
+            }
+        }
+        Err(Error::unavailable(BACKEND, reason))
+    }
+
+    /// Copies what the removed file holds beside its path, from the writer connection (the one
+    /// way left to it), once the other processes on it have stopped writing ([`moved::SETTLE`]).
+    /// Each process writes a copy of its own and links it to the one name; the first link
+    /// stands, and the others are dropped.
+    fn save_moved(&self) {
+        let Some(opened) = &self.opened else {
+            return;
+        };
+        std::thread::sleep(moved::SETTLE);
+        let saved = opened.saved_as(&self.path);
+        let mut part = saved.clone().into_os_string();
+        part.push(format!(".{}.part", std::process::id()));
+        let part = PathBuf::from(part);
+        let Some(part_name) = part.to_str() else {
+            tracing::error!(path = %part.display(), "cannot save the removed database file: its path is not UTF-8");
+            return;
+        };
+        let _ = std::fs::remove_file(&part);
+        let conn = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let copied = conn.execute("VACUUM INTO ?1", [part_name]);
+        drop(conn);
+        if let Err(e) = copied {
+            tracing::error!(error = %e, path = %part.display(), "could not save what the removed database file holds: it is gone once every process that has it open stops");
+            let _ = std::fs::remove_file(&part);
+            return;
+        }
+        let linked = std::fs::hard_link(&part, &saved);
+        let _ = std::fs::remove_file(&part);
+        let (db, saved) = (self.path.display(), saved.display());
+        match linked {
+            Ok(()) => tracing::error!(
+                "saved what {db} held as {saved}: stop homing's processes, move {saved} to {db} \
+                 (in place of whatever is there now), and start them again"
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                tracing::warn!("what {db} held was saved as {saved} by another process")
+            }
+            Err(e) => tracing::error!(error = %e, "could not save what {db} held as {saved}"),
+        }
     }
 
     /// The body of every write, on a blocking thread.
@@ -823,6 +910,10 @@ impl Db {
     fn checkpoint(&self) {
         let mut slot = self.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
+            // A connection opened now would open the file now at the path.
+            if self.opened.as_ref().is_some_and(moved::Opened::noticed) {
+                return;
+            }
             match open_conn(&self.path) {
                 Ok(c) => *slot = Some(c),
                 Err(e) => {
@@ -845,6 +936,7 @@ impl Db {
         T: Send + 'static,
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     {
+        self.refuse_if_moved()?;
         if self.calls_here() {
             // A read seldom waits for another connection: the log keeps its snapshot.
             let read = on_this_thread(|| self.read_now(f, None)).and_then(|r| r);
@@ -864,14 +956,17 @@ impl Db {
     /// waiting: a client went away, a request timed out) the statement stops at its next
     /// progress check instead of running to its end for nobody; a search over a million jobs
     /// takes half a second of a thread and of a request permit.
-    fn read_now<T, F>(&self, f: F, given_up: Option<Arc<AtomicBool>>) -> Result<T>
+    fn read_now<T, F>(self: &Arc<Self>, f: F, given_up: Option<Arc<AtomicBool>>) -> Result<T>
     where
         F: FnOnce(&Connection) -> rusqlite::Result<T>,
     {
         let conn = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let conn = match conn {
             Some(c) => c,
-            None => open_conn(&self.path).map_err(map_err)?,
+            None => {
+                self.refuse_if_moved_now(true)?;
+                open_conn(&self.path).map_err(map_err)?
+            }
         };
         // The handler belongs to this read alone: installed here and removed before the
         // connection goes back to the pool (a connection that keeps it is not pooled), so a
@@ -1456,6 +1551,83 @@ mod tests {
             longest < WAL_RESTART_BYTES + (8 << 20),
             "the log grew to {longest} bytes"
         );
+    }
+
+    /// A file removed from under the process: writes to it are refused within a second, with
+    /// the reason, and every write it committed is in the copy saved beside the path. Without
+    /// the check the writes go on into the removed file and nothing is saved.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_stop_and_the_file_is_saved_once_it_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.db");
+        let db = Db::open(&path).unwrap();
+        db.write(|tx| tx.execute_batch("CREATE TABLE kept (n INTEGER)"))
+            .await
+            .unwrap();
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = path.clone().into_os_string();
+            p.push(suffix);
+            std::fs::remove_file(p).unwrap();
+        }
+        let mut committed = Vec::new();
+        let refused = loop {
+            let n = committed.len() as i64;
+            match db
+                .write(move |tx| tx.execute("INSERT INTO kept VALUES (?1)", [n]))
+                .await
+            {
+                Ok(_) => committed.push(n),
+                Err(e) => break e,
+            }
+            assert!(
+                committed.len() < 2_000,
+                "writes went on into the removed file"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        assert!(refused.is_transient(), "{refused}");
+        let saved = dir.path().join(format!(
+            "h.db.removed-{}",
+            db.opened.as_ref().unwrap().ino()
+        ));
+        assert!(
+            refused.to_string().contains("was removed or replaced"),
+            "{refused}"
+        );
+        assert!(
+            refused.to_string().contains(&saved.display().to_string()),
+            "{refused}"
+        );
+        // Refused from now on, reads too (a new connection would open the path).
+        assert!(db
+            .write(|tx| tx.execute("DELETE FROM kept", []))
+            .await
+            .is_err());
+        let read = db
+            .read(|c| c.query_row("SELECT count(*) FROM kept", [], |r| r.get::<_, i64>(0)))
+            .await;
+        assert!(read.is_err_and(|e| e.to_string().contains("was removed")));
+
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !saved.exists() {
+            assert!(std::time::Instant::now() < deadline, "no copy at {saved:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let copy = Connection::open(&saved).unwrap();
+        let rows: Vec<i64> = copy
+            .prepare("SELECT n FROM kept ORDER BY n")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(rows, committed, "the copy holds every committed write");
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().ends_with(".part"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
     }
 
     /// A file homing creates has small pages; a file an older build created keeps its own page
