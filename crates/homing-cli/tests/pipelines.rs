@@ -971,6 +971,41 @@ async fn an_undecodable_image_fails_its_emotion_job_at_once() {
     );
 }
 
+/// A track job for an exhibition that does not exist (a producer's typo, an exhibition gone)
+/// fails at once with the reason. It used to compose a track, store it where nothing referred
+/// to it, and succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_track_job_for_no_such_exhibition_fails_before_composing() {
+    let env = Env::sqlite();
+    let _svc = Service::start(&env, "up", &["up"], &[]).await;
+    let emotion = serde_json::json!({
+        "emotion": "calm", "valence": 0.4, "arousal": -0.3, "brightness": 0.6,
+        "saturation": 0.4, "contrast": 0.1, "warmth": 0.1, "hue": 200.0
+    });
+    let client = env.client().await;
+    let id = client
+        .enqueue(homing::EnqueueRequest::new(
+            "exhibition.bgm",
+            serde_json::json!({"exhibition": "no-such-exhibition", "index": 0,
+                               "parent": {"result": emotion}}),
+        ))
+        .await
+        .unwrap()
+        .id;
+    let job = wait_all_terminal(&client, &[id], Duration::from_secs(120))
+        .await
+        .remove(0);
+    assert_eq!(job.state, homing::JobState::Failed, "{job:?}");
+    assert_eq!(job.attempts, 1, "{job:?}");
+    assert!(
+        job.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("no such exhibition track"),
+        "{job:?}"
+    );
+}
+
 /// Images of different character get different emotions, and tracks whose tempo — measured
 /// from the audio — follows them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -115,13 +115,20 @@ impl Task for ComposeTrack {
             .find(|p| p.task == EMOTION)
             .and_then(|p| p.result);
         let legacy = ctx.workflow().is_none();
+        // Looked up before anything is composed: a job for a track that does not exist (a
+        // producer's typo, an exhibition deleted since) composed and stored a track that
+        // nothing referred to, and succeeded.
+        let track = s
+            .state
+            .track(&a.exhibition, a.index)
+            .await?
+            .ok_or_else(|| TaskError::fatal("no such exhibition track"))?;
         let emotion: Emotion = match from_step.or(a.parent.and_then(|p| p.result)) {
             Some(v) => serde_json::from_value(v)
                 .map_err(|e| TaskError::fatal(format!("the emotion job's result: {e}")))?,
             None => {
-                let track = s.state.track(&a.exhibition, a.index).await?;
                 let reading = track
-                    .and_then(|t| t.reading)
+                    .reading
                     .ok_or_else(|| TaskError::fatal("no emotion was read for this track"))?;
                 serde_json::from_value(reading)
                     .map_err(|e| TaskError::fatal(format!("the stored emotion: {e}")))?
