@@ -669,6 +669,8 @@ drawn from --seed (the same seed replays the same schedule):
   redis_flushall    FLUSHALL                                          (--broker redis)
   net_cut           one worker's connections to Redis stall, then heal (--broker redis)
   postgres_restart  PostgreSQL stopped (fast, or immediate = crash), started again (--store postgres)
+  lock_hold         the embedded file's write lock held longer than the heartbeat TTL by another
+                    program, then released: must not be taken for a crash   (embedded broker)
 
 Backends: by default the embedded SQLite in a temporary directory. `--broker redis` and \
 `--store postgres` start a throwaway redis-server (no persistence) and PostgreSQL (fsync on, \

@@ -363,6 +363,67 @@ async fn a_database_file_removed_under_the_server_loses_no_accepted_job() {
     }
 }
 
+/// The embedded file's write lock held by another program past the heartbeat TTL (an `sqlite3`
+/// shell with a transaction left open, a backup tool, a long write): nobody can write, so no
+/// worker can refresh its heartbeat. Before, once the lock was free every running job was taken
+/// for a crash, reclaimed and run again (by hand: 6 of 6 jobs of `homing up`, a 3 s hold, a
+/// 600 ms TTL). Now the time nobody could write does not count against a heartbeat, in the
+/// server's own workers and in a worker process of its own: each job runs once, no crash counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_lock_held_past_the_heartbeat_ttl_is_not_taken_for_crashes() {
+    let env = Env::sqlite();
+    let (up, _base) = start_up(&env, &[]).await;
+    let other = env.worker("other", "other", &[]);
+    let client = env.client().await;
+    wait_workers(&client, "other", 1, Duration::from_secs(30)).await;
+    let mut ids = Vec::new();
+    for queue in ["default", "default", "default", "default", "other", "other"] {
+        let mut req = homing::EnqueueRequest::new("builtin.sleep", serde_json::json!({"ms": 5000}));
+        req.options.queue = Some(queue.to_string());
+        ids.push(client.enqueue(req).await.unwrap().id);
+    }
+    for id in &ids {
+        wait_state(
+            &client,
+            *id,
+            homing::JobState::Running,
+            Duration::from_secs(30),
+        )
+        .await;
+    }
+    // Five times the TTL (3 x 200 ms).
+    let db = env.db_path();
+    tokio::task::spawn_blocking(move || {
+        let c = rusqlite::Connection::open(db).unwrap();
+        c.busy_timeout(Duration::from_secs(30)).unwrap();
+        c.execute_batch("BEGIN IMMEDIATE").unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        c.execute_batch("COMMIT").unwrap();
+    })
+    .await
+    .unwrap();
+    let jobs = wait_all_terminal(&client, &ids, Duration::from_secs(60)).await;
+    let logs = || format!("{}\n{}", up.log_text(), other.log_text());
+    for j in &jobs {
+        assert_eq!(j.state, homing::JobState::Succeeded, "{j:?}");
+        assert_eq!(
+            j.crashes,
+            0,
+            "the held lock was taken for a crash: {j:?}\n{}",
+            logs()
+        );
+        assert_eq!(j.epoch, 1, "started more than once: {j:?}\n{}", logs());
+    }
+    for p in [&up, &other] {
+        assert!(
+            !p.log_text().contains("presumed dead"),
+            "{}: {}",
+            p.name,
+            p.log_text()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn queue_names_are_bounded_and_the_list_is_paged() {
     let env = Env::sqlite();

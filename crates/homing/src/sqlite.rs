@@ -493,6 +493,56 @@ fn open_conn_once(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
+/// A wait for the file's write lock at least this long is written down ([`note_stall`]).
+/// homing's own transactions hold the lock for well under a millisecond each; a heartbeat
+/// interval is at least 10 ms.
+pub(crate) const STALL_NOTED: Duration = Duration::from_millis(50);
+
+/// How long a written-down wait is taken into account after it ended ([`recent_stall`]).
+const STALL_REMEMBERED: Duration = Duration::from_secs(10);
+
+/// Writes down, in the transaction that waited for it, how long the file's write lock could
+/// not be had (`asked` is when this process asked for it), so that every process on the file
+/// can tell: while no process could write, no worker could refresh its heartbeat either, and
+/// the heartbeats that expired meanwhile must not be taken for crashes (see the SQLite
+/// broker's `lost_consumers`). A longer wait that ended more recently than
+/// [`STALL_REMEMBERED`] is kept. Failing to write it changes nothing else.
+fn note_stall(tx: &rusqlite::Transaction<'_>, asked: crate::time::Micros) {
+    let at = crate::time::now();
+    let waited = at - asked;
+    if waited < crate::time::micros(STALL_NOTED) {
+        return;
+    }
+    let kept = recent_stall(tx, at).unwrap_or(0);
+    if kept > waited {
+        return;
+    }
+    if let Err(e) = tx.execute(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES ('write_stall', ?1)",
+        [format!("{at},{waited}")],
+    ) {
+        tracing::debug!(error = %e, "could not note a wait for the write lock");
+    }
+}
+
+/// The longest wait for the file's write lock that any process on the file wrote down and that
+/// ended within [`STALL_REMEMBERED`] of `at`, in microseconds; 0 if none.
+pub(crate) fn recent_stall(conn: &Connection, at: crate::time::Micros) -> rusqlite::Result<i64> {
+    use rusqlite::OptionalExtension;
+    let noted: Option<String> = conn
+        .prepare_cached("SELECT value FROM meta WHERE key = 'write_stall'")?
+        .query_row([], |r| r.get(0))
+        .optional()?;
+    let Some((ended, waited)) = noted.as_deref().and_then(|v| v.split_once(',')) else {
+        return Ok(0);
+    };
+    let (Ok(ended), Ok(waited)) = (ended.parse::<i64>(), waited.parse::<i64>()) else {
+        return Ok(0);
+    };
+    let remembered = at.saturating_sub(ended) <= crate::time::micros(STALL_REMEMBERED);
+    Ok(if remembered { waited.max(0) } else { 0 })
+}
+
 /// SQLite failures after which trying again may succeed: the database is busy or locked, out of
 /// memory or disk, cannot be opened or read right now, or is being recovered by another
 /// connection (`SQLITE_PROTOCOL`, `SQLITE_READONLY_RECOVERY`, `SQLITE_READONLY_CANTINIT`). The
@@ -811,9 +861,11 @@ impl Db {
         F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>,
     {
         SHORT_WAIT.with(|w| w.set(briefly));
+        let asked = crate::time::now();
         let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
             Ok(tx) => {
                 SHORT_WAIT.with(|w| w.set(false));
+                note_stall(&tx, asked);
                 tx
             }
             Err(e) => {

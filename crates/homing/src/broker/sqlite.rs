@@ -29,14 +29,14 @@ const POLL: Duration = Duration::from_millis(5);
 /// 200 times a second for nothing.
 const POLL_WITH_DOORBELL: Duration = Duration::from_millis(100);
 
-/// How much life a heartbeat must have left to be refreshed. Its time is read before the write
-/// commits, and a reader (the rescuer) whose snapshot predates the commit sees the old expiry:
-/// a refresh made at the edge of expiry could succeed while a reader, its clock past the old
-/// expiry, presumes the worker dead. Refusing refreshes that close to expiry makes the worker
-/// learn it as well (it rejoins under a new name) so long as the write commits within the
-/// margin; with `synchronous=NORMAL` a commit appends to the log without an fsync, microseconds.
-/// A worker beats with two thirds of its TTL left, so only a beat late by well over an interval
-/// is refused. Redis needs none: its refresh and its readers are serialised on the server.
+/// How much life a heartbeat must have left to be refreshed. A reader whose snapshot predates
+/// a refresh's commit sees the old expiry (the reconciler's and the remote sessions' liveness
+/// checks; the rescuer claims in a write, after which a refresh fails): a refresh made at the
+/// edge of expiry could succeed while such a reader, its clock past the old expiry, took the
+/// worker for dead. Refusing refreshes that close to expiry makes the worker learn it as well
+/// (it rejoins under a new name). A worker beats with two thirds of its TTL left, so only a
+/// beat asked for late by well over an interval is refused. Redis needs none: its refresh and
+/// its readers are serialised on the server.
 pub fn refresh_margin(ttl: Duration) -> Duration {
     (ttl / 8).min(Duration::from_millis(250))
 }
@@ -414,12 +414,19 @@ impl Broker for SqliteBroker {
 
     async fn heartbeat(&self, worker: &str, ttl: Duration) -> Result<bool> {
         let worker = worker.to_string();
+        // Whether the heartbeat was alive is judged when the worker asked, not when the write
+        // lock was had: a refresh asked for in time that waited out another holder of the lock
+        // still lands, unless a rescuer claimed the worker first (`lost_consumers`).
+        let asked = now();
         self.db
             .write(move |tx| {
-                let t = now();
                 tx.execute(
                     "UPDATE heartbeats SET expires_at = ?2 WHERE worker = ?1 AND expires_at > ?3",
-                    params![worker, t + micros(ttl), t + micros(refresh_margin(ttl))],
+                    params![
+                        worker,
+                        now() + micros(ttl),
+                        asked + micros(refresh_margin(ttl))
+                    ],
                 )
                 .map(|n| n == 1)
             })
@@ -440,8 +447,12 @@ impl Broker for SqliteBroker {
         let worker = worker.to_string();
         self.db
             .read(move |c| {
+                // Alive while its heartbeat has not expired, less the time nobody could write
+                // (see `lost_consumers`).
+                let t = now();
+                let cutoff = t - crate::sqlite::recent_stall(c, t)?;
                 c.prepare_cached("SELECT 1 FROM heartbeats WHERE worker = ?1 AND expires_at > ?2")?
-                    .exists(params![worker, now()])
+                    .exists(params![worker, cutoff])
             })
             .await
     }
@@ -466,17 +477,45 @@ impl Broker for SqliteBroker {
             .await
     }
 
+    /// Looked for on a read connection, and only when some are found, claimed in a write: each
+    /// expired heartbeat is marked claimed (`expires_at = -1`), so that a refresh of it waiting
+    /// behind this write fails and its worker learns it was presumed dead, and the list is read
+    /// again in the same transaction. A heartbeat expires by the clock less the longest recent
+    /// wait for the file's write lock ([`crate::sqlite::recent_stall`]): while nobody could
+    /// write, no worker could refresh either (an `sqlite3` shell holding a transaction open, a
+    /// full disk, a long bulk step), and counting that time had every running job reclaimed and
+    /// run again once the lock was free.
     async fn lost_consumers(&self) -> Result<Vec<String>> {
+        fn lost(c: &rusqlite::Connection) -> rusqlite::Result<Vec<String>> {
+            let t = now();
+            let cutoff = t - crate::sqlite::recent_stall(c, t)?;
+            let mut st = c.prepare_cached(
+                "SELECT DISTINCT consumer FROM messages WHERE consumer IS NOT NULL AND consumer NOT IN \
+                 (SELECT worker FROM heartbeats WHERE expires_at > ?1) \
+                 UNION SELECT worker FROM heartbeats WHERE expires_at <= ?1",
+            )?;
+            let rows = st.query_map([cutoff], |r| r.get::<_, String>(0))?;
+            rows.collect()
+        }
+        if self.db.read(lost).await?.is_empty() {
+            return Ok(Vec::new());
+        }
+        let asked = now();
         self.db
-            .read(|c| {
+            .write(move |tx| {
                 let t = now();
-                let mut st = c.prepare_cached(
-                    "SELECT DISTINCT consumer FROM messages WHERE consumer IS NOT NULL AND consumer NOT IN \
-                     (SELECT worker FROM heartbeats WHERE expires_at > ?1) \
-                     UNION SELECT worker FROM heartbeats WHERE expires_at <= ?1",
+                // This write waited for the lock itself: the others that waited longer (the
+                // workers' refreshes among them) have not written their waits down yet. Next
+                // sweep, once they have.
+                if t - asked >= micros(crate::sqlite::STALL_NOTED) {
+                    return Ok(Vec::new());
+                }
+                let cutoff = t - crate::sqlite::recent_stall(tx, t)?;
+                tx.execute(
+                    "UPDATE heartbeats SET expires_at = -1 WHERE expires_at <= ?1 AND expires_at >= 0",
+                    [cutoff],
                 )?;
-                let rows = st.query_map([t], |r| r.get::<_, String>(0))?;
-                rows.collect()
+                lost(tx)
             })
             .await
     }

@@ -30,6 +30,10 @@ pub enum Kind {
     /// `kill -9` of the `homing server` the Python workers talk to, started again on the same
     /// address (Python workers only: Rust workers do not go through it).
     ServerKill,
+    /// The embedded file's write lock held by another program (a transaction left open) for
+    /// longer than the heartbeat TTL, then released: nobody could write, so no heartbeat could
+    /// be refreshed, and that must not be taken for a crash (embedded broker, Rust workers).
+    LockHold,
 }
 
 impl Kind {
@@ -43,6 +47,7 @@ impl Kind {
             Kind::NetCut => "net_cut",
             Kind::PostgresRestart => "postgres_restart",
             Kind::ServerKill => "server_kill",
+            Kind::LockHold => "lock_hold",
         }
     }
 
@@ -57,8 +62,8 @@ impl Kind {
 
 /// The kinds that apply to the chosen backends and workers. Python workers talk to the
 /// server through a proxy whatever the broker, so they can always be cut off, and the server
-/// itself can be killed.
-pub fn applicable(redis: bool, postgres: bool, python: bool) -> Vec<Kind> {
+/// itself can be killed. A held write lock needs the embedded broker's file.
+pub fn applicable(redis: bool, postgres: bool, python: bool, embedded: bool) -> Vec<Kind> {
     let mut k = vec![Kind::Kill9, Kind::Kill9MidCommit, Kind::Pause];
     if redis {
         k.extend([Kind::RedisRestart, Kind::RedisFlushall]);
@@ -71,6 +76,9 @@ pub fn applicable(redis: bool, postgres: bool, python: bool) -> Vec<Kind> {
     }
     if python {
         k.push(Kind::ServerKill);
+    }
+    if embedded && !python {
+        k.push(Kind::LockHold);
     }
     k
 }
@@ -111,7 +119,7 @@ pub fn schedule(
             kinds[rng.usize(..kinds.len())]
         };
         let param_ms = match kind {
-            Kind::Pause | Kind::NetCut => ttl_ms + rng.u64(500..=2500),
+            Kind::Pause | Kind::NetCut | Kind::LockHold => ttl_ms + rng.u64(500..=2500),
             Kind::Kill9MidCommit => rng.u64(0..=5),
             Kind::PostgresRestart => rng.u64(0..=1),
             _ => 0,
@@ -124,7 +132,7 @@ pub fn schedule(
         });
         let gap = every.mul_f64(0.5 + rng.f64());
         t += Duration::from_millis(match kind {
-            Kind::Pause | Kind::NetCut => param_ms,
+            Kind::Pause | Kind::NetCut | Kind::LockHold => param_ms,
             _ => 0,
         }) + gap;
     }
@@ -272,6 +280,22 @@ pub async fn inject(
             at = now();
             running = running_on(b, None).await;
             d.kill_server().await?;
+        }
+        Kind::LockHold => {
+            let path = homing::sqlite::path_from_url(&d.broker_url)
+                .ok_or_else(|| anyhow::anyhow!("lock_hold needs the embedded broker"))?;
+            running = running_on(b, None).await;
+            let hold = Duration::from_millis(p.param_ms);
+            at = now();
+            tokio::task::spawn_blocking(move || -> rusqlite::Result<()> {
+                let c = rusqlite::Connection::open(path)?;
+                c.busy_timeout(Duration::from_secs(30))?;
+                c.execute_batch("BEGIN IMMEDIATE")?;
+                std::thread::sleep(hold);
+                c.execute_batch("COMMIT")
+            })
+            .await??;
+            note += &format!("held {} ms", p.param_ms);
         }
         Kind::PostgresRestart => {
             at = now();

@@ -215,14 +215,22 @@ pub fn check(
             f.duplicate_calls += 1;
             let (c1, c2) = (pair[0], pair[1]);
             // The fault that struck this very job, else the latest one whose window overlaps.
+            // A held write lock never explains a second call: it is looked for only when
+            // nothing else does, and then it is a violation.
+            let explains = |x: &&Injected| x.kind != Kind::LockHold;
+            let held = faults
+                .iter()
+                .any(|x| x.kind == Kind::LockHold && x.at <= c2 && x.end + settle >= c1);
             let cause = faults
                 .iter()
                 .rev()
+                .filter(explains)
                 .find(|x| x.at <= c2 && x.at + settle >= c1 && x.running.contains(id))
                 .or_else(|| {
                     faults
                         .iter()
                         .rev()
+                        .filter(explains)
                         .find(|x| x.at <= c2 && x.end + settle >= c1)
                 })
                 .map(|x| x.kind.name().to_string())
@@ -234,6 +242,15 @@ pub fn check(
                 });
             match cause {
                 Some(c) => *f.duplicate_causes.entry(c).or_default() += 1,
+                None if held => {
+                    f.unexplained_duplicates += 1;
+                    f.violation(format!(
+                        "job {id}: called at {} and again at {} with only a held write lock \
+                         (lock_hold) in between: the time nobody could write was taken for a crash",
+                        homing::time::rfc3339(c1),
+                        homing::time::rfc3339(c2)
+                    ));
+                }
                 None => {
                     f.unexplained_duplicates += 1;
                     f.violation(format!(

@@ -255,7 +255,9 @@ async fn execute(g: &Global, a: ChaosArgs, seed: u64) -> anyhow::Result<ExitCode
         .context("cannot set the limited queue's limit")?;
 
     let ttl = a.heartbeat_interval * 3;
-    let mut kinds = faults::applicable(d.redis.is_some(), d.pg.is_some(), python);
+    // Not on a file of the user's own (a sqlite:// URL): only the deployment's.
+    let embedded = matches!(d.plan.broker, deployment::BrokerChoice::Embedded);
+    let mut kinds = faults::applicable(d.redis.is_some(), d.pg.is_some(), python, embedded);
     if let Some(only) = &a.faults {
         let want: Vec<&str> = only.split(',').map(str::trim).collect();
         kinds.retain(|k| want.contains(&k.name()));
