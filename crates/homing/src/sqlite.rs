@@ -507,12 +507,15 @@ const STALL_REMEMBERED: Duration = Duration::from_secs(10);
 /// the heartbeats that expired meanwhile must not be taken for crashes (see the SQLite
 /// broker's `lost_consumers`). A longer wait that ended more recently than
 /// [`STALL_REMEMBERED`] is kept. Failing to write it changes nothing else.
-fn note_stall(tx: &rusqlite::Transaction<'_>, asked: crate::time::Micros) {
-    let at = crate::time::now();
-    let waited = at - asked;
-    if waited < crate::time::micros(STALL_NOTED) {
+fn note_stall(tx: &rusqlite::Transaction<'_>, waited: Duration) {
+    LOCK_WAITED.with(|w| w.set(waited));
+    if waited < STALL_NOTED {
         return;
     }
+    // Timed on the monotonic clock: a wall clock stepped during the wait would write down the
+    // step. No wait is longer than the busy timeout.
+    let waited = crate::time::micros(waited.min(BUSY_TIMEOUT));
+    let at = crate::time::now();
     let kept = recent_stall(tx, at).unwrap_or(0);
     if kept > waited {
         return;
@@ -539,8 +542,23 @@ pub(crate) fn recent_stall(conn: &Connection, at: crate::time::Micros) -> rusqli
     let (Ok(ended), Ok(waited)) = (ended.parse::<i64>(), waited.parse::<i64>()) else {
         return Ok(0);
     };
-    let remembered = at.saturating_sub(ended) <= crate::time::micros(STALL_REMEMBERED);
-    Ok(if remembered { waited.max(0) } else { 0 })
+    // A wait said to end in the future (a wall clock stepped back since) is not believed, nor
+    // one longer than the busy timeout allows.
+    let age = at.saturating_sub(ended);
+    let remembered = (0..=crate::time::micros(STALL_REMEMBERED)).contains(&age);
+    let waited = waited.clamp(0, crate::time::micros(BUSY_TIMEOUT));
+    Ok(if remembered { waited } else { 0 })
+}
+
+thread_local! {
+    /// How long the transaction now running on this thread waited for the file's write lock.
+    static LOCK_WAITED: Cell<Duration> = const { Cell::new(Duration::ZERO) };
+}
+
+/// Inside a write's body: how long its transaction waited for the file's write lock (not for
+/// this process's own writer, nor for a thread to run on).
+pub(crate) fn lock_waited() -> Duration {
+    LOCK_WAITED.with(Cell::get)
 }
 
 /// SQLite failures after which trying again may succeed: the database is busy or locked, out of
@@ -803,7 +821,12 @@ impl Db {
         std::thread::sleep(moved::SETTLE);
         let saved = opened.saved_as(&self.path);
         let mut part = saved.clone().into_os_string();
-        part.push(format!(".{}.part", std::process::id()));
+        // Unique to this copy: processes in different containers on one volume share pids.
+        part.push(format!(
+            ".{}-{:016x}.part",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
         let part = PathBuf::from(part);
         let Some(part_name) = part.to_str() else {
             tracing::error!(path = %part.display(), "cannot save the removed database file: its path is not UTF-8");
@@ -818,13 +841,20 @@ impl Db {
             let _ = std::fs::remove_file(&part);
             return;
         }
-        let linked = std::fs::hard_link(&part, &saved);
+        // A link lands only if no other process's copy has; a file system without hard links
+        // gets the copy renamed into place instead.
+        let linked = match std::fs::hard_link(&part, &saved) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                std::fs::rename(&part, &saved)
+            }
+            other => other,
+        };
         let _ = std::fs::remove_file(&part);
         let (db, saved) = (self.path.display(), saved.display());
         match linked {
             Ok(()) => tracing::error!(
-                "saved what {db} held as {saved}: stop homing's processes, move {saved} to {db} \
-                 (in place of whatever is there now), and start them again"
+                "saved what {db} held as {saved}: stop homing's processes, remove {db} and its \
+                 -wal and -shm files if there are any, move {saved} to {db}, and start them again"
             ),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 tracing::warn!("what {db} held was saved as {saved} by another process")
@@ -861,11 +891,11 @@ impl Db {
         F: FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>,
     {
         SHORT_WAIT.with(|w| w.set(briefly));
-        let asked = crate::time::now();
+        let asked = std::time::Instant::now();
         let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
             Ok(tx) => {
                 SHORT_WAIT.with(|w| w.set(false));
-                note_stall(&tx, asked);
+                note_stall(&tx, asked.elapsed());
                 tx
             }
             Err(e) => {
@@ -874,6 +904,11 @@ impl Db {
                 return if briefly { Err(f) } else { Ok(Err(map_err(e))) };
             }
         };
+        // Looked at again under the lock: a write let in before the file's removal was noticed
+        // could otherwise commit after the copy was taken ([`Db::save_moved`]).
+        if let Some(reason) = self.opened.as_ref().and_then(moved::Opened::reason) {
+            return Ok(Err(Error::unavailable(BACKEND, reason)));
+        }
         let out = match f(&tx) {
             Ok(out) => out,
             Err(e) => return Ok(Err(map_err(e))),
@@ -959,11 +994,11 @@ impl Db {
     }
 
     /// One checkpoint on the checkpointing connection (opened on first use).
-    fn checkpoint(&self) {
+    fn checkpoint(self: &Arc<Self>) {
         let mut slot = self.checkpointer.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
             // A connection opened now would open the file now at the path.
-            if self.opened.as_ref().is_some_and(moved::Opened::noticed) {
+            if self.refuse_if_moved_now(true).is_err() {
                 return;
             }
             match open_conn(&self.path) {

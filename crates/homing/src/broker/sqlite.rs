@@ -500,16 +500,17 @@ impl Broker for SqliteBroker {
         if self.db.read(lost).await?.is_empty() {
             return Ok(Vec::new());
         }
-        let asked = now();
         self.db
             .write(move |tx| {
-                let t = now();
-                // This write waited for the lock itself: the others that waited longer (the
-                // workers' refreshes among them) have not written their waits down yet. Next
-                // sweep, once they have.
-                if t - asked >= micros(crate::sqlite::STALL_NOTED) {
+                // This write waited for the file's lock itself: the others that waited longer
+                // (the workers' refreshes among them) have not written their waits down yet.
+                // Next sweep, once they have.
+                let waited = crate::sqlite::lock_waited();
+                if waited >= crate::sqlite::STALL_NOTED {
+                    tracing::debug!(?waited, "the rescuer's claim waited for the write lock; claiming next sweep");
                     return Ok(Vec::new());
                 }
+                let t = now();
                 let cutoff = t - crate::sqlite::recent_stall(tx, t)?;
                 tx.execute(
                     "UPDATE heartbeats SET expires_at = -1 WHERE expires_at <= ?1 AND expires_at >= 0",

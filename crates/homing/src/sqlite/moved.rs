@@ -64,9 +64,9 @@ impl Opened {
         self.ino
     }
 
-    /// Whether a look has found the path naming another file.
-    pub(super) fn noticed(&self) -> bool {
-        self.moved.get().is_some()
+    /// Why calls are refused, once a look has found the path naming another file.
+    pub(super) fn reason(&self) -> Option<&str> {
+        self.moved.get().map(String::as_str)
     }
 
     /// Where what the file holds is saved: beside the path, named after the file's inode so that
@@ -107,7 +107,7 @@ impl Opened {
         }
         let reason = format!(
             "the database file {} was removed or replaced while this process had it open; \
-             what it holds is saved as {} (see this process's log)",
+             what it holds is being saved as {} (this process's log says whether it was)",
             path.display(),
             self.saved_as(path).display(),
         );

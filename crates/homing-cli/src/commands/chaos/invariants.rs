@@ -235,10 +235,13 @@ pub fn check(
                 })
                 .map(|x| x.kind.name().to_string())
                 .or_else(|| {
-                    logs.presumed_dead
-                        .iter()
-                        .any(|t| *t >= c1 - settle && *t <= c2 + settle)
-                        .then(|| "presumed_dead_without_fault".to_string())
+                    // A presumption during a held lock is what the lock must not cause.
+                    (!held
+                        && logs
+                            .presumed_dead
+                            .iter()
+                            .any(|t| *t >= c1 - settle && *t <= c2 + settle))
+                    .then(|| "presumed_dead_without_fault".to_string())
                 });
             match cause {
                 Some(c) => *f.duplicate_causes.entry(c).or_default() += 1,
