@@ -89,6 +89,8 @@ fn chaos_for(seconds: u64, args: &[&str]) -> serde_json::Value {
 fn chaos_embedded_loses_nothing_and_completes_nothing_twice() {
     let r = chaos(&["--seed", "7"]);
     assert!(r["recovery_s"]["samples"].as_u64().unwrap_or(0) > 0, "{r}");
+    // The write lock held past the TTL, and no second call explained by that alone.
+    assert!(r["faults"]["lock_hold"].as_u64().unwrap_or(0) >= 1, "{r}");
 }
 
 #[test]
