@@ -483,8 +483,8 @@ impl Broker for SqliteBroker {
     /// again in the same transaction. A heartbeat expires by the clock less the longest recent
     /// wait for the file's write lock ([`crate::sqlite::recent_stall`]): while nobody could
     /// write, no worker could refresh either (an `sqlite3` shell holding a transaction open, a
-    /// full disk, a long bulk step), and counting that time had every running job reclaimed and
-    /// run again once the lock was free.
+    /// backup tool, a long bulk step), and counting that time had every running job reclaimed
+    /// and run again once the lock was free.
     async fn lost_consumers(&self) -> Result<Vec<String>> {
         fn lost(c: &rusqlite::Connection) -> rusqlite::Result<Vec<String>> {
             let t = now();
