@@ -494,15 +494,15 @@ fn open_conn_once(path: &Path) -> rusqlite::Result<Connection> {
 }
 
 /// A wait for the file's write lock at least this long is written down ([`note_stall`]).
-/// homing's own transactions hold the lock for well under a millisecond each; a heartbeat
-/// interval is at least 10 ms.
+/// A worker's round holds the lock a few hundred microseconds; a heartbeat interval is at
+/// least 10 ms.
 pub(crate) const STALL_NOTED: Duration = Duration::from_millis(50);
 
 /// How long a written-down wait is taken into account after it ended ([`recent_stall`]).
 const STALL_REMEMBERED: Duration = Duration::from_secs(10);
 
 /// Writes down, in the transaction that waited for it, how long the file's write lock could
-/// not be had (`asked` is when this process asked for it), so that every process on the file
+/// not be had (`waited`, also kept for [`lock_waited`]), so that every process on the file
 /// can tell: while no process could write, no worker could refresh its heartbeat either, and
 /// the heartbeats that expired meanwhile must not be taken for crashes (see the SQLite
 /// broker's `lost_consumers`). A longer wait that ended more recently than
@@ -832,7 +832,6 @@ impl Db {
             tracing::error!(path = %part.display(), "cannot save the removed database file: its path is not UTF-8");
             return;
         };
-        let _ = std::fs::remove_file(&part);
         let conn = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         let copied = conn.execute("VACUUM INTO ?1", [part_name]);
         drop(conn);
