@@ -154,10 +154,12 @@ pub struct ScheduleHead {
 }
 
 impl ScheduleHead {
-    /// Whether [`due`] would have something to write for this schedule at `now`, whatever its
-    /// missed-tick policy (the policy picks which ticks get a job, not whether the cursor moves).
-    pub fn has_due(&self, now: Micros) -> bool {
-        due(&self.spec, self.cursor, self.cursor, now, Missed::Skip).is_some()
+    /// The schedule's first tick after its cursor: [`due`] has something to write for it at any
+    /// `now` at or past this, whatever its missed-tick policy (the policy picks which ticks get a
+    /// job, not whether the cursor moves). It depends on the spec and the cursor alone, so a
+    /// caller may keep it until either changes.
+    pub fn next_tick(&self) -> Option<Micros> {
+        next_tick(&self.spec, self.cursor, self.cursor)
     }
 }
 
@@ -400,6 +402,8 @@ impl Ticks {
 
     /// The first tick strictly after `t` (`anchor` is where an interval counts from).
     fn after(&self, t: Micros, anchor: Micros) -> Option<Micros> {
+        #[cfg(test)]
+        SEARCHES.with(|n| n.set(n.get() + 1));
         match self {
             Ticks::Cron(c) => {
                 let (cron, tz) = &**c;
@@ -437,7 +441,15 @@ impl Ticks {
     }
 }
 
-/// The next tick after `t`, for views ("next tick" in lists and the dashboard).
+#[cfg(test)]
+thread_local! {
+    /// How many forward searches for a tick this thread made: what the periodic loop's tests
+    /// count to see that a pass over unchanged schedules searches nothing.
+    pub(crate) static SEARCHES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The next tick after `t`, for views ("next tick" in lists and the dashboard) and the periodic
+/// loop's look at which schedules are due.
 pub fn next_tick(spec: &Spec, t: Micros, anchor: Micros) -> Option<Micros> {
     if passed_over(spec) {
         return None;

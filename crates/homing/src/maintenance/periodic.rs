@@ -11,6 +11,7 @@
 //!
 //! Not to be confused with [`super::scheduler`], which publishes delayed jobs when they fall due.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -19,7 +20,7 @@ use crate::broker::Broker;
 use crate::client::publish;
 use crate::error::Result;
 use crate::job::{new_job_id, JobOptions, NewJob};
-use crate::schedule::{self, Firing, Schedule};
+use crate::schedule::{self, Firing, Schedule, ScheduleHead, Spec};
 use crate::store::{Store, ToPublish};
 use crate::time::{now, Micros};
 
@@ -31,8 +32,9 @@ pub(crate) async fn run(
 ) {
     let mut pace = super::Pace::new("periodic", interval);
     let mut wait = interval;
+    let mut known = NextTicks::default();
     while super::tick(wait, &stop).await {
-        let mut outcome = fire_due(&*broker, &*store, now()).await;
+        let mut outcome = fire_due(&*broker, &*store, now(), &mut known).await;
         if outcome.is_ok() {
             outcome = unpark_ready(&*broker, &*store, now()).await;
         }
@@ -77,18 +79,58 @@ fn tick_job(s: &Schedule, tick: Micros, now: Micros) -> NewJob {
 }
 
 /// Enqueues every schedule's due ticks at `now`; returns how many jobs this call inserted.
+/// Each schedule's next tick as a loop last worked it out, with the spec and cursor it was
+/// worked out from. A pass runs four times a second in every process, and finding a cron's next
+/// tick takes tens of microseconds: searched afresh each pass, 20,000 daily schedules kept an
+/// idle `homing up` at 90 % of a core and another schedule's ticks up to 2 s late. The tick depends on the
+/// spec and the cursor alone, so it is searched again only when one of them changed (a tick
+/// fired, here or in another process; the schedule set anew).
+#[derive(Debug, Default)]
+pub struct NextTicks {
+    by_name: HashMap<String, (Spec, Micros, Option<Micros>)>,
+}
+
+impl NextTicks {
+    /// The head's next tick, and whether it had to be searched for.
+    fn of(&mut self, head: &ScheduleHead) -> (Option<Micros>, bool) {
+        if let Some((spec, cursor, next)) = self.by_name.get(&head.name) {
+            if *cursor == head.cursor && *spec == head.spec {
+                return (*next, false);
+            }
+        }
+        let next = head.next_tick();
+        self.by_name
+            .insert(head.name.clone(), (head.spec.clone(), head.cursor, next));
+        (next, true)
+    }
+}
+
 /// A pass reads every unpaused schedule's head (name, spec, cursor) and the whole schedule, args
 /// and all, only when a tick is due. A schedule the store refuses for its own data (say, its
 /// queue is over the queue bound) is logged and passed over; the others go on. The pass fails
 /// only when the store is unavailable.
-pub async fn fire_due(broker: &dyn Broker, store: &dyn Store, now: Micros) -> Result<usize> {
+pub async fn fire_due(
+    broker: &dyn Broker,
+    store: &dyn Store,
+    now: Micros,
+    known: &mut NextTicks,
+) -> Result<usize> {
     let mut total = 0;
-    for head in store.schedule_heads().await? {
+    let heads = store.schedule_heads().await?;
+    // Schedules deleted or paused since the last pass are forgotten.
+    let listed: HashSet<&str> = heads.iter().map(|h| h.name.as_str()).collect();
+    known
+        .by_name
+        .retain(|name, _| listed.contains(name.as_str()));
+    for (i, head) in heads.iter().enumerate() {
+        let (next, searched) = known.of(head);
         // Working out a schedule's ticks awaits nothing, and a worker's runtime may have one
         // thread (its default): without a yield here a long list, or a cron whose next tick
         // takes long to find, would hold up the process's heartbeat and jobs for the whole pass.
-        tokio::task::yield_now().await;
-        if !head.has_due(now) {
+        if searched || i % 256 == 255 {
+            tokio::task::yield_now().await;
+        }
+        if next.is_none_or(|t| t > now) {
             continue;
         }
         // Changed or deleted since the heads were read: decided as it stands now.
@@ -171,9 +213,14 @@ mod tests {
         }
         let other = crate::conformance::OtherTask::start().await;
         let before = other.runs();
-        let fired = fire_due(&*b.broker, &*b.store, t0 + 1_000_000)
-            .await
-            .unwrap();
+        let fired = fire_due(
+            &*b.broker,
+            &*b.store,
+            t0 + 1_000_000,
+            &mut NextTicks::default(),
+        )
+        .await
+        .unwrap();
         let during = other.runs() - before;
         drop(other);
         assert_eq!(fired, 0, "no schedule is due an hour early");
@@ -181,5 +228,68 @@ mod tests {
             during >= 25,
             "the other task ran {during} times during a pass over 50 schedules"
         );
+    }
+    /// A pass over schedules that have not changed searches for no tick; one set anew (another
+    /// spec) or fired (another cursor) is searched again, and fires on time.
+    #[tokio::test(flavor = "current_thread")]
+    async fn only_schedules_that_changed_are_searched_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("h.db").display());
+        let b = crate::backend::Backends::open(&url, &url).await.unwrap();
+        let def = crate::conformance::schedules::def;
+        let t0 = crate::schedule::whole_second(now());
+        const S: Micros = 1_000_000;
+        for i in 0..20 {
+            let mut d = def(&format!("s{i}"), "periodic-q", 3600);
+            if i % 2 == 0 {
+                d.spec = Spec::Cron {
+                    expr: "0 3 * * *".into(),
+                    timezone: "Asia/Seoul".into(),
+                };
+            }
+            b.store.put_schedule(&d, t0).await.unwrap();
+        }
+        let searches = || schedule::SEARCHES.with(|n| n.get());
+        let mut known = NextTicks::default();
+        let (broker, store) = (&*b.broker, &*b.store);
+
+        let before = searches();
+        let fired = fire_due(broker, store, t0 + S, &mut known).await.unwrap();
+        assert_eq!(fired, 0, "nothing is due");
+        assert!(searches() - before >= 20, "the first pass searches each");
+        let before = searches();
+        let fired = fire_due(broker, store, t0 + 2 * S, &mut known)
+            .await
+            .unwrap();
+        assert_eq!(fired, 0);
+        assert_eq!(searches() - before, 0, "nothing changed, nothing searched");
+
+        // Set anew with another spec: searched again, and its ticks fire.
+        store
+            .put_schedule(&def("s1", "periodic-q", 1), t0 + 2 * S)
+            .await
+            .unwrap();
+        let fired = fire_due(broker, store, t0 + 4 * S, &mut known)
+            .await
+            .unwrap();
+        assert!(fired >= 1, "the schedule set to every second fired");
+        // Its cursor moved with the firing: searched once more, due no sooner than its next tick.
+        let before = searches();
+        let fired = fire_due(broker, store, t0 + 4 * S, &mut known)
+            .await
+            .unwrap();
+        assert_eq!(fired, 0);
+        assert_eq!(searches() - before, 1, "only the schedule that fired");
+        let fired = fire_due(broker, store, t0 + 6 * S, &mut known)
+            .await
+            .unwrap();
+        assert!(fired >= 1, "it fires at its next tick");
+        // A deleted schedule is forgotten.
+        assert!(store.delete_schedule("s2").await.unwrap());
+        fire_due(broker, store, t0 + 6 * S, &mut known)
+            .await
+            .unwrap();
+        assert!(!known.by_name.contains_key("s2"));
+        assert_eq!(known.by_name.len(), 19);
     }
 }
