@@ -495,6 +495,51 @@ async fn pause_resume_and_errors() {
         .map(|s| s["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["beat"]);
+    assert_eq!(all["next"], serde_json::Value::Null, "one page");
+
+    // The list comes a page at a time, by name.
+    for name in ["p1", "p2", "p3"] {
+        let r = http
+            .put(format!("{base}/v1/schedules/{name}"))
+            .json(&serde_json::json!({"task": "builtin.noop", "every": "1h"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    }
+    let get = |query: &'static str| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let r = http
+                .get(format!("{base}/v1/schedules{query}"))
+                .send()
+                .await
+                .unwrap();
+            (
+                r.status().as_u16(),
+                r.json::<serde_json::Value>().await.unwrap(),
+            )
+        }
+    };
+    let names = |page: &serde_json::Value| -> Vec<String> {
+        page["schedules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (status, first) = get("?limit=2").await;
+    assert_eq!(status, 200);
+    assert_eq!(names(&first), ["beat", "p1"]);
+    assert_eq!(first["next"], "p1");
+    let (_, second) = get("?limit=2&after=p1").await;
+    assert_eq!(names(&second), ["p2", "p3"]);
+    assert_eq!(second["next"], serde_json::Value::Null);
+    for bad in ["?limit=0", "?limit=10001", "?limit=x", "?page=2"] {
+        let (status, body) = get(bad).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
 }
 
 /// A cron whose every time falls in a daylight-saving gap (02:00-02:59 on the last Sunday of

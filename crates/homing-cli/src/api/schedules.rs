@@ -4,7 +4,8 @@
 //! time zone, interval or policy is a 400 with the reason; a task no worker registered is a 422,
 //! as for an enqueue, unless the schedule had that task already or the body allows it.
 
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -120,16 +121,44 @@ pub async fn put(
     Ok(Json(ScheduleView::from(s)).into_response())
 }
 
-pub async fn list(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let all: Vec<ScheduleView> = state
-        .backends
-        .store
-        .schedules()
-        .await?
-        .into_iter()
-        .map(ScheduleView::from)
-        .collect();
-    json_off_runtime(std::collections::BTreeMap::from([("schedules", all)])).await
+/// A page's count when the query names none: every schedule of most deployments in one page.
+const PAGE: usize = 1000;
+/// The largest page `limit` may ask for.
+const PAGE_MAX: usize = 10_000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    pub limit: Option<usize>,
+    pub after: Option<String>,
+}
+
+/// `GET /v1/schedules?limit=&after=`: by name, a page at a time (the store ends a page before
+/// 4 MiB of definitions: a schedule may carry 1 MiB of args, and listing them all at once took
+/// the server's memory with their count); `next` is the `after` of the next page, `null` on the
+/// last.
+pub async fn list(
+    State(state): State<AppState>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = q?;
+    let limit = q.limit.unwrap_or(PAGE);
+    if limit == 0 || limit > PAGE_MAX {
+        return Err(ApiError::bad_request(format!(
+            "limit must be between 1 and {PAGE_MAX}"
+        )));
+    }
+    let after = q.after.as_deref().filter(|s| !s.is_empty());
+    let page = state.backends.store.schedules_page(after, limit).await?;
+    // A cron's next tick takes a search: done off the runtime with the serialising.
+    let views = tokio::task::spawn_blocking(move || {
+        let schedules: Vec<ScheduleView> =
+            page.schedules.into_iter().map(ScheduleView::from).collect();
+        serde_json::json!({ "schedules": schedules, "next": page.next })
+    })
+    .await
+    .map_err(ApiError::internal)?;
+    json_off_runtime(views).await
 }
 
 pub async fn get(

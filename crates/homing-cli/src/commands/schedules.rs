@@ -37,12 +37,17 @@ pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> 
             }
         }
         SchedulesCommand::List(out) => {
-            let all: Vec<ScheduleView> = store
-                .schedules()
-                .await?
-                .into_iter()
-                .map(ScheduleView::from)
-                .collect();
+            // A page at a time: a schedule may carry 1 MiB of args.
+            let mut all: Vec<ScheduleView> = Vec::new();
+            let mut after: Option<String> = None;
+            loop {
+                let page = store.schedules_page(after.as_deref(), 1000).await?;
+                all.extend(page.schedules.into_iter().map(ScheduleView::from));
+                after = page.next;
+                if after.is_none() {
+                    break;
+                }
+            }
             if out.json {
                 output::json(&all);
             } else {

@@ -196,8 +196,8 @@ function inOrAgo(iso) {
   return s >= 0 ? 'in ' + secs(s) : secs(-s) + ' ago';
 }
 
-function renderSchedules(schedules) {
-  fill('schedules', schedules.map((s) => el('tr', { dataset: { schedule: s.name } },
+function renderSchedules(schedules, next) {
+  const rows = schedules.map((s) => el('tr', { dataset: { schedule: s.name } },
     el('td', {}, s.name),
     el('td', {}, s.task),
     el('td', {}, s.queue),
@@ -208,7 +208,13 @@ function renderSchedules(schedules) {
     el('td', { class: 'mono' }, s.last_job
       ? el('a', { href: '#/jobs/' + s.last_job }, s.last_job.slice(0, 8) + '…' + s.last_job.slice(-4))
       : el('span', { class: 'muted' }, '—')),
-  )), 'no schedules');
+  ));
+  // The API answers a page (a schedule may carry 1 MiB of args); the rest are a command away.
+  if (next) {
+    rows.push(el('tr', { class: 'empty' }, el('td', { colspan: 7 },
+      'more schedules after ' + next + ': homing schedules list, or GET /v1/schedules?after=')));
+  }
+  fill('schedules', rows, 'no schedules');
 }
 
 function renderJobs(page) {
@@ -428,7 +434,7 @@ async function refresh() {
     $('#logout').hidden = !sessionStorage.getItem(TOKEN_KEY);
     renderQueues(q.queues || []);
     renderWorkers(w.workers || []);
-    renderSchedules(sch.schedules || []);
+    renderSchedules(sch.schedules || [], sch.next);
     renderJobs(j);
     renderDetail(d);
     renderWorkflows(wfs);

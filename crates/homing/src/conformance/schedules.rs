@@ -78,7 +78,8 @@ pub async fn schedules_are_set_read_paused_and_deleted(s: Arc<dyn Store>) {
     assert_eq!(set.cursor, schedule::whole_second(t0));
     assert_eq!((set.last_tick, set.last_job), (None, None));
     assert_eq!(s.schedule(&name).await.unwrap().as_ref(), Some(&set));
-    assert!(s.schedules().await.unwrap().iter().any(|x| x == &set));
+    let page = s.schedules_page(Some(&name[..name.len() - 1]), 10).await;
+    assert!(page.unwrap().schedules.iter().any(|x| x == &set));
     let h = head(&*s, &name)
         .await
         .expect("an unpaused schedule has a head");
@@ -131,6 +132,64 @@ pub async fn schedules_are_set_read_paused_and_deleted(s: Arc<dyn Store>) {
     assert!(!s.delete_schedule(&name).await.unwrap());
     assert!(s.schedule(&name).await.unwrap().is_none());
     assert_eq!(head(&*s, &name).await, None);
+}
+
+/// A page of schedules holds at most its count and ends before the schedule that would take its
+/// definitions past [`PAGE_BYTES`](crate::store::PAGE_BYTES), though it always holds one; `next`
+/// names where the following page starts, and paging lists each schedule once, by name.
+pub async fn schedule_pages_end_before_their_bytes(s: Arc<dyn Store>) {
+    let prefix = unique_queue("paged");
+    let queue = unique_queue("pq");
+    let third = crate::store::PAGE_BYTES / 3;
+    let mut names = Vec::new();
+    for (i, pad) in [
+        third,
+        third,
+        third,
+        third,
+        2 * third,
+        crate::store::PAGE_BYTES + 1,
+        10,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut d = def(&format!("{prefix}-{i}"), &queue, 60);
+        d.args = serde_json::json!({ "pad": "x".repeat(pad) });
+        s.put_schedule(&d, now()).await.unwrap();
+        names.push(d.name);
+    }
+    let mut pages = Vec::new();
+    let mut after = Some(prefix.clone());
+    while let Some(a) = after {
+        let page = s.schedules_page(Some(&a), 1000).await.unwrap();
+        let ours: Vec<String> = page
+            .schedules
+            .iter()
+            .map(|x| x.def.name.clone())
+            .filter(|n| n.starts_with(&prefix))
+            .collect();
+        if ours.is_empty() {
+            break;
+        }
+        if let Some(next) = &page.next {
+            assert_eq!(Some(next), page.schedules.last().map(|x| &x.def.name));
+        }
+        pages.push(ours);
+        after = page.next;
+    }
+    // Three thirds pass the budget; two thirds and a third do not; a schedule bigger than a
+    // page comes alone.
+    let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
+    assert_eq!(sizes[..4], [2, 2, 1, 1], "{pages:?}");
+    assert_eq!(pages.concat(), names, "each schedule once, by name");
+    // The count ends a page too.
+    let one = s.schedules_page(Some(&prefix), 1).await.unwrap();
+    assert_eq!(one.schedules.len(), 1);
+    assert_eq!(one.next.as_deref(), Some(names[0].as_str()));
+    for n in &names {
+        s.delete_schedule(n).await.unwrap();
+    }
 }
 
 pub async fn schedule_ticks_get_one_job_each(s: Arc<dyn Store>) {

@@ -257,6 +257,14 @@ impl PageFill {
     }
 }
 
+/// One page of [`Store::schedules_page`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SchedulePage {
+    pub schedules: Vec<crate::schedule::Schedule>,
+    /// The name to ask for the next page after; `None` on the last page.
+    pub next: Option<String>,
+}
+
 /// What one [`Store::purge`] call deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Purged {
@@ -1115,8 +1123,11 @@ pub trait Store: Send + Sync + 'static {
         now: Micros,
     ) -> Result<crate::schedule::Schedule>;
 
-    /// Every schedule, by name. A row whose definition cannot be read is left out (logged).
-    async fn schedules(&self) -> Result<Vec<crate::schedule::Schedule>>;
+    /// Schedules by name (bytewise), after `after` when given: at most `limit`, and a page ends
+    /// before the schedule that would take its stored definitions past [`PAGE_BYTES`] (it
+    /// always holds one), since a schedule may carry 1 MiB of args. `next` names the page's last
+    /// schedule when more follow. A row whose definition cannot be read is left out (logged).
+    async fn schedules_page(&self, after: Option<&str>, limit: usize) -> Result<SchedulePage>;
 
     async fn schedule(&self, name: &str) -> Result<Option<crate::schedule::Schedule>>;
 

@@ -11,6 +11,7 @@
 
 use crate::job::JobId;
 use crate::schedule::{Schedule, ScheduleDef, ScheduleHead};
+use crate::store::{PageFill, SchedulePage};
 use crate::time::Micros;
 
 fn to_json<T: serde::Serialize>(v: &T) -> String {
@@ -96,14 +97,34 @@ pub(crate) mod sqlite {
         .and_then(Row::decode))
     }
 
-    pub(crate) fn list(c: &rusqlite::Connection) -> rusqlite::Result<Vec<Schedule>> {
-        let mut st = c.prepare_cached(&format!("SELECT {COLUMNS} FROM schedules ORDER BY name"))?;
-        let rows = st.query_map([], row)?;
-        let mut out = Vec::new();
-        for r in rows {
-            out.extend(r?.decode());
+    /// See [`crate::store::Store::schedules_page`]. Each row's definition is weighed before it
+    /// is read out of the statement, so a page past its bytes decodes nothing more.
+    pub(crate) fn page(
+        c: &rusqlite::Connection,
+        after: Option<&str>,
+        limit: usize,
+    ) -> rusqlite::Result<SchedulePage> {
+        let mut st = c.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM schedules WHERE name > ?1 ORDER BY name LIMIT ?2"
+        ))?;
+        let mut rows = st.query(params![after.unwrap_or(""), limit as i64 + 1])?;
+        let mut fill = PageFill::new(limit);
+        let mut page = SchedulePage::default();
+        let mut last: Option<String> = None;
+        while let Some(r) = rows.next()? {
+            let bytes = match r.get_ref(1)? {
+                rusqlite::types::ValueRef::Text(b) => b.len(),
+                _ => 0,
+            };
+            if fill.counted_out() || !fill.take(bytes) {
+                page.next = last;
+                break;
+            }
+            let r = row(r)?;
+            last = Some(r.name.clone());
+            page.schedules.extend(r.decode());
         }
-        Ok(out)
+        Ok(page)
     }
 
     /// The heads of unpaused schedules, by name; see [`crate::store::Store::schedule_heads`].
@@ -250,17 +271,50 @@ pub(crate) mod postgres {
         })
     }
 
-    pub(crate) async fn list(c: &mut PgConnection) -> sqlx::Result<Vec<Schedule>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM homing_schedules ORDER BY name COLLATE \"C\""
-        )))
-        .fetch_all(c)
+    /// See [`crate::store::Store::schedules_page`]: the names and sizes first, then only the
+    /// rows that fit, in one snapshot, so a page past its bytes never crosses the wire.
+    pub(crate) async fn page(
+        c: &mut PgConnection,
+        after: Option<&str>,
+        limit: usize,
+    ) -> sqlx::Result<SchedulePage> {
+        let mut tx = sqlx::Connection::begin(c).await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        // By bytes, as the embedded file orders them, whatever the database's collation.
+        let sized: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT name, octet_length(definition)::bigint FROM homing_schedules \
+             WHERE name COLLATE \"C\" > $1 ORDER BY name COLLATE \"C\" LIMIT $2",
+        )
+        .bind(after.unwrap_or(""))
+        .bind(limit as i64 + 1)
+        .fetch_all(&mut *tx)
         .await?;
-        let mut out = Vec::new();
+        let mut fill = PageFill::new(limit);
+        let names: Vec<String> = sized
+            .iter()
+            .take_while(|(_, bytes)| {
+                !fill.counted_out() && fill.take(usize::try_from(*bytes).unwrap_or(usize::MAX))
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        let next = (names.len() < sized.len())
+            .then(|| names.last().cloned())
+            .flatten();
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM homing_schedules WHERE name = ANY($1) \
+             ORDER BY name COLLATE \"C\""
+        )))
+        .bind(&names)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let mut schedules = Vec::new();
         for r in &rows {
-            out.extend(row(r)?.decode());
+            schedules.extend(row(r)?.decode());
         }
-        Ok(out)
+        Ok(SchedulePage { schedules, next })
     }
 
     pub(crate) async fn heads(c: &mut PgConnection) -> sqlx::Result<Vec<ScheduleHead>> {

@@ -2914,8 +2914,12 @@ impl Store for SqliteStore {
             })
     }
 
-    async fn schedules(&self) -> Result<Vec<crate::schedule::Schedule>> {
-        self.db.read(super::schedules::sqlite::list).await
+    async fn schedules_page(&self, after: Option<&str>, limit: usize) -> Result<SchedulePage> {
+        let after = after.map(str::to_string);
+        let limit = limit.max(1);
+        self.db
+            .read(move |c| super::schedules::sqlite::page(c, after.as_deref(), limit))
+            .await
     }
 
     async fn schedule_heads(&self) -> Result<Vec<crate::schedule::ScheduleHead>> {

@@ -4020,10 +4020,11 @@ impl Store for PgStore {
         })
     }
 
-    async fn schedules(&self) -> Result<Vec<crate::schedule::Schedule>> {
+    async fn schedules_page(&self, after: Option<&str>, limit: usize) -> Result<SchedulePage> {
+        let limit = limit.max(1);
         self.call(async {
             let mut c = self.pool.acquire().await?;
-            super::schedules::postgres::list(&mut c).await
+            super::schedules::postgres::page(&mut c, after, limit).await
         })
         .await
     }
