@@ -37,12 +37,19 @@ pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> 
             }
         }
         SchedulesCommand::List(out) => {
-            // A page at a time: a schedule may carry 1 MiB of args.
+            // A page at a time, a schedule may carry 1 MiB of args: the table keeps only its
+            // rows' text (the JSON form prints every schedule whole, as asked).
             let mut all: Vec<ScheduleView> = Vec::new();
+            let mut rows = Vec::new();
             let mut after: Option<String> = None;
             loop {
                 let page = store.schedules_page(after.as_deref(), 1000).await?;
-                all.extend(page.schedules.into_iter().map(ScheduleView::from));
+                let views = page.schedules.into_iter().map(ScheduleView::from);
+                if out.json {
+                    all.extend(views);
+                } else {
+                    rows.extend(views.map(|v| row(&v)));
+                }
                 after = page.next;
                 if after.is_none() {
                     break;
@@ -55,7 +62,7 @@ pub async fn run(g: &Global, cmd: SchedulesCommand) -> anyhow::Result<ExitCode> 
                     &[
                         "name", "task", "queue", "when", "missed", "state", "next", "last", "job",
                     ],
-                    all.iter().map(row).collect(),
+                    rows,
                 );
             }
         }

@@ -212,7 +212,7 @@ function renderSchedules(schedules, next) {
   // The API answers a page (a schedule may carry 1 MiB of args); the rest are a command away.
   if (next) {
     rows.push(el('tr', { class: 'empty' }, el('td', { colspan: 7 },
-      'more schedules after ' + next + ': homing schedules list, or GET /v1/schedules?after=')));
+      'more schedules after ' + next + ': homing schedules list, or GET /v1/schedules?after=' + encodeURIComponent(next))));
   }
   fill('schedules', rows, 'no schedules');
 }

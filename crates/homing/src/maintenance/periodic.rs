@@ -78,19 +78,33 @@ fn tick_job(s: &Schedule, tick: Micros, now: Micros) -> NewJob {
     }
 }
 
-/// Enqueues every schedule's due ticks at `now`; returns how many jobs this call inserted.
 /// Each schedule's next tick as a loop last worked it out, with the spec and cursor it was
 /// worked out from. A pass runs four times a second in every process, and finding a cron's next
 /// tick takes tens of microseconds: searched afresh each pass, 20,000 daily schedules kept an
-/// idle `homing up` at 90 % of a core and another schedule's ticks up to 2 s late. The tick depends on the
-/// spec and the cursor alone, so it is searched again only when one of them changed (a tick
-/// fired, here or in another process; the schedule set anew).
-#[derive(Debug, Default)]
+/// idle `homing up` at 90 % of a core and another schedule's ticks up to 2 s late. The tick
+/// depends on the spec and the cursor alone, so it is searched again only when one of them
+/// changed (a tick fired, here or in another process; the schedule set anew), and for every
+/// schedule once in [`NextTicks::KEPT`]: the time zone library reloads the system's zone rules
+/// every few minutes, and a tick found under old rules would otherwise stay.
+#[derive(Debug)]
 pub struct NextTicks {
     by_name: HashMap<String, (Spec, Micros, Option<Micros>)>,
+    since: std::time::Instant,
+}
+
+impl Default for NextTicks {
+    fn default() -> Self {
+        Self {
+            by_name: HashMap::new(),
+            since: std::time::Instant::now(),
+        }
+    }
 }
 
 impl NextTicks {
+    /// How long a tick found is kept at most.
+    const KEPT: Duration = Duration::from_secs(300);
+
     /// The head's next tick, and whether it had to be searched for.
     fn of(&mut self, head: &ScheduleHead) -> (Option<Micros>, bool) {
         if let Some((spec, cursor, next)) = self.by_name.get(&head.name) {
@@ -105,6 +119,7 @@ impl NextTicks {
     }
 }
 
+/// Enqueues every schedule's due ticks at `now`; returns how many jobs this call inserted.
 /// A pass reads every unpaused schedule's head (name, spec, cursor) and the whole schedule, args
 /// and all, only when a tick is due. A schedule the store refuses for its own data (say, its
 /// queue is over the queue bound) is logged and passed over; the others go on. The pass fails
@@ -117,6 +132,9 @@ pub async fn fire_due(
 ) -> Result<usize> {
     let mut total = 0;
     let heads = store.schedule_heads().await?;
+    if known.since.elapsed() > NextTicks::KEPT {
+        *known = NextTicks::default();
+    }
     // Schedules deleted or paused since the last pass are forgotten.
     let listed: HashSet<&str> = heads.iter().map(|h| h.name.as_str()).collect();
     known
@@ -242,9 +260,11 @@ mod tests {
         for i in 0..20 {
             let mut d = def(&format!("s{i}"), "periodic-q", 3600);
             if i % 2 == 0 {
+                // Half a day from now, so that no tick of it falls in the seconds this test spans.
+                let hour = (t0 / S / 3600 + 12) % 24;
                 d.spec = Spec::Cron {
-                    expr: "0 3 * * *".into(),
-                    timezone: "Asia/Seoul".into(),
+                    expr: format!("0 {hour} * * *"),
+                    timezone: "UTC".into(),
                 };
             }
             b.store.put_schedule(&d, t0).await.unwrap();
@@ -291,5 +311,22 @@ mod tests {
             .unwrap();
         assert!(!known.by_name.contains_key("s2"));
         assert_eq!(known.by_name.len(), 19);
+        // Past its keeping time every tick is searched again (zone rules may have changed).
+        let before = searches();
+        fire_due(broker, store, t0 + 6 * S, &mut known)
+            .await
+            .unwrap();
+        assert_eq!(searches() - before, 0);
+        if let Some(long_ago) = known
+            .since
+            .checked_sub(NextTicks::KEPT + Duration::from_secs(1))
+        {
+            known.since = long_ago;
+            let before = searches();
+            fire_due(broker, store, t0 + 6 * S, &mut known)
+                .await
+                .unwrap();
+            assert!(searches() - before >= 19, "searched afresh");
+        }
     }
 }

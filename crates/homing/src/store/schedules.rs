@@ -107,7 +107,10 @@ pub(crate) mod sqlite {
         let mut st = c.prepare_cached(&format!(
             "SELECT {COLUMNS} FROM schedules WHERE name > ?1 ORDER BY name LIMIT ?2"
         ))?;
-        let mut rows = st.query(params![after.unwrap_or(""), limit as i64 + 1])?;
+        let mut rows = st.query(params![
+            after.unwrap_or(""),
+            i64::try_from(limit).unwrap_or(i64::MAX - 1) + 1
+        ])?;
         let mut fill = PageFill::new(limit);
         let mut page = SchedulePage::default();
         let mut last: Option<String> = None;
@@ -288,7 +291,7 @@ pub(crate) mod postgres {
              WHERE name COLLATE \"C\" > $1 ORDER BY name COLLATE \"C\" LIMIT $2",
         )
         .bind(after.unwrap_or(""))
-        .bind(limit as i64 + 1)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX - 1) + 1)
         .fetch_all(&mut *tx)
         .await?;
         let mut fill = PageFill::new(limit);
