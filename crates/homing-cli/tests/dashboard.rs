@@ -556,6 +556,34 @@ async fn dashboard_lists_schedules() {
             "const r = document.querySelector('#queues tr[data-queue=\"bgm\"] td.limits'); return r && r.textContent === 'concurrency 1, rate 10/1s, per track' ? true : null;",
         )
         .await;
+    // Schedules past a page's 4 MiB of definitions: the page shows what it holds and says
+    // where the rest are.
+    let pad = "x".repeat(1_000_000);
+    for i in 0..5 {
+        let r = http
+            .put(format!("{base}/v1/schedules/zbig{i}"))
+            .header("authorization", format!("Bearer {token}"))
+            .json(&serde_json::json!({"task": "builtin.noop", "every": "1h", "args": {"pad": pad}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let more = browser
+        .wait_for(
+            "the note that more schedules follow",
+            "const r = [...document.querySelectorAll('#schedules tr.empty td')].find((td) => td.textContent.startsWith('more schedules')); return r ? r.textContent : null;",
+        )
+        .await;
+    assert_eq!(
+        more.as_str().unwrap(),
+        "more schedules after zbig3: homing schedules list, or GET /v1/schedules?after=zbig3"
+    );
+    assert!(browser
+        .eval("return document.querySelector('#schedules tr[data-schedule=\"zbig3\"]') !== null && document.querySelector('#schedules tr[data-schedule=\"zbig4\"]') === null;")
+        .await
+        .as_bool()
+        .unwrap());
     let shot = browser.screenshot("dashboard-schedules.png").await;
     eprintln!("screenshot: {}", shot.display());
     browser.quit().await;

@@ -170,8 +170,8 @@ renderDetail = function (job) {
 let scheduleShown = null;
 window.addEventListener('hashchange', () => { scheduleShown = null; });
 const baseRenderSchedules = renderSchedules;
-renderSchedules = function (schedules) {
-  baseRenderSchedules(schedules);
+renderSchedules = function (schedules, next) {
+  baseRenderSchedules(schedules, next);
   const m = location.hash.match(/^#\/schedules\/(.+)$/);
   const name = m ? decodeURIComponent(m[1]) : null;
   const row = name && [...document.querySelectorAll('#schedules tbody tr[data-schedule]')].find((r) => r.dataset.schedule === name);
