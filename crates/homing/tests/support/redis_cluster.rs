@@ -44,15 +44,24 @@ fn require(tool: &str) {
     );
 }
 
+/// A port for a node whose cluster bus (port + 10000) is free too, both below the kernel's
+/// ephemeral range (32768 and up by default): a port from that range can be taken, between the
+/// choice and the server's bind (or while a killed master is down), as the local port of any
+/// outgoing connection, and then the node never joins. Ports are handed out once per process.
 fn free_port() -> u16 {
-    // Cluster nodes also listen on port + 10000 (the cluster bus): keep both in range.
-    loop {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-        let port = l.local_addr().expect("local addr").port();
-        if port < 55000 && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const LOW: u16 = 15000;
+    const SPAN: u16 = 7700; // LOW + SPAN + 10000 stays below 32768
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = (std::process::id() % u32::from(SPAN)) as u16;
+    for _ in 0..SPAN {
+        let port = LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && free(port + 10000) {
             return port;
         }
     }
+    panic!("no free port pair between {LOW} and {}", LOW + SPAN + 10000);
 }
 
 impl Node {
@@ -128,10 +137,26 @@ fn cli(port: u16, args: &[&str]) -> Option<String> {
 }
 
 impl RedisCluster {
-    /// Starts `masters` nodes and joins them into one cluster owning all 16384 slots.
+    /// Starts `masters` nodes and joins them into one cluster owning all 16384 slots. A cluster
+    /// that does not become healthy is described on stderr and started once more on new ports:
+    /// what the tests check is the broker on a cluster, not the cluster's own start.
     pub fn start(masters: usize) -> Self {
         require("redis-server");
         require("redis-cli");
+        let first = Self::join(masters);
+        match first.healthy_within(Duration::from_secs(30)) {
+            Ok(()) => first,
+            Err(e) => {
+                eprintln!("the cluster did not become healthy; starting another:\n{e}");
+                drop(first);
+                let second = Self::join(masters);
+                second.wait_ok();
+                second
+            }
+        }
+    }
+
+    fn join(masters: usize) -> Self {
         let mut nodes: Vec<Node> = (0..masters)
             .map(|_| Node {
                 port: free_port(),
@@ -183,7 +208,6 @@ impl RedisCluster {
                 }
             }
         }
-        c.wait_ok();
         c
     }
 
@@ -191,26 +215,60 @@ impl RedisCluster {
         cli(port, args).unwrap_or_else(|| panic!("redis-cli -p {port} {args:?} failed"))
     }
 
-    /// Waits until every node reports the cluster healthy and knows every other node.
+    /// Waits until every node reports the cluster healthy and knows every other node; if that
+    /// does not come within 30 s, panics with what each node says and the end of its log.
     pub fn wait_ok(&self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        if let Err(e) = self.healthy_within(Duration::from_secs(30)) {
+            panic!("the cluster did not become healthy:\n{e}");
+        }
+    }
+
+    fn healthy_within(&self, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        let known = format!("cluster_known_nodes:{}", self.nodes.len());
         loop {
             let ok = self.nodes.iter().all(|n| {
                 cli(n.port, &["CLUSTER", "INFO"]).is_some_and(|i| {
-                    i.contains("cluster_state:ok")
-                        && i.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
-                        && i.contains("cluster_slots_ok:16384")
+                    let has = |want: &str| i.lines().any(|l| l.trim() == want);
+                    has("cluster_state:ok") && has(&known) && has("cluster_slots_ok:16384")
                 })
             });
             if ok {
-                return;
+                return Ok(());
             }
-            assert!(
-                Instant::now() < deadline,
-                "the cluster did not become healthy"
-            );
+            if Instant::now() >= deadline {
+                return Err(self.describe());
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Each node's port, pid, `CLUSTER INFO` summary, `CLUSTER NODES` and last log lines.
+    fn describe(&self) -> String {
+        let mut out = String::new();
+        for n in &self.nodes {
+            let pid = n.child.as_ref().map(|c| c.2);
+            out += &format!("node {} (pid {pid:?}, dir {}):\n", n.port, n.dir.display());
+            let info = cli(n.port, &["CLUSTER", "INFO"]).unwrap_or_else(|| "no answer".into());
+            for l in info.lines().filter(|l| {
+                l.starts_with("cluster_state")
+                    || l.starts_with("cluster_slots_")
+                    || l.starts_with("cluster_known_nodes")
+                    || l.starts_with("cluster_current_epoch")
+            }) {
+                out += &format!("  {}\n", l.trim());
+            }
+            let nodes = cli(n.port, &["CLUSTER", "NODES"]).unwrap_or_else(|| "no answer".into());
+            for l in nodes.lines() {
+                out += &format!("  | {l}\n");
+            }
+            let log = std::fs::read_to_string(n.dir.join("redis.log")).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            for l in &lines[lines.len().saturating_sub(15)..] {
+                out += &format!("  log: {l}\n");
+            }
+        }
+        out
     }
 
     /// The broker URL for this cluster with key namespace `prefix`.
