@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from homing import ApiError, App
@@ -200,13 +199,111 @@ def test_priority_and_unique_for(shared: tuple[Homing, Proc, App]) -> None:
 
 
 def test_cancel_reaches_a_running_task(shared: tuple[Homing, Proc, App]) -> None:
-    h, _, app = shared
+    _, _, app = shared
     job = app.enqueue("py.sleep", {"seconds": 30}, queue="py")
     eventually("the job to run", lambda: app.get(job.id).state == "running")
     eventually("progress", lambda: app.get(job.id).progress is not None)
-    r = httpx.post(f"{h.url}/v1/jobs/{job.id}/cancel", timeout=10)
-    assert r.status_code < 300, r.text
+    asked = app.cancel(job.id)
+    assert asked.id == job.id and asked.raw["cancel_requested"] is True
     assert app.wait(job.id, timeout=30).state == "cancelled"
+    with pytest.raises(ApiError) as e:
+        app.cancel(job.id)
+    assert e.value.status == 409
+    with pytest.raises(ApiError) as e:
+        app.cancel("01a24ff4-7106-73cb-86e1-88d1770e0aa8")
+    assert e.value.status == 404
+
+
+def test_retry_runs_a_failed_job_again(shared: tuple[Homing, Proc, App]) -> None:
+    _, _, app = shared
+    job = app.enqueue("py.boom", {}, queue="py")
+    failed = app.wait(job.id, timeout=30)
+    assert failed.state == "failed" and "kaboom from python" in (failed.error or "")
+    again = app.retry(job.id)
+    assert again.id == job.id and again.state in ("queued", "running", "failed")
+    # Run again (a new epoch, the retry's fresh count of attempts) and failed again.
+    done = app.wait(job.id, timeout=30)
+    assert done.state == "failed" and done.epoch == failed.epoch + 1, done
+    assert done.attempts == 1 and "kaboom from python" in (done.error or "")
+    ok = app.enqueue("py.add", {"a": 1, "b": 1}, queue="py")
+    assert app.wait(ok.id, timeout=30).state == "succeeded"
+    with pytest.raises(ApiError) as e:
+        app.retry(ok.id)
+    assert e.value.status == 409 and "succeeded" in e.value.message
+
+
+def test_cancel_workflow(shared: tuple[Homing, Proc, App]) -> None:
+    _, _, app = shared
+    wf = app.workflow("py-cancel", {
+        "first": {"task": "py.sleep", "args": {"seconds": 30}, "queue": "py"},
+        "then": {"task": "py.add", "args": {"a": 1, "b": 1}, "queue": "py", "after": ["first"]},
+    })
+    eventually("the first step to run", lambda: app.get(wf.steps["first"]).state == "running")
+    after = app.cancel_workflow(wf.id)
+    assert after.steps["then"]["state"] == "cancelled", after
+    assert app.wait(wf.steps["first"], timeout=30).state == "cancelled"
+    assert eventually("the workflow to end",
+                      lambda: app.get_workflow(wf.id).state == "cancelled")
+
+
+def test_schedules_from_python(shared: tuple[Homing, Proc, App]) -> None:
+    # An every-second schedule of a Python task: its ticks' jobs run in the Python worker.
+    _, _, app = shared
+    s = app.set_schedule("py-every", "py.add", {"a": 2, "b": 3}, every=1, queue="py")
+    assert (s.name, s.task, s.queue, s.paused) == ("py-every", "py.add", "py", False)
+    assert s.spec == {"kind": "every", "interval": "1s"} and s.next_tick is not None
+    job_id = eventually("a tick's job", lambda: app.get_schedule("py-every").last_job)
+    done = app.wait(job_id, timeout=30)
+    assert done.state == "succeeded" and done.result["sum"] == 5, done
+    assert done.raw["schedule"] == "py-every"
+
+    paused = app.pause_schedule("py-every")
+    assert paused.paused and paused.next_tick is None
+    assert not app.resume_schedule("py-every").paused
+
+    # Set again as a cron in a zone: replaced whole.
+    c = app.set_schedule("py-every", "py.add", {"a": 1, "b": 1}, cron="0 3 * * *",
+                         timezone="Asia/Seoul", queue="py", missed="skip")
+    assert c.spec == {"kind": "cron", "expr": "0 3 * * *", "timezone": "Asia/Seoul"}
+    assert c.missed == "skip" and c.args == {"a": 1, "b": 1}
+    assert c.next_tick is not None and c.next_tick.endswith("T18:00:00.000Z"), c.next_tick
+
+    assert app.delete_schedule("py-every") is True
+    assert app.delete_schedule("py-every") is False
+    with pytest.raises(ApiError) as e:
+        app.get_schedule("py-every")
+    assert e.value.status == 404
+
+
+def test_schedules_list_every_page_and_errors(shared: tuple[Homing, Proc, App]) -> None:
+    _, _, app = shared
+    names = [f"py-page-{i}" for i in range(5)]
+    for n in names:
+        app.set_schedule(n, "py.add", {"a": 1, "b": 2}, every="1h", queue="py")
+    # Two to a page: only following `next` finds all five.
+    listed = [s.name for s in app.schedules(page_size=2) if s.name.startswith("py-page-")]
+    assert listed == names
+    assert [s.name for s in app.schedules() if s.name.startswith("py-page-")] == names
+    for n in names:
+        assert app.delete_schedule(n)
+
+    with pytest.raises(ValueError):
+        app.set_schedule("py-bad", "py.add", cron="* * * * *", every=60)
+    with pytest.raises(ValueError):
+        app.set_schedule("py-bad", "py.add", every=1.5)
+    with pytest.raises(ValueError):
+        app.schedules(page_size=0).__next__()
+    with pytest.raises(ApiError) as e:
+        app.set_schedule("py-bad", "py.add", cron="61 * * * *", queue="py")
+    assert e.value.status == 400
+    with pytest.raises(ApiError) as e:
+        app.set_schedule("py-bad", "py.no_such_task", every=60, queue="py")
+    assert e.value.status == 422 and e.value.code == "unknown_task"
+    # A name with a slash is one path segment the server refuses, not another endpoint.
+    with pytest.raises(ApiError) as e:
+        app.set_schedule("x/pause", "py.add", every=60, queue="py")
+    assert e.value.status == 400 and "invalid schedule name" in e.value.message
+    assert not any(s.name.startswith("py-bad") for s in app.schedules())
 
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

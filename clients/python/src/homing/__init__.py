@@ -11,7 +11,7 @@
 Run the tasks with `python -m homing worker MODULE`.
 """
 
-from ._app import App, Job, NewWorkflow, Task, Workflow
+from ._app import App, Job, NewWorkflow, Schedule, Task, Workflow
 from ._context import Context
 from ._errors import ApiError, Fatal, HomingError, Retry, Snooze, Unreachable
 
@@ -24,6 +24,7 @@ __all__ = [
     "Job",
     "NewWorkflow",
     "Retry",
+    "Schedule",
     "Snooze",
     "Task",
     "Unreachable",

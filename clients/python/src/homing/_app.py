@@ -1,5 +1,6 @@
-"""`App`: the registry of a program's tasks, and the client calls (`enqueue`, `get`, `wait`)
-that any Python program uses to hand work to homing and read what became of it."""
+"""`App`: the registry of a program's tasks, and the client calls (`enqueue`, `get`, `wait`,
+`cancel`, schedules, workflows) that any Python program uses to hand work to homing and read
+what became of it."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import inspect
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TypeVar, Union, overload
+from urllib.parse import quote
 
+from ._errors import ApiError
 from ._http import Http
 
 DEFAULT_URL = "http://127.0.0.1:8787"
@@ -95,6 +98,60 @@ class Workflow:
             steps=dict(d.get("steps") or {}),
             raw=d,
         )
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A periodic schedule as the server shows it (`GET /v1/schedules/{name}`,
+    docs/schedules.md): what each tick enqueues, its `spec` (`{"kind": "cron", "expr",
+    "timezone"}` or `{"kind": "every", "interval"}`), whether it is paused, and its next and
+    last ticks (RFC 3339 text, or None); `raw` keeps every field."""
+
+    name: str
+    task: str
+    args: Any
+    queue: str
+    spec: dict[str, Any]
+    missed: str
+    paused: bool
+    next_tick: Optional[str]
+    last_tick: Optional[str]
+    last_job: Optional[str]
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Schedule:
+        return cls(
+            name=str(d["name"]),
+            task=str(d["task"]),
+            args=d.get("args"),
+            queue=str(d.get("queue", "default")),
+            spec=dict(d.get("spec") or {}),
+            missed=str(d.get("missed", "latest")),
+            paused=bool(d.get("paused", False)),
+            next_tick=d.get("next_tick"),
+            last_tick=d.get("last_tick"),
+            last_job=d.get("last_job"),
+            raw=d,
+        )
+
+
+def segment(value: str) -> str:
+    """`value` as one path segment: a name or id with `/` or `..` in it stays one segment, so
+    the server refuses it by its own rules instead of the call reaching another endpoint."""
+    if not value:
+        raise ValueError("a name or id must not be empty")
+    return quote(str(value), safe="")
+
+
+def every_text(every: Union[int, float, str]) -> str:
+    """A schedule's interval as the server reads it: seconds as a number, or a duration text
+    such as `"90s"`, `"15m"`, `"1h"`."""
+    if isinstance(every, str):
+        return every
+    if isinstance(every, bool) or not float(every).is_integer() or every < 1:
+        raise ValueError("every must be a whole number of seconds >= 1, or a text like '15m'")
+    return f"{int(every)}s"
 
 
 @dataclass(frozen=True)
@@ -313,11 +370,130 @@ class App:
 
     def get_workflow(self, workflow_id: str) -> Workflow:
         """Reads a workflow: its state and each step's job and state."""
-        return Workflow.from_json(self.http().call("GET", f"/v1/workflows/{workflow_id}"))
+        return Workflow.from_json(
+            self.http().call("GET", f"/v1/workflows/{segment(workflow_id)}")
+        )
+
+    def cancel_workflow(self, workflow_id: str) -> Workflow:
+        """Cancels a workflow: steps not yet started are cancelled, running ones are asked to
+        stop (as `cancel` asks a job). Returns the workflow as it is right after."""
+        return Workflow.from_json(
+            self.http().call("POST", f"/v1/workflows/{segment(workflow_id)}/cancel")
+        )
 
     def get(self, job_id: str) -> Job:
         """Reads a job."""
-        return Job.from_json(self.http().call("GET", f"/v1/jobs/{job_id}"))
+        return Job.from_json(self.http().call("GET", f"/v1/jobs/{segment(job_id)}"))
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancels a job. One that has not started is `cancelled` at once; a running one is
+        asked to stop (`raw["cancel_requested"]`; its task sees `ctx.cancelled()`) and turns
+        `cancelled` when its worker gives it up: `wait` for that. A finished job raises
+        `ApiError` 409."""
+        return Job.from_json(self.http().call("POST", f"/v1/jobs/{segment(job_id)}/cancel"))
+
+    def retry(self, job_id: str) -> Job:
+        """Runs a failed, dead or cancelled job again (same id, queued now); any other state
+        raises `ApiError` 409."""
+        return Job.from_json(self.http().call("POST", f"/v1/jobs/{segment(job_id)}/retry"))
+
+    def set_schedule(
+        self,
+        name: str,
+        task: Union[str, Task],
+        args: Optional[dict[str, Any]] = None,
+        *,
+        cron: Optional[str] = None,
+        timezone: Optional[str] = None,
+        every: Union[int, float, str, None] = None,
+        queue: Optional[str] = None,
+        missed: Optional[str] = None,
+        allow_unknown_task: bool = False,
+        options: Optional[dict[str, Any]] = None,
+    ) -> Schedule:
+        """Creates or replaces the schedule `name` (docs/schedules.md): each tick enqueues one
+        job of `task` with `args`, exactly once however many processes run. Give exactly one
+        of `cron` (5 fields, or 6 with seconds first, read in `timezone`, an IANA zone, default
+        UTC) and `every` (whole seconds, or a text such as `"15m"`). `missed` says what to do
+        with ticks missed while nothing ran: `"latest"` (default), `"skip"` or `"all:N"`.
+        Without `queue`, a task this App defines goes to its own queue. `options` adds job
+        options of `POST /v1/jobs` (`max_retries`, `time_limit`, ...). Setting a schedule again
+        with the same spec keeps its cursor, so it is safe at every deploy. A task no worker
+        has registered raises `ApiError` 422 unless `allow_unknown_task`."""
+        if (cron is None) == (every is None):
+            raise ValueError("give exactly one of cron and every")
+        if not isinstance(task, Task):
+            task = self.tasks.get(task, task)
+        body: dict[str, Any] = dict(options or {})
+        if isinstance(task, Task):
+            body["task"] = task.name
+            queue = queue or task.queue
+        else:
+            body["task"] = task
+        body["args"] = {} if args is None else args
+        if cron is not None:
+            body["cron"] = cron
+            if timezone is not None:
+                body["timezone"] = timezone
+        else:
+            if timezone is not None:
+                raise ValueError("timezone applies to cron schedules only")
+            assert every is not None
+            body["every"] = every_text(every)
+        if queue is not None:
+            body["queue"] = queue
+        if missed is not None:
+            body["missed"] = missed
+        if allow_unknown_task:
+            body["allow_unknown_task"] = True
+        return Schedule.from_json(
+            self.http().call("PUT", f"/v1/schedules/{segment(name)}", body)
+        )
+
+    def get_schedule(self, name: str) -> Schedule:
+        """Reads a schedule; one that does not exist raises `ApiError` 404."""
+        return Schedule.from_json(self.http().call("GET", f"/v1/schedules/{segment(name)}"))
+
+    def schedules(self, page_size: int = 1000) -> Iterator[Schedule]:
+        """Every schedule, by name, read a page at a time as the loop goes (a page holds at
+        most `page_size`, 1-10000, and ends before 4 MiB of stored definitions)."""
+        if not 1 <= page_size <= 10000:
+            raise ValueError("page_size must be 1 to 10000")
+        after: Optional[str] = None
+        while True:
+            params = {"limit": str(page_size)}
+            if after is not None:
+                params["after"] = after
+            page = self.http().call("GET", "/v1/schedules", params=params)
+            for d in page.get("schedules") or []:
+                yield Schedule.from_json(d)
+            after = page.get("next")
+            if after is None:
+                return
+
+    def pause_schedule(self, name: str) -> Schedule:
+        """Pauses a schedule: it enqueues nothing until resumed."""
+        return Schedule.from_json(
+            self.http().call("POST", f"/v1/schedules/{segment(name)}/pause")
+        )
+
+    def resume_schedule(self, name: str) -> Schedule:
+        """Resumes a schedule from the current second (ticks that fell while it was paused are
+        not owed)."""
+        return Schedule.from_json(
+            self.http().call("POST", f"/v1/schedules/{segment(name)}/resume")
+        )
+
+    def delete_schedule(self, name: str) -> bool:
+        """Deletes a schedule; False when there was none (jobs it already made are kept)."""
+        try:
+            self.http().call("DELETE", f"/v1/schedules/{segment(name)}")
+        except ApiError as e:
+            # The server's own 404 (a route that did not match would carry no such code).
+            if e.status == 404 and e.code == "not_found":
+                return False
+            raise
+        return True
 
     def wait(self, job_id: str, timeout: Optional[float] = None) -> Job:
         """Waits until the job is finished (succeeded, failed, dead or cancelled) and returns
