@@ -232,6 +232,22 @@ def test_retry_runs_a_failed_job_again(shared: tuple[Homing, Proc, App]) -> None
     assert e.value.status == 409 and "succeeded" in e.value.message
 
 
+def test_jobs_are_listed_by_filter_over_pages(shared: tuple[Homing, Proc, App]) -> None:
+    _, _, app = shared
+    ids = [app.enqueue("py.add", {"a": i, "b": 0}, queue="py").id for i in range(5)]
+    for i in ids:
+        app.wait(i, timeout=30)
+    # Two to a page: only following the cursor reaches all five, newest first.
+    listed = [j.id for j in app.jobs(task="py.add", state="succeeded", page_size=2)]
+    assert [i for i in listed if i in ids] == list(reversed(ids))
+    assert all(j.state == "succeeded" and j.task == "py.add"
+               for j in app.jobs(task="py.add", state="succeeded", page_size=2))
+    assert not any(j.id in ids for j in app.jobs(task="py.add", state="failed"))
+    with pytest.raises(ApiError) as e:
+        next(app.jobs(state="nope"))
+    assert e.value.status == 400 and "unknown state" in e.value.message
+
+
 def test_cancel_workflow(shared: tuple[Homing, Proc, App]) -> None:
     _, _, app = shared
     wf = app.workflow("py-cancel", {

@@ -385,6 +385,33 @@ class App:
         """Reads a job."""
         return Job.from_json(self.http().call("GET", f"/v1/jobs/{segment(job_id)}"))
 
+    def jobs(
+        self,
+        *,
+        state: Optional[str] = None,
+        queue: Optional[str] = None,
+        task: Optional[str] = None,
+        page_size: int = 100,
+    ) -> Iterator[Job]:
+        """Jobs, newest first, filtered by `state` (scheduled, waiting, queued, running,
+        succeeded, failed, dead, cancelled), `queue` and `task`, read a page at a time (1-1000)
+        as the loop goes; stop the loop when you have seen enough. A bad filter raises
+        `ApiError` 400 at the first step."""
+        if not 1 <= page_size <= 1000:
+            raise ValueError("page_size must be 1 to 1000")
+        params = {"limit": str(page_size)}
+        for key, value in (("state", state), ("queue", queue), ("task", task)):
+            if value is not None:
+                params[key] = value
+        while True:
+            page = self.http().call("GET", "/v1/jobs", params=params)
+            for d in page.get("jobs") or []:
+                yield Job.from_json(d)
+            cursor = page.get("next_cursor")
+            if cursor is None:
+                return
+            params["cursor"] = str(cursor)
+
     def cancel(self, job_id: str) -> Job:
         """Cancels a job. One that has not started is `cancelled` at once; a running one is
         asked to stop (`raw["cancel_requested"]`; its task sees `ctx.cancelled()`) and turns
