@@ -248,6 +248,36 @@ def test_jobs_are_listed_by_filter_over_pages(shared: tuple[Homing, Proc, App]) 
     assert e.value.status == 400 and "unknown state" in e.value.message
 
 
+def test_queue_pause_and_cluster_wide_limit(shared: tuple[Homing, Proc, App]) -> None:
+    _, _, app = shared
+    paused = app.pause_queue("py")
+    try:
+        assert paused.name == "py" and paused.paused
+        job = app.enqueue("py.add", {"a": 4, "b": 4}, queue="py")
+        time.sleep(1.0)
+        assert app.get(job.id).state == "queued"
+    finally:
+        assert not app.resume_queue("py").paused
+    assert app.wait(job.id, timeout=30).result["sum"] == 8
+
+    # One at a time across the cluster: the runs of three jobs never overlap, though the
+    # worker has four slots.
+    limited = app.set_queue_limits("py", concurrency=1)
+    try:
+        assert limited.limits == {"concurrency": 1}, limited
+        ids = [app.enqueue("py.sleep", {"seconds": 0.3}, queue="py").id for _ in range(3)]
+        runs = sorted((j.raw["started_at"], j.raw["finished_at"])
+                      for j in (app.wait(i, timeout=60) for i in ids))
+        for (_, end), (start, _) in zip(runs, runs[1:]):
+            assert end <= start, runs
+        with pytest.raises(ApiError) as e:
+            app.set_queue_limits("py", rate="abc")
+        assert e.value.status == 422 and "use COUNT/PERIOD" in e.value.message
+    finally:
+        assert app.set_queue_limits("py").limits == {}
+    assert app.get_queue("py").limits == {}
+
+
 def test_cancel_workflow(shared: tuple[Homing, Proc, App]) -> None:
     _, _, app = shared
     wf = app.workflow("py-cancel", {

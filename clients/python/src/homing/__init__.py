@@ -11,7 +11,7 @@
 Run the tasks with `python -m homing worker MODULE`.
 """
 
-from ._app import App, Job, NewWorkflow, Schedule, Task, Workflow
+from ._app import App, Job, NewWorkflow, Queue, Schedule, Task, Workflow
 from ._context import Context
 from ._errors import ApiError, Fatal, HomingError, Retry, Snooze, Unreachable
 
@@ -23,6 +23,7 @@ __all__ = [
     "HomingError",
     "Job",
     "NewWorkflow",
+    "Queue",
     "Retry",
     "Schedule",
     "Snooze",

@@ -136,6 +136,27 @@ class Schedule:
         )
 
 
+@dataclass(frozen=True)
+class Queue:
+    """A queue's settings (`GET /v1/queues/{name}`, docs/limits.md): whether it is paused and
+    its cluster-wide `limits` (`concurrency`, `rate` such as `"10/1s"`, `key_arg`; empty when
+    it has none); `raw` keeps every field."""
+
+    name: str
+    paused: bool
+    limits: dict[str, Any]
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Queue:
+        return cls(
+            name=str(d["queue"]),
+            paused=bool(d.get("paused", False)),
+            limits=dict(d.get("limits") or {}),
+            raw=d,
+        )
+
+
 def segment(value: str) -> str:
     """`value` as one path segment: a name or id with `/` or `..` in it stays one segment, so
     the server refuses it by its own rules instead of the call reaching another endpoint."""
@@ -423,6 +444,43 @@ class App:
         """Runs a failed, dead or cancelled job again (same id, queued now); any other state
         raises `ApiError` 409."""
         return Job.from_json(self.http().call("POST", f"/v1/jobs/{segment(job_id)}/retry"))
+
+    def get_queue(self, queue: str) -> Queue:
+        """Reads a queue's settings: paused or not, and its limits."""
+        return Queue.from_json(self.http().call("GET", f"/v1/queues/{segment(queue)}"))
+
+    def pause_queue(self, queue: str) -> Queue:
+        """Pauses a queue: its jobs wait (none is lost) and no worker starts them until
+        `resume_queue`; jobs already running finish."""
+        self.http().call("POST", f"/v1/queues/{segment(queue)}/pause")
+        return self.get_queue(queue)
+
+    def resume_queue(self, queue: str) -> Queue:
+        """Resumes a paused queue."""
+        self.http().call("POST", f"/v1/queues/{segment(queue)}/resume")
+        return self.get_queue(queue)
+
+    def set_queue_limits(
+        self,
+        queue: str,
+        *,
+        concurrency: Optional[int] = None,
+        rate: Optional[str] = None,
+        key_arg: Optional[str] = None,
+    ) -> Queue:
+        """Sets a queue's cluster-wide limits, held across every worker (docs/limits.md):
+        `concurrency` jobs running at once, `rate` as `"COUNT/PERIOD"` (`"10/1s"`,
+        `"100/1m"`), each per value of the job argument `key_arg` when given (say, per
+        tenant). The call replaces the queue's limits whole: with no argument it clears them.
+        A bad value raises `ApiError` (400, or 422 for a malformed rate) with the reason."""
+        body: dict[str, Any] = {}
+        if concurrency is not None:
+            body["concurrency"] = concurrency
+        if rate is not None:
+            body["rate"] = rate
+        if key_arg is not None:
+            body["key_arg"] = key_arg
+        return Queue.from_json(self.http().call("PUT", f"/v1/queues/{segment(queue)}", body))
 
     def set_schedule(
         self,
