@@ -185,7 +185,7 @@ pub enum QueuesCommand {
     #[command(
         long_about = "Set a queue's cluster-wide limits, replacing its previous ones.\n\n\
         --concurrency N: at most N of the queue's jobs run at once, across every worker and \
-        server. --rate COUNT/PERIOD (e.g. 10/1s, 100/1m): at most COUNT starts in each \
+        server. --rate COUNT/PERIOD (e.g. 10/1s, 100/1m, or 10/s for 10/1s): at most COUNT starts in each \
         PERIOD-long window aligned to the Unix epoch (10/1s: ten per whole second of the clock; \
         a stretch straddling two windows can see up to 2 x COUNT). --key-arg NAME: apply each limit per value of the jobs' top-level argument \
         NAME (e.g. --key-arg user_id --concurrency 1: at most one running job per user).\n\n\

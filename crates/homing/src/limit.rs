@@ -38,7 +38,8 @@ impl Rate {
         self.period.as_micros() as Micros
     }
 
-    /// Parses `COUNT/PERIOD`, e.g. `10/1s`, `100/1m`, `5/500ms`.
+    /// Parses `COUNT/PERIOD`, e.g. `10/1s`, `100/1m`, `5/500ms`; a bare unit is one of it
+    /// (`10/s`, `100/m`, `1000/h`), the way Celery's `rate_limit` is written.
     pub fn parse(s: &str) -> Result<Rate, String> {
         let s = s.trim();
         let Some((count, period)) = s.split_once('/') else {
@@ -50,6 +51,14 @@ impl Rate {
             .trim()
             .parse()
             .map_err(|_| format!("invalid rate '{s}': the count must be a whole number"))?;
+        let period = period.trim();
+        let one;
+        let period = if period.starts_with(|c: char| c.is_ascii_alphabetic()) {
+            one = format!("1{period}");
+            &one
+        } else {
+            period
+        };
         let period =
             crate::time::parse_duration(period).map_err(|e| format!("invalid rate '{s}': {e}"))?;
         let r = Rate { count, period };
@@ -229,6 +238,18 @@ mod tests {
         assert_eq!((r.count, r.period), (10, Duration::from_secs(1)));
         assert_eq!(r.to_string(), "10/1s");
         assert_eq!(Rate::parse(&r.to_string()).unwrap(), r);
+        // A bare unit is one of it, as Celery users write rates.
+        for (text, count, secs) in [("10/s", 10, 1), ("100/m", 100, 60), ("5 / h", 5, 3600)] {
+            let r = Rate::parse(text).unwrap();
+            assert_eq!(
+                (r.count, r.period),
+                (count, Duration::from_secs(secs)),
+                "{text}"
+            );
+        }
+        for bad in ["10/ms", "10/x", "10/s1"] {
+            assert!(Rate::parse(bad).is_err(), "{bad}");
+        }
         for bad in [
             "10",
             "0/1s",
