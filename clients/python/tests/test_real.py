@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +221,7 @@ def test_retry_runs_a_failed_job_again(shared: tuple[Homing, Proc, App]) -> None
     failed = app.wait(job.id, timeout=30)
     assert failed.state == "failed" and "kaboom from python" in (failed.error or "")
     again = app.retry(job.id)
-    assert again.id == job.id and again.state in ("queued", "running", "failed")
+    assert again.id == job.id and again.state == "queued"
     # Run again (a new epoch, the retry's fresh count of attempts) and failed again.
     done = app.wait(job.id, timeout=30)
     assert done.state == "failed" and done.epoch == failed.epoch + 1, done
@@ -232,13 +233,24 @@ def test_retry_runs_a_failed_job_again(shared: tuple[Homing, Proc, App]) -> None
     assert e.value.status == 409 and "succeeded" in e.value.message
 
 
-def test_jobs_are_listed_by_filter_over_pages(shared: tuple[Homing, Proc, App]) -> None:
+def test_jobs_are_listed_by_filter_over_pages(shared: tuple[Homing, Proc, App],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     _, _, app = shared
     ids = [app.enqueue("py.add", {"a": i, "b": 0}, queue="py").id for i in range(5)]
     for i in ids:
         app.wait(i, timeout=30)
     # Two to a page: only following the cursor reaches all five, newest first.
-    listed = [j.id for j in app.jobs(task="py.add", state="succeeded", page_size=2)]
+    sent: list[Any] = []
+    call = app.http().call
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        sent.append(kwargs.get("params"))
+        return call(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(app.http(), "call", counted)
+        listed = [j.id for j in app.jobs(task="py.add", state="succeeded", page_size=2)]
+    assert len(sent) >= 3 and all(p["limit"] == "2" for p in sent), sent
     assert [i for i in listed if i in ids] == list(reversed(ids))
     assert all(j.state == "succeeded" and j.task == "py.add"
                for j in app.jobs(task="py.add", state="succeeded", page_size=2))
@@ -305,6 +317,9 @@ def test_schedules_from_python(shared: tuple[Homing, Proc, App]) -> None:
 
     paused = app.pause_schedule("py-every")
     assert paused.paused and paused.next_tick is None
+    # Setting it again (as a deploy would) keeps it paused.
+    again = app.set_schedule("py-every", "py.add", {"a": 2, "b": 3}, every=1, queue="py")
+    assert again.paused and again.next_tick is None
     assert not app.resume_schedule("py-every").paused
 
     # Set again as a cron in a zone: replaced whole.
@@ -321,14 +336,25 @@ def test_schedules_from_python(shared: tuple[Homing, Proc, App]) -> None:
     assert e.value.status == 404
 
 
-def test_schedules_list_every_page_and_errors(shared: tuple[Homing, Proc, App]) -> None:
+def test_schedules_list_every_page_and_errors(shared: tuple[Homing, Proc, App],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     _, _, app = shared
     names = [f"py-page-{i}" for i in range(5)]
     for n in names:
         app.set_schedule(n, "py.add", {"a": 1, "b": 2}, every="1h", queue="py")
     # Two to a page: only following `next` finds all five.
-    listed = [s.name for s in app.schedules(page_size=2) if s.name.startswith("py-page-")]
+    sent: list[Any] = []
+    call = app.http().call
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        sent.append(kwargs.get("params"))
+        return call(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(app.http(), "call", counted)
+        listed = [s.name for s in app.schedules(page_size=2) if s.name.startswith("py-page-")]
     assert listed == names
+    assert len(sent) >= 3 and all(p["limit"] == "2" for p in sent), sent
     assert [s.name for s in app.schedules() if s.name.startswith("py-page-")] == names
     for n in names:
         assert app.delete_schedule(n)
@@ -338,7 +364,16 @@ def test_schedules_list_every_page_and_errors(shared: tuple[Homing, Proc, App]) 
     with pytest.raises(ValueError):
         app.set_schedule("py-bad", "py.add", every=1.5)
     with pytest.raises(ValueError):
-        app.schedules(page_size=0).__next__()
+        app.schedules(page_size=0)
+    with pytest.raises(ValueError):
+        app.jobs(page_size=1001)
+    for every in (True, 0, 0.5, float("inf"), 10**400):
+        with pytest.raises(ValueError):
+            app.set_schedule("py-bad", "py.add", every=every)
+    with pytest.raises(ValueError):
+        app.set_schedule("py-bad", "py.add", every=60, timezone="Asia/Seoul")
+    with pytest.raises(ValueError):
+        app.set_schedule("py-bad", "py.add", every=60, options={"queue": "elsewhere"})
     with pytest.raises(ApiError) as e:
         app.set_schedule("py-bad", "py.add", cron="61 * * * *", queue="py")
     assert e.value.status == 400
@@ -350,6 +385,36 @@ def test_schedules_list_every_page_and_errors(shared: tuple[Homing, Proc, App]) 
         app.set_schedule("x/pause", "py.add", every=60, queue="py")
     assert e.value.status == 400 and "invalid schedule name" in e.value.message
     assert not any(s.name.startswith("py-bad") for s in app.schedules())
+
+
+def test_schedule_of_a_task_object_and_odd_names(shared: tuple[Homing, Proc, App]) -> None:
+    h, _, _ = shared
+    local = App(h.url)
+
+    @local.task(name="py.add", queue="py")
+    def add(ctx: Any, a: int, b: int) -> int:
+        return a + b
+
+    # A Task of this App: its name and its own queue; a timedelta interval.
+    s = local.set_schedule("py-task-object", add, {"a": 1, "b": 2}, every=timedelta(hours=2))
+    assert (s.task, s.queue, s.spec["interval"]) == ("py.add", "py", "2h")
+    assert local.delete_schedule("py-task-object")
+    # A task no worker registered, set anyway when asked.
+    u = local.set_schedule("py-unknown", "py.later", every="1h", queue="py",
+                           allow_unknown_task=True)
+    assert u.task == "py.later" and local.delete_schedule("py-unknown")
+    # `.` and `..` are valid names: sent as one segment, not resolved as a relative path.
+    for name in (".", ".."):
+        made = local.set_schedule(name, add, every=3600)
+        assert made.name == name
+        assert local.get_schedule(name).name == name
+        assert local.pause_schedule(name).paused
+        assert local.delete_schedule(name) is True
+        assert local.delete_schedule(name) is False
+    # A URL that reaches no route is an error, never "deleted already".
+    with pytest.raises(ApiError) as e:
+        App(h.url + "/not-here").delete_schedule("py-x")
+    assert e.value.status == 404
 
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

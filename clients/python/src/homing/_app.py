@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Callable, Optional, TypeVar, Union, overload
 from urllib.parse import quote
 
@@ -158,21 +159,37 @@ class Queue:
 
 
 def segment(value: str) -> str:
-    """`value` as one path segment: a name or id with `/` or `..` in it stays one segment, so
-    the server refuses it by its own rules instead of the call reaching another endpoint."""
+    """`value` as one path segment: a name or id with `/` in it, or that is `.` or `..` (a
+    valid schedule name, which HTTP clients would otherwise resolve as a relative path), stays
+    one segment, so the server decides it by its own rules instead of the call reaching
+    another endpoint."""
     if not value:
         raise ValueError("a name or id must not be empty")
-    return quote(str(value), safe="")
+    text = quote(str(value), safe="")
+    return text.replace(".", "%2E") if text in (".", "..") else text
 
 
-def every_text(every: Union[int, float, str]) -> str:
-    """A schedule's interval as the server reads it: seconds as a number, or a duration text
-    such as `"90s"`, `"15m"`, `"1h"`."""
+def every_text(every: Union[int, float, str, timedelta]) -> str:
+    """A schedule's interval as the server reads it: whole seconds as a number or a
+    `timedelta`, or a duration text such as `"90s"`, `"15m"`, `"1h"` (checked by the server)."""
     if isinstance(every, str):
         return every
-    if isinstance(every, bool) or not float(every).is_integer() or every < 1:
-        raise ValueError("every must be a whole number of seconds >= 1, or a text like '15m'")
-    return f"{int(every)}s"
+    seconds = every.total_seconds() if isinstance(every, timedelta) else every
+    try:
+        whole = not isinstance(seconds, bool) and float(seconds).is_integer() and seconds >= 1
+    except (OverflowError, TypeError, ValueError):
+        whole = False
+    if not whole:
+        raise ValueError(
+            f"every must be a whole number of seconds >= 1, or a text like '15m', not {every!r}"
+        )
+    return f"{int(seconds)}s"
+
+
+# Fields of a schedule's body that set_schedule's own arguments set (and check).
+SCHEDULE_FIELDS = frozenset(
+    {"task", "args", "queue", "cron", "timezone", "every", "missed", "allow_unknown_task"}
+)
 
 
 @dataclass(frozen=True)
@@ -411,7 +428,7 @@ class App:
         *,
         state: Optional[str] = None,
         queue: Optional[str] = None,
-        task: Optional[str] = None,
+        task: Union[str, Task, None] = None,
         page_size: int = 100,
     ) -> Iterator[Job]:
         """Jobs, newest first, filtered by `state` (scheduled, waiting, queued, running,
@@ -421,9 +438,13 @@ class App:
         if not 1 <= page_size <= 1000:
             raise ValueError("page_size must be 1 to 1000")
         params = {"limit": str(page_size)}
-        for key, value in (("state", state), ("queue", queue), ("task", task)):
+        name = task.name if isinstance(task, Task) else task
+        for key, value in (("state", state), ("queue", queue), ("task", name)):
             if value is not None:
                 params[key] = value
+        return self._job_pages(params)
+
+    def _job_pages(self, params: dict[str, str]) -> Iterator[Job]:
         while True:
             page = self.http().call("GET", "/v1/jobs", params=params)
             for d in page.get("jobs") or []:
@@ -490,7 +511,7 @@ class App:
         *,
         cron: Optional[str] = None,
         timezone: Optional[str] = None,
-        every: Union[int, float, str, None] = None,
+        every: Union[int, float, str, timedelta, None] = None,
         queue: Optional[str] = None,
         missed: Optional[str] = None,
         allow_unknown_task: bool = False,
@@ -499,20 +520,29 @@ class App:
         """Creates or replaces the schedule `name` (docs/schedules.md): each tick enqueues one
         job of `task` with `args`, exactly once however many processes run. Give exactly one
         of `cron` (5 fields, or 6 with seconds first, read in `timezone`, an IANA zone, default
-        UTC) and `every` (whole seconds, or a text such as `"15m"`). `missed` says what to do
-        with ticks missed while nothing ran: `"latest"` (default), `"skip"` or `"all:N"`.
-        Without `queue`, a task this App defines goes to its own queue. `options` adds job
-        options of `POST /v1/jobs` (`max_retries`, `time_limit`, ...). Setting a schedule again
-        with the same spec keeps its cursor, so it is safe at every deploy. A task no worker
-        has registered raises `ApiError` 422 unless `allow_unknown_task`."""
+        UTC) and `every` (whole seconds as a number or `timedelta`, or a text such as `"15m"`).
+        `missed` says what to do with ticks missed while nothing ran: `"latest"` (default),
+        `"skip"` or `"all:N"`. Without `queue`, a task this App defines goes to its own queue.
+        `options` adds the tick's job options as the server reads them: `max_retries`,
+        `retry_policy`, `max_crashes`, `time_limit` (milliseconds, or a text such as `"30s"`),
+        `on_success`, `on_failure`, `callback_url`.
+
+        Setting a schedule again with the same spec keeps its cursor (so it is safe at every
+        deploy) and whether it is paused. Giving both or neither of `cron` and `every`, an
+        `every` that is not whole seconds, or an option that one of the arguments sets raises
+        `ValueError`; a bad cron, zone, interval or option raises `ApiError` with the server's
+        reason, as does a task no worker has registered (422) unless `allow_unknown_task`."""
         if (cron is None) == (every is None):
             raise ValueError("give exactly one of cron and every")
+        taken = SCHEDULE_FIELDS.intersection(options or {})
+        if taken:
+            raise ValueError(f"set {', '.join(sorted(taken))} with set_schedule's own arguments")
         if not isinstance(task, Task):
             task = self.tasks.get(task, task)
         body: dict[str, Any] = dict(options or {})
         if isinstance(task, Task):
             body["task"] = task.name
-            queue = queue or task.queue
+            queue = queue if queue is not None else task.queue
         else:
             body["task"] = task
         body["args"] = {} if args is None else args
@@ -544,6 +574,9 @@ class App:
         most `page_size`, 1-10000, and ends before 4 MiB of stored definitions)."""
         if not 1 <= page_size <= 10000:
             raise ValueError("page_size must be 1 to 10000")
+        return self._schedule_pages(page_size)
+
+    def _schedule_pages(self, page_size: int) -> Iterator[Schedule]:
         after: Optional[str] = None
         while True:
             params = {"limit": str(page_size)}
@@ -574,8 +607,9 @@ class App:
         try:
             self.http().call("DELETE", f"/v1/schedules/{segment(name)}")
         except ApiError as e:
-            # The server's own 404 (a route that did not match would carry no such code).
-            if e.status == 404 and e.code == "not_found":
+            # Only the schedule's own absence: a URL that reached no route is also a 404
+            # `not_found`, and must not read as "deleted already".
+            if e.status == 404 and e.message.startswith("no schedule named"):
                 return False
             raise
         return True
