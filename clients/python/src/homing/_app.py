@@ -491,7 +491,7 @@ class App:
     ) -> Queue:
         """Sets a queue's cluster-wide limits, held across every worker (docs/limits.md):
         `concurrency` jobs running at once, `rate` as `"COUNT/PERIOD"` (`"10/1s"`,
-        `"100/1m"`), each per value of the job argument `key_arg` when given (say, per
+        `"100/1m"`, or `"10/s"`), each per value of the job argument `key_arg` when given (say, per
         tenant). The call replaces the queue's limits whole: with no argument it clears them.
         A bad value raises `ApiError` (400, or 422 for a malformed rate) with the reason."""
         body: dict[str, Any] = {}
@@ -550,10 +550,9 @@ class App:
             body["cron"] = cron
             if timezone is not None:
                 body["timezone"] = timezone
-        else:
+        elif every is not None:
             if timezone is not None:
                 raise ValueError("timezone applies to cron schedules only")
-            assert every is not None
             body["every"] = every_text(every)
         if queue is not None:
             body["queue"] = queue
