@@ -14,8 +14,9 @@ other side of the fence:
   and ends its session.
 
 Threads: the main thread (signals, shutdown), one reserving, one heartbeating, one sending
-completions and progress, `concurrency` threads for plain functions, and one event loop thread
-for `async def` tasks. Slots are counted across both kinds of task.
+completions and progress, `concurrency` threads for plain functions, one keeping their time
+limits, and one event loop thread for `async def` tasks. Slots are counted across both kinds of
+task.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from functools import cache
 from types import FrameType
 from typing import Any, Optional
 
 from ._app import App, Task
 from ._context import Context
+from ._deadlines import Deadlines
 from ._errors import ApiError, Fatal, Retry, Snooze, Unreachable
 
 log = logging.getLogger("homing.worker")
@@ -106,6 +109,12 @@ def error_text(e: BaseException) -> str:
     return text
 
 
+@cache
+def signature(fn: Any) -> inspect.Signature:
+    """A task function's signature, worked out once (it is checked against every job's args)."""
+    return inspect.signature(fn)
+
+
 def as_json(value: Any) -> Any:
     """The value as plain JSON, or ValueError/TypeError saying why it is not."""
     return json.loads(json.dumps(value, allow_nan=False))
@@ -145,6 +154,7 @@ class Worker:
         self.outbox: queue.Queue[tuple[str, Held, Any]] = queue.Queue()
         self.sending = 0
         self.runq: queue.Queue[Held] = queue.Queue()
+        self.deadlines: Deadlines[Held] = Deadlines(self.timed_out)
         self.stats = Stats()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.force = False
@@ -370,7 +380,7 @@ class Worker:
                        f"not {type(args).__name__}")
         else:
             try:
-                inspect.signature(task.fn).bind(h.ctx, **args)
+                signature(task.fn).bind(h.ctx, **args)
             except TypeError as e:
                 problem = f"task '{task.name}' cannot take these args: {e}"
         if problem is not None:
@@ -389,19 +399,15 @@ class Worker:
             h = self.runq.get()
             assert h.task is not None and h.ctx is not None
             limit = self.time_limit(h)
-            timer = None
-            if limit is not None:
-                timer = threading.Timer(limit, self.timed_out, (h,))
-                timer.daemon = True
-                timer.start()
+            deadline = None if limit is None else self.deadlines.arm(h, limit)
             try:
                 value = h.task.fn(h.ctx, **(h.job.get("args") or {}))
                 report = self.returned(h, value)
             except BaseException as e:  # every failure of a task is reported
                 report = self.raised(h, e)
             finally:
-                if timer is not None:
-                    timer.cancel()
+                if deadline is not None:
+                    self.deadlines.disarm(deadline)
             self.finish(h, report)
 
     async def run_async(self, h: Held, args: dict[str, Any]) -> None:

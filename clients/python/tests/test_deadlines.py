@@ -1,0 +1,50 @@
+"""The worker's time-limit keeper: one thread for every running task's deadline."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from homing._deadlines import Deadlines
+
+
+def test_an_armed_deadline_expires_once_and_a_disarmed_one_never() -> None:
+    fired: list[str] = []
+    got = threading.Event()
+
+    def expired(item: str) -> None:
+        fired.append(item)
+        got.set()
+
+    d: Deadlines[str] = Deadlines(expired)
+    late = d.arm("late", 60)
+    d.disarm(d.arm("gone", 0.05))
+    d.arm("soon", 0.1)
+    assert got.wait(10), "the deadline did not expire"
+    time.sleep(0.2)
+    assert fired == ["soon"]
+    d.disarm(late)
+
+
+def test_an_earlier_deadline_armed_later_wakes_the_keeper() -> None:
+    fired: list[str] = []
+    got = threading.Event()
+
+    def expired(item: str) -> None:
+        fired.append(item)
+        got.set()
+
+    d: Deadlines[str] = Deadlines(expired)
+    d.arm("an hour", 3600)
+    time.sleep(0.05)  # the keeper now sleeps until the hour is up
+    d.arm("now", 0.01)
+    assert got.wait(10), "the earlier deadline did not wake the keeper"
+    assert fired == ["now"]
+
+
+def test_disarmed_deadlines_do_not_pile_up() -> None:
+    # The server's default limit is long: each job's entry is disarmed long before it is due.
+    d: Deadlines[int] = Deadlines(lambda _: None)
+    for i in range(10_000):
+        d.disarm(d.arm(i, 1800))
+    assert d.pending() <= 64 + 2
