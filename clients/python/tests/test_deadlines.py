@@ -48,3 +48,36 @@ def test_disarmed_deadlines_do_not_pile_up() -> None:
     for i in range(10_000):
         d.disarm(d.arm(i, 1800))
     assert d.pending() <= 64 + 2
+
+
+def test_a_failing_callback_does_not_stop_the_keeper() -> None:
+    fired: list[int] = []
+    got = threading.Event()
+
+    def expired(item: int) -> None:
+        if item == 1:
+            raise RuntimeError("boom")
+        fired.append(item)
+        got.set()
+
+    d: Deadlines[int] = Deadlines(expired)
+    d.arm(1, 0.01)
+    d.arm(2, 0.05)
+    assert got.wait(10), "the keeper died with the first callback"
+    assert fired == [2]
+
+
+def test_disarming_lets_go_of_the_item() -> None:
+    import gc
+    import weakref
+
+    class Item:
+        pass
+
+    d: Deadlines[Item] = Deadlines(lambda _: None)
+    item = Item()
+    ref = weakref.ref(item)
+    d.disarm(d.arm(item, 3600))
+    del item
+    gc.collect()
+    assert ref() is None

@@ -168,6 +168,29 @@ def test_success_result_and_progress(server: FakeServer) -> None:
     assert server.progress[jid] == {"step": 1}
 
 
+def test_a_task_that_is_an_unhashable_callable_runs(server: FakeServer) -> None:
+    # A callable object whose class defines __eq__ without __hash__ (a dataclass, say): its
+    # signature is kept by task name, never by the object itself.
+    from dataclasses import dataclass
+
+    @dataclass
+    class Scale:
+        factor: int
+
+        def __call__(self, ctx: Any, x: int) -> int:
+            return x * self.factor
+
+    app = make_app(server.url)
+    app.task(name="t.scale")(Scale(3))
+    jid = server.add("t.scale", {"x": 7})
+    again = server.add("t.scale", {"x": 2})
+    run = start(app)
+    got = server.wait_outcomes(2)
+    run.stop()
+    assert (got[jid]["outcome"], got[jid]["result"]) == ("succeeded", 21), got[jid]
+    assert got[again]["result"] == 6
+
+
 def test_lost_answer_is_resent_and_already_applied(server: FakeServer) -> None:
     server.drop_answers = 1
     jid = server.add("t.ok", {"x": 1})

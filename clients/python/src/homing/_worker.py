@@ -33,7 +33,6 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from functools import cache
 from types import FrameType
 from typing import Any, Optional
 
@@ -109,12 +108,6 @@ def error_text(e: BaseException) -> str:
     return text
 
 
-@cache
-def signature(fn: Any) -> inspect.Signature:
-    """A task function's signature, worked out once (it is checked against every job's args)."""
-    return inspect.signature(fn)
-
-
 def as_json(value: Any) -> Any:
     """The value as plain JSON, or ValueError/TypeError saying why it is not."""
     return json.loads(json.dumps(value, allow_nan=False))
@@ -155,6 +148,9 @@ class Worker:
         self.sending = 0
         self.runq: queue.Queue[Held] = queue.Queue()
         self.deadlines: Deadlines[Held] = Deadlines(self.timed_out)
+        # Each task's signature, worked out once (every job's args are checked against it);
+        # by name, as a task's function need not be hashable.
+        self.signatures: dict[str, inspect.Signature] = {}
         self.stats = Stats()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.force = False
@@ -380,7 +376,10 @@ class Worker:
                        f"not {type(args).__name__}")
         else:
             try:
-                signature(task.fn).bind(h.ctx, **args)
+                sig = self.signatures.get(task.name)
+                if sig is None:
+                    sig = self.signatures[task.name] = inspect.signature(task.fn)
+                sig.bind(h.ctx, **args)
             except TypeError as e:
                 problem = f"task '{task.name}' cannot take these args: {e}"
         if problem is not None:
