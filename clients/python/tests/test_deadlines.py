@@ -8,7 +8,8 @@ import time
 from homing._deadlines import Deadlines
 
 
-def test_an_armed_deadline_expires_once_and_a_disarmed_one_never() -> None:
+def recorder() -> tuple[list[str], threading.Event, Deadlines[str]]:
+    """A keeper that records what expired and sets the event at each."""
     fired: list[str] = []
     got = threading.Event()
 
@@ -16,7 +17,11 @@ def test_an_armed_deadline_expires_once_and_a_disarmed_one_never() -> None:
         fired.append(item)
         got.set()
 
-    d: Deadlines[str] = Deadlines(expired)
+    return fired, got, Deadlines(expired)
+
+
+def test_an_armed_deadline_expires_once_and_a_disarmed_one_never() -> None:
+    fired, got, d = recorder()
     late = d.arm("late", 60)
     d.disarm(d.arm("gone", 0.05))
     d.arm("soon", 0.1)
@@ -27,14 +32,7 @@ def test_an_armed_deadline_expires_once_and_a_disarmed_one_never() -> None:
 
 
 def test_an_earlier_deadline_armed_later_wakes_the_keeper() -> None:
-    fired: list[str] = []
-    got = threading.Event()
-
-    def expired(item: str) -> None:
-        fired.append(item)
-        got.set()
-
-    d: Deadlines[str] = Deadlines(expired)
+    fired, got, d = recorder()
     d.arm("an hour", 3600)
     time.sleep(0.05)  # the keeper now sleeps until the hour is up
     d.arm("now", 0.01)

@@ -27,6 +27,19 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Homing, P
     h.stop()
 
 
+def count_calls(app: App, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The query parameters of every call `app` makes from this thread, until undone."""
+    sent: list[Any] = []
+    call = app.http().call
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        sent.append(kwargs.get("params"))
+        return call(*args, **kwargs)
+
+    monkeypatch.setattr(app.http(), "call", counted)
+    return sent
+
+
 def test_enqueue_wait_get(shared: tuple[Homing, Proc, App]) -> None:
     _, _, app = shared
     job = app.enqueue("py.add", {"a": 2, "b": 40}, idempotency_key="add-1", queue="py")
@@ -240,16 +253,9 @@ def test_jobs_are_listed_by_filter_over_pages(shared: tuple[Homing, Proc, App],
     for i in ids:
         app.wait(i, timeout=30)
     # Two to a page: only following the cursor reaches all five, newest first.
-    sent: list[Any] = []
-    call = app.http().call
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        sent.append(kwargs.get("params"))
-        return call(*args, **kwargs)
-
-    with monkeypatch.context() as m:
-        m.setattr(app.http(), "call", counted)
-        listed = [j.id for j in app.jobs(task="py.add", state="succeeded", page_size=2)]
+    sent = count_calls(app, monkeypatch)
+    listed = [j.id for j in app.jobs(task="py.add", state="succeeded", page_size=2)]
+    monkeypatch.undo()
     assert len(sent) >= 3 and all(p["limit"] == "2" for p in sent), sent
     assert [i for i in listed if i in ids] == list(reversed(ids))
     assert all(j.state == "succeeded" and j.task == "py.add"
@@ -343,16 +349,9 @@ def test_schedules_list_every_page_and_errors(shared: tuple[Homing, Proc, App],
     for n in names:
         app.set_schedule(n, "py.add", {"a": 1, "b": 2}, every="1h", queue="py")
     # Two to a page: only following `next` finds all five.
-    sent: list[Any] = []
-    call = app.http().call
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        sent.append(kwargs.get("params"))
-        return call(*args, **kwargs)
-
-    with monkeypatch.context() as m:
-        m.setattr(app.http(), "call", counted)
-        listed = [s.name for s in app.schedules(page_size=2) if s.name.startswith("py-page-")]
+    sent = count_calls(app, monkeypatch)
+    listed = [s.name for s in app.schedules(page_size=2) if s.name.startswith("py-page-")]
+    monkeypatch.undo()
     assert listed == names
     assert len(sent) >= 3 and all(p["limit"] == "2" for p in sent), sent
     assert [s.name for s in app.schedules() if s.name.startswith("py-page-")] == names

@@ -442,17 +442,20 @@ class App:
         for key, value in (("state", state), ("queue", queue), ("task", name)):
             if value is not None:
                 params[key] = value
-        return self._job_pages(params)
+        return (Job.from_json(d) for d in self._pages("/v1/jobs", params, "jobs", "next_cursor",
+                                                      "cursor"))
 
-    def _job_pages(self, params: dict[str, str]) -> Iterator[Job]:
+    def _pages(self, path: str, params: dict[str, str], items: str, next_key: str,
+               next_param: str) -> Iterator[dict[str, Any]]:
+        """The items of a paged list, a page at a time as the caller's loop goes: each page's
+        `next_key` goes back as `next_param` until it is null."""
         while True:
-            page = self.http().call("GET", "/v1/jobs", params=params)
-            for d in page.get("jobs") or []:
-                yield Job.from_json(d)
-            cursor = page.get("next_cursor")
-            if cursor is None:
+            page = self.http().call("GET", path, params=params)
+            yield from page.get(items) or []
+            after = page.get(next_key)
+            if after is None:
                 return
-            params["cursor"] = str(cursor)
+            params = {**params, next_param: str(after)}
 
     def cancel(self, job_id: str) -> Job:
         """Cancels a job. One that has not started is `cancelled` at once; a running one is
@@ -573,20 +576,9 @@ class App:
         most `page_size`, 1-10000, and ends before 4 MiB of stored definitions)."""
         if not 1 <= page_size <= 10000:
             raise ValueError("page_size must be 1 to 10000")
-        return self._schedule_pages(page_size)
-
-    def _schedule_pages(self, page_size: int) -> Iterator[Schedule]:
-        after: Optional[str] = None
-        while True:
-            params = {"limit": str(page_size)}
-            if after is not None:
-                params["after"] = after
-            page = self.http().call("GET", "/v1/schedules", params=params)
-            for d in page.get("schedules") or []:
-                yield Schedule.from_json(d)
-            after = page.get("next")
-            if after is None:
-                return
+        params = {"limit": str(page_size)}
+        return (Schedule.from_json(d)
+                for d in self._pages("/v1/schedules", params, "schedules", "next", "after"))
 
     def pause_schedule(self, name: str) -> Schedule:
         """Pauses a schedule: it enqueues nothing until resumed."""
