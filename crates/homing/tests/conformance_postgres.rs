@@ -1476,3 +1476,75 @@ async fn a_search_whose_caller_left_is_stopped_on_the_server() {
         1
     );
 }
+
+/// Schedules are paged by the bytes of their names (as the embedded file keeps them) from an
+/// index, whatever the database's collation. The test server's databases are C, where the
+/// primary key's index serves that order; this one is C.UTF-8 (on every Debian), where it does
+/// not, and without the bytewise index each page of the list sorted every later schedule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_are_paged_from_an_index_in_a_database_that_is_not_c() {
+    use sqlx::{Connection, Executor};
+    let name = format!("homing_collate_{}", std::process::id());
+    let mut admin = sqlx::PgConnection::connect(&server().url("postgres"))
+        .await
+        .unwrap();
+    admin
+        .execute(sqlx::AssertSqlSafe(format!(
+            "CREATE DATABASE {name} TEMPLATE template0 ENCODING 'UTF8' \
+             LC_COLLATE 'C.UTF-8' LC_CTYPE 'C.UTF-8'"
+        )))
+        .await
+        .expect("a database in C.UTF-8 (the locale ships with every Debian libc)");
+    let s = PgStore::connect(&server().url(&name)).await.unwrap();
+    let names = ["b-2", "B-1", "a.9", "_x", "A:0", "b-10"];
+    for n in names {
+        let def = homing::schedule::ScheduleDef {
+            name: n.into(),
+            task: "builtin.noop".into(),
+            args: serde_json::json!({}),
+            queue: "default".into(),
+            options: homing::JobOptions::default(),
+            spec: homing::schedule::Spec::Every {
+                interval: Duration::from_secs(3600),
+            },
+            missed: homing::schedule::Missed::Latest,
+        };
+        s.put_schedule(&def, now()).await.unwrap();
+    }
+    // Bytewise, two to a page.
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = s.schedules_page(after.as_deref(), 2).await.unwrap();
+        seen.extend(page.schedules.iter().map(|x| x.def.name.clone()));
+        match page.next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    let mut bytewise: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    bytewise.sort();
+    assert_eq!(seen, bytewise);
+    // The page's first query, planned with sorts and sequential scans priced out: it reads the
+    // bytewise index, in order, and sorts nothing.
+    let mut c = sqlx::PgConnection::connect(&server().url(&name))
+        .await
+        .unwrap();
+    c.execute("SET enable_seqscan = off; SET enable_sort = off")
+        .await
+        .unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN SELECT name, octet_length(definition)::bigint FROM homing_schedules \
+         WHERE name COLLATE \"C\" > $1 ORDER BY name COLLATE \"C\" LIMIT $2",
+    )
+    .bind("B-1")
+    .bind(3_i64)
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("homing_schedules_name_bytewise") && !plan.contains("Sort"),
+        "{plan}"
+    );
+}

@@ -131,6 +131,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0025_presumed_runs",
         sql: include_str!("migrations/0025_presumed_runs.sql"),
     },
+    Migration {
+        version: 26,
+        name: "0026_schedule_names_bytewise",
+        sql: include_str!("migrations/0026_schedule_names_bytewise.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are
