@@ -52,15 +52,18 @@ impl Rate {
             .parse()
             .map_err(|_| format!("invalid rate '{s}': the count must be a whole number"))?;
         let period = period.trim();
-        let one;
-        let period = if period.starts_with(|c: char| c.is_ascii_alphabetic()) {
-            one = format!("1{period}");
-            &one
+        // Only a unit alone: `10/e3` must not become the number 1e3, nor `10/m30s` 1m30s.
+        let unit_alone = !period.is_empty() && period.chars().all(|c| c.is_ascii_alphabetic());
+        let period = if unit_alone {
+            crate::time::parse_duration(&format!("1{period}")).map_err(|_| {
+                format!(
+                    "invalid rate '{s}': unknown unit '{period}'; use a duration such as 1s, \
+                     500ms or 1m, or a unit alone (s, m, h)"
+                )
+            })?
         } else {
-            period
+            crate::time::parse_duration(period).map_err(|e| format!("invalid rate '{s}': {e}"))?
         };
-        let period =
-            crate::time::parse_duration(period).map_err(|e| format!("invalid rate '{s}': {e}"))?;
         let r = Rate { count, period };
         r.check()?;
         Ok(r)
@@ -247,7 +250,7 @@ mod tests {
                 "{text}"
             );
         }
-        for bad in ["10/ms", "10/x", "10/s1"] {
+        for bad in ["10/ms", "10/x", "10/s1", "10/e3", "10/e-2", "10/m30s"] {
             assert!(Rate::parse(bad).is_err(), "{bad}");
         }
         for bad in [
