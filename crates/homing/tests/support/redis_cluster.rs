@@ -49,13 +49,13 @@ fn require(tool: &str) {
 /// choice and the server's bind (or while a killed master is down), as the local port of any
 /// outgoing connection, and then the node never joins. Ports are handed out once per process.
 fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU16, Ordering};
-    const LOW: u16 = 15000;
-    const SPAN: u16 = 7700; // LOW + SPAN + 10000 stays below 32768
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let start = (std::process::id() % u32::from(SPAN)) as u16;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 15000;
+    const SPAN: u32 = 7700; // LOW + SPAN + 10000 stays below 32768
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id() % SPAN;
     for _ in 0..SPAN {
-        let port = LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
+        let port = (LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) % SPAN) as u16;
         let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
         if free(port) && free(port + 10000) {
             return port;
@@ -105,8 +105,13 @@ impl Node {
             .expect("read the server's pid");
         let pid: u32 = line.trim().parse().expect("a pid");
         self.child = Some((child, stdin, pid));
+        // Up when the server on the port is this one: a PONG could come from another process's
+        // server that took the port first (this one then failed to bind it).
         let deadline = Instant::now() + Duration::from_secs(10);
-        while cli(self.port, &["PING"]).as_deref() != Some("PONG") {
+        let me = format!("process_id:{pid}");
+        while !cli(self.port, &["INFO", "server"])
+            .is_some_and(|i| i.lines().any(|l| l.trim() == me))
+        {
             assert!(
                 Instant::now() < deadline,
                 "redis-server did not come up; see {}",
@@ -143,20 +148,31 @@ impl RedisCluster {
     pub fn start(masters: usize) -> Self {
         require("redis-server");
         require("redis-cli");
-        let first = Self::join(masters);
-        match first.healthy_within(Duration::from_secs(30)) {
-            Ok(()) => first,
+        let first = Self::join(masters).and_then(|c| {
+            let healthy = c.healthy_within(Duration::from_secs(30));
+            healthy.map(|()| c)
+        });
+        match first {
+            Ok(c) => c,
             Err(e) => {
-                eprintln!("the cluster did not become healthy; starting another:\n{e}");
-                drop(first);
-                let second = Self::join(masters);
+                // Straight to the process's stderr: the test harness would capture (and, once
+                // the retry passes, drop) what eprintln! says.
+                use std::io::Write;
+                let _ = std::io::stderr().write_all(
+                    format!("the cluster did not become healthy; starting another:\n{e}\n")
+                        .as_bytes(),
+                );
+                let second = Self::join(masters).unwrap_or_else(|e| panic!("{e}"));
                 second.wait_ok();
                 second
             }
         }
     }
 
-    fn join(masters: usize) -> Self {
+    /// Starts the nodes and joins them; a join that fails, or takes longer than 30 s (a node
+    /// that never joins keeps `--cluster create` waiting for ever), is an error that says what
+    /// each node reports, its nodes stopped.
+    fn join(masters: usize) -> Result<Self, String> {
         let mut nodes: Vec<Node> = (0..masters)
             .map(|_| Node {
                 port: free_port(),
@@ -174,14 +190,20 @@ impl RedisCluster {
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
         if masters >= 3 {
-            let out = Command::new("redis-cli")
-                .arg("--cluster")
-                .arg("create")
+            let out = Command::new("timeout")
+                .args(["30", "redis-cli", "--cluster", "create"])
                 .args(&addrs)
                 .args(["--cluster-replicas", "0", "--cluster-yes"])
                 .output()
-                .expect("run redis-cli --cluster create");
-            assert!(out.status.success(), "cluster create failed: {out:?}");
+                .expect("run timeout 30 redis-cli --cluster create");
+            if !out.status.success() {
+                return Err(format!(
+                    "redis-cli --cluster create failed or took over 30 s ({}): {}\n{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stdout),
+                    c.describe()
+                ));
+            }
         } else {
             let per = 16384 / masters;
             for (i, n) in c.nodes.iter().enumerate() {
@@ -208,7 +230,7 @@ impl RedisCluster {
                 }
             }
         }
-        c
+        Ok(c)
     }
 
     fn must(&self, port: u16, args: &[&str]) -> String {
