@@ -12,7 +12,7 @@ mod moved;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -195,6 +195,9 @@ pub struct Db {
     here: AtomicBool,
     /// The file opened, to notice when its path names another ([`moved`]).
     opened: Option<moved::Opened>,
+    /// Write transactions this process committed: how the tests see how many writes a path
+    /// takes (each is a trip through the file's one write lock).
+    commits: AtomicU64,
 }
 
 /// The name `/healthz` reports a file removed from under this process by.
@@ -655,12 +658,18 @@ impl Db {
             backstop_misses: AtomicU32::new(0),
             path,
             here: AtomicBool::new(false),
+            commits: AtomicU64::new(0),
             opened,
         }))
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// How many write transactions this process has committed on the file.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
     }
 
     /// Runs `f` in one write transaction (all or nothing).
@@ -916,6 +925,7 @@ impl Db {
         if let Err(e) = tx.commit() {
             return Ok(Err(map_err(e)));
         }
+        self.commits.fetch_add(1, Ordering::Relaxed);
         let frames = WAL_FRAMES.with(|f| f.get());
         // Before the wake: a woken worker's take would only wait for this connection.
         self.restart_if_behind(&conn, frames);

@@ -219,6 +219,18 @@ pub(crate) fn publish_in(tx: &rusqlite::Connection, jobs: &[ToPublish]) -> rusql
     Ok(())
 }
 
+/// Whether `worker`'s heartbeat is alive at `t`: not expired, less the time nobody could write
+/// (see `lost_consumers`). In the caller's connection, so a write can decide by it under its lock.
+pub(crate) fn alive_in(
+    c: &rusqlite::Connection,
+    worker: &str,
+    t: crate::time::Micros,
+) -> rusqlite::Result<bool> {
+    let cutoff = t - crate::sqlite::recent_stall(c, t)?;
+    c.prepare_cached("SELECT 1 FROM heartbeats WHERE worker = ?1 AND expires_at > ?2")?
+        .exists(params![worker, cutoff])
+}
+
 pub(crate) fn tags(deliveries: &[Delivery]) -> Vec<(i64, i64)> {
     deliveries
         .iter()
@@ -445,16 +457,7 @@ impl Broker for SqliteBroker {
 
     async fn is_alive(&self, worker: &str) -> Result<bool> {
         let worker = worker.to_string();
-        self.db
-            .read(move |c| {
-                // Alive while its heartbeat has not expired, less the time nobody could write
-                // (see `lost_consumers`).
-                let t = now();
-                let cutoff = t - crate::sqlite::recent_stall(c, t)?;
-                c.prepare_cached("SELECT 1 FROM heartbeats WHERE worker = ?1 AND expires_at > ?2")?
-                    .exists(params![worker, cutoff])
-            })
-            .await
+        self.db.read(move |c| alive_in(c, &worker, now())).await
     }
 
     async fn heartbeat_expires_in(&self, worker: &str) -> Result<Option<Duration>> {

@@ -10,6 +10,8 @@
 //! decision is here or, when pure, in [`decide`].
 
 pub mod decide;
+#[cfg(feature = "sqlite")]
+mod embedded;
 pub mod strays;
 
 use serde::{Deserialize, Serialize};
@@ -562,18 +564,7 @@ impl Gateway {
         max: u32,
         wait: Duration,
     ) -> Result<Vec<ReservedJob>> {
-        if max == 0 || max > MAX_RESERVE {
-            return Err(invalid(format!(
-                "max must be between 1 and {MAX_RESERVE} (got {max})"
-            )));
-        }
-        if wait > MAX_WAIT {
-            return Err(invalid(format!(
-                "wait_ms must be at most {} (got {})",
-                MAX_WAIT.as_millis(),
-                wait.as_millis()
-            )));
-        }
+        check_reserve(max, wait)?;
         let (info, remote) = self.session(session).await?;
         if !self.broker.is_alive(session).await? {
             return Err(Self::expired(session));
@@ -616,10 +607,28 @@ impl Gateway {
                 return Err(e.into());
             }
         };
+        let started = startable
+            .into_iter()
+            .zip(outcomes)
+            .map(|((id, d), o)| (id, d, o))
+            .collect();
+        self.settle_starts(session, &remote, started).await
+    }
+
+    /// What a reservation does with the store's answers to its starts: the jobs to run are
+    /// returned; duplicates, deferred and dead ones acknowledged, a message naming no job
+    /// dead-lettered, one the store could not start handed back, and a session presumed dead
+    /// meanwhile told so.
+    async fn settle_starts(
+        &self,
+        session: &str,
+        remote: &RemoteWorker,
+        started: Vec<(JobId, Delivery, StartOutcome)>,
+    ) -> Result<Vec<ReservedJob>> {
         let mut out = Vec::new();
         let mut to_ack = Vec::new();
         let mut presumed = Vec::new();
-        for ((id, d), outcome) in startable.into_iter().zip(outcomes) {
+        for (id, d, outcome) in started {
             match outcome {
                 StartOutcome::Run(job) => {
                     crate::metrics::count(crate::metrics::JOBS_STARTED, &job.queue, &job.task);
@@ -702,6 +711,19 @@ impl Gateway {
     /// `already_applied` (acknowledged again), a zombie's is `stale` (counted). The session
     /// need not be alive: the fence decides, not the session.
     pub async fn complete(&self, session: &str, reports: &[Report]) -> Result<Vec<Completed>> {
+        let p = self.prepare(session, reports, None).await?;
+        let committed = self.store.complete(&p.completions, p.at).await?;
+        self.answer(session, reports, p, committed, false).await
+    }
+
+    /// Checks a completion call's reports and decides each one's outcome ([`decide::outcome`]);
+    /// `known` is the session's worker row if the caller has read it already.
+    async fn prepare(
+        &self,
+        session: &str,
+        reports: &[Report],
+        known: Option<&RemoteWorker>,
+    ) -> Result<Prepared> {
         check_session_id(session)?;
         if reports.len() > MAX_BATCH {
             return Err(invalid(format!(
@@ -722,13 +744,14 @@ impl Gateway {
             });
         }
         // An error's retry rule needs the job (attempts, options) and the declared defaults.
-        let remote = if reports.iter().any(|r| r.outcome == ReportKind::Error) {
-            self.store
-                .worker_info(session)
-                .await?
-                .and_then(|i| i.remote)
-        } else {
-            None
+        let read;
+        let remote = match known {
+            Some(r) => Some(r),
+            None if reports.iter().any(|r| r.outcome == ReportKind::Error) => {
+                read = self.store.worker_info(session).await?;
+                read.as_ref().and_then(|i| i.remote.as_ref())
+            }
+            None => None,
         };
         let at = now();
         let mut completions = Vec::with_capacity(reports.len());
@@ -755,7 +778,6 @@ impl Gateway {
                 &input,
                 job.as_ref(),
                 remote
-                    .as_ref()
                     .zip(job.as_ref())
                     .and_then(|(w, j)| w.declared(&j.task)),
                 at,
@@ -766,7 +788,33 @@ impl Gateway {
                 outcome,
             });
         }
-        let committed = self.store.complete(&completions, at).await?;
+        Ok(Prepared {
+            completions,
+            leases,
+            tasks,
+            ran,
+            at,
+        })
+    }
+
+    /// Answers a completion call from what the store committed, publishes what the commits made
+    /// ready and acknowledges the messages of the outcomes that are settled, unless `acked` says
+    /// the commit's own transaction did.
+    async fn answer(
+        &self,
+        session: &str,
+        reports: &[Report],
+        p: Prepared,
+        committed: Vec<Committed>,
+        acked: bool,
+    ) -> Result<Vec<Completed>> {
+        let Prepared {
+            completions,
+            leases,
+            tasks,
+            ran,
+            ..
+        } = p;
         let mut out = Vec::with_capacity(reports.len());
         let mut to_ack = Vec::new();
         let mut to_publish = Vec::new();
@@ -851,7 +899,7 @@ impl Gateway {
         }
         // Late ack. If it fails the caller gets an error and sends the call again: its
         // completions are then `already_applied`, and acknowledged again.
-        if !to_ack.is_empty() {
+        if !acked && !to_ack.is_empty() {
             self.broker.ack(&to_ack).await?;
         }
         Ok(out)
@@ -881,6 +929,10 @@ impl Gateway {
         max: u32,
         wait: Duration,
     ) -> Result<(Vec<Completed>, Result<Vec<ReservedJob>>)> {
+        #[cfg(feature = "sqlite")]
+        if let Some(round) = self.embedded_round(session, reports, max, wait).await? {
+            return Ok(round);
+        }
         let results = self.complete(session, reports).await?;
         let max = decide::refill(max, &results);
         let jobs = if max == 0 {
@@ -934,6 +986,32 @@ fn check_session_id(session: &str) -> Result<()> {
             validate::text(session, 100)
         )))
     }
+}
+
+/// A completion call's reports, checked and decided, before the store commits them.
+struct Prepared {
+    completions: Vec<Completion>,
+    leases: Vec<Delivery>,
+    tasks: Vec<String>,
+    /// Traces on: each run's job as it was while it ran.
+    ran: Vec<Option<Job>>,
+    at: crate::time::Micros,
+}
+
+fn check_reserve(max: u32, wait: Duration) -> Result<()> {
+    if max == 0 || max > MAX_RESERVE {
+        return Err(invalid(format!(
+            "max must be between 1 and {MAX_RESERVE} (got {max})"
+        )));
+    }
+    if wait > MAX_WAIT {
+        return Err(invalid(format!(
+            "wait_ms must be at most {} (got {})",
+            MAX_WAIT.as_millis(),
+            wait.as_millis()
+        )));
+    }
+    Ok(())
 }
 
 fn check_delays(r: &Report) -> std::result::Result<(), String> {

@@ -783,20 +783,58 @@ pub(crate) async fn complete_and_take(
     let done = done.to_vec();
     let acks = crate::broker::sqlite::tags(acks);
     db.write(move |tx| {
-        let mut log = Timeline::new();
-        let out = done
-            .iter()
-            .map(|c| complete_one(tx, c, now, &mut log))
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        write_history(tx, &log)?;
-        let mut st = tx.prepare_cached("DELETE FROM messages WHERE id = ?1 AND generation = ?2")?;
-        for (id, gen) in &acks {
-            st.execute([id, gen])?;
-        }
+        let out = complete_and_ack_in(tx, &done, &acks, now)?;
         let taken = take_in(tx, &take, now)?;
         Ok((out, taken))
     })
     .await
+}
+
+/// A remote worker session's round on the embedded file ([`crate::remote`]): as
+/// [`complete_and_take`], but the take is made only while `take.worker`'s heartbeat is alive,
+/// read under the same write lock (`None`: it was not, and nothing was reserved or started).
+/// The completions stand either way: the fence decides them, not the session.
+pub(crate) async fn complete_and_take_alive(
+    db: &Arc<Db>,
+    done: &[Completion],
+    acks: &[crate::broker::Delivery],
+    take: Take,
+    now: Micros,
+) -> Result<(Vec<Committed>, Option<Vec<Taken>>)> {
+    let done = done.to_vec();
+    let acks = crate::broker::sqlite::tags(acks);
+    db.write(move |tx| {
+        let out = complete_and_ack_in(tx, &done, &acks, now)?;
+        let alive = crate::broker::sqlite::alive_in(tx, &take.worker, crate::time::now())?;
+        let taken = if alive {
+            Some(take_in(tx, &take, now)?)
+        } else {
+            None
+        };
+        Ok((out, taken))
+    })
+    .await
+}
+
+/// Commits `done` and deletes the messages `acks` names (the late ack), in the caller's write
+/// transaction.
+fn complete_and_ack_in(
+    tx: &Transaction<'_>,
+    done: &[Completion],
+    acks: &[(i64, i64)],
+    now: Micros,
+) -> rusqlite::Result<Vec<Committed>> {
+    let mut log = Timeline::new();
+    let out = done
+        .iter()
+        .map(|c| complete_one(tx, c, now, &mut log))
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    write_history(tx, &log)?;
+    let mut st = tx.prepare_cached("DELETE FROM messages WHERE id = ?1 AND generation = ?2")?;
+    for (id, gen) in acks {
+        st.execute([id, gen])?;
+    }
+    Ok(out)
 }
 
 /// An idle worker's take on the embedded file: looks for a ready message of `take.queues` and,
@@ -1773,17 +1811,7 @@ impl Store for SqliteStore {
         let db = &self.db;
         isolating(
             done.to_vec(),
-            |done| {
-                db.write(move |tx| {
-                    let mut log = Timeline::new();
-                    let out = done
-                        .iter()
-                        .map(|c| complete_one(tx, c, now, &mut log))
-                        .collect::<rusqlite::Result<Vec<_>>>()?;
-                    write_history(tx, &log)?;
-                    Ok(out)
-                })
-            },
+            |done| db.write(move |tx| complete_and_ack_in(tx, &done, &[], now)),
             |c| {
                 db.write(move |tx| {
                     let mut log = Timeline::new();
