@@ -799,7 +799,8 @@ impl Gateway {
 
     /// Answers a completion call from what the store committed, publishes what the commits made
     /// ready and acknowledges the messages of the outcomes that are settled, unless `acked` says
-    /// the commit's own transaction did.
+    /// the commit's own transaction did (a round in one write, which may also have started jobs
+    /// for the call to hand over: then no lookup may fail the call).
     async fn answer(
         &self,
         session: &str,
@@ -846,14 +847,23 @@ impl Gateway {
                     });
                 }
                 Committed::Stale => {
-                    let found = self.store.last_completion(r.job_id).await?;
-                    let mut refused = decide::refused(found, r.epoch);
-                    if matches!(refused, decide::Refused::AlreadyApplied(_))
-                        && decide::stopped_by_server(self.store.get(r.job_id).await?.as_ref())
-                    {
-                        // The run the server ended at its time limit reports late.
-                        refused = decide::Refused::Stale;
-                    }
+                    let (refused, found) = match self.refusal(r.job_id, r.epoch).await {
+                        Ok(x) => x,
+                        // The round's own transaction acknowledged the messages and may have
+                        // started jobs this call must hand over: a refusal whose cause cannot
+                        // be read now is answered stale (drop the run; its message is gone
+                        // either way) instead of failing the call and hiding those jobs.
+                        Err(e) if acked => {
+                            tracing::warn!(job = %r.job_id, error = %e, "could not tell a refused completion's cause; answered stale");
+                            out.push(Completed {
+                                job_id: r.job_id,
+                                status: Status::Stale,
+                                state: None,
+                            });
+                            continue;
+                        }
+                        Err(e) => return Err(e.into()),
+                    };
                     match refused {
                         decide::Refused::AlreadyApplied(state) => {
                             to_ack.push(lease);
@@ -903,6 +913,24 @@ impl Gateway {
             self.broker.ack(&to_ack).await?;
         }
         Ok(out)
+    }
+
+    /// Why the fence refused a completion for `epoch`: a retried call's (already applied) or a
+    /// zombie's (stale), with the job's last completion.
+    async fn refusal(
+        &self,
+        job: JobId,
+        epoch: u64,
+    ) -> crate::error::Result<(decide::Refused, Option<crate::store::CompletionState>)> {
+        let found = self.store.last_completion(job).await?;
+        let mut refused = decide::refused(found, epoch);
+        if matches!(refused, decide::Refused::AlreadyApplied(_))
+            && decide::stopped_by_server(self.store.get(job).await?.as_ref())
+        {
+            // The run the server ended at its time limit reports late.
+            refused = decide::Refused::Stale;
+        }
+        Ok((refused, found))
     }
 
     /// Records progress for a run, fenced by its epoch. `false`: the run no longer owns the job.
