@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import subprocess
@@ -26,10 +27,24 @@ def homing_bin() -> str:
     return path
 
 
+_next_port = itertools.count()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port below the kernel's ephemeral range (32768 and up by default): a
+    port from that range can become the local port of an outgoing connection between the choice
+    and the server's bind, or while a server is down to be restarted on it."""
+    low, span = 10000, 22000
+    start = os.getpid() % span
+    for _ in range(span):
+        port = low + (start + next(_next_port)) % span
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free loopback port between {low} and {low + span}")
 
 
 def eventually(what: str, check: Any, timeout: float = 30.0) -> Any:

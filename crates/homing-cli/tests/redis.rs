@@ -173,12 +173,7 @@ async fn two_schedulers_dispatch_each_due_job_once() {
     let http = http_client();
     let mut servers = Vec::new();
     for i in 0..2 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let listen = format!("127.0.0.1:{port}");
+        let listen = format!("127.0.0.1:{}", free_port());
         servers.push(env.spawn(&format!("server{i}"), &["server", "--listen", &listen]));
         eventually(Duration::from_secs(20), "the server to answer", || async {
             http.get(format!("http://{listen}/healthz"))

@@ -412,14 +412,6 @@ async fn many_processes_share_one_sqlite_file() {
     );
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A panic and a time-out are handler errors: counted as attempts, retried while the budget
 /// lasts, then failed with the reason; the worker survives both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

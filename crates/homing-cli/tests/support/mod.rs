@@ -460,12 +460,7 @@ impl Default for Scenario {
 }
 
 fn free_listen() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    format!("127.0.0.1:{port}")
+    format!("127.0.0.1:{}", free_port())
 }
 
 /// Guarantees 1, 2, 3 and 5 with real processes: jobs calling an external service (300 ms each),
@@ -687,12 +682,24 @@ pub fn kill9_pid(pid: u32) {
     }
 }
 
+/// A free loopback port below the kernel's ephemeral range (32768 and up by default): a port
+/// from that range can be handed, between the choice and the server's bind, or while a server
+/// is down to be restarted on it, to an outgoing connection as its local port (a client
+/// reconnecting to it can even connect to itself), and the server then cannot bind. Ports are
+/// handed out once per process, from a start that differs between processes.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 10000;
+    const SPAN: u32 = 22000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id() % SPAN;
+    for _ in 0..SPAN {
+        let port = (LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port between {LOW} and {}", LOW + SPAN);
 }
 
 /// Starts `homing up` on a free port with a fast heartbeat and waits until it answers; returns

@@ -44,24 +44,9 @@ fn require(tool: &str) {
     );
 }
 
-/// A port for a node whose cluster bus (port + 10000) is free too, both below the kernel's
-/// ephemeral range (32768 and up by default): a port from that range can be taken, between the
-/// choice and the server's bind (or while a killed master is down), as the local port of any
-/// outgoing connection, and then the node never joins. Ports are handed out once per process.
+/// A port for a node whose cluster bus (port + 10000) is free too.
 fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    const LOW: u32 = 15000;
-    const SPAN: u32 = 7700; // LOW + SPAN + 10000 stays below 32768
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let start = std::process::id() % SPAN;
-    for _ in 0..SPAN {
-        let port = (LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) % SPAN) as u16;
-        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
-        if free(port) && free(port + 10000) {
-            return port;
-        }
-    }
-    panic!("no free port pair between {LOW} and {}", LOW + SPAN + 10000);
+    super::redis_server::loopback_port_with(&[10000])
 }
 
 impl Node {

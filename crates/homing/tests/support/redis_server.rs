@@ -48,8 +48,29 @@ fn require_redis() {
 
 /// A free loopback port (free when asked; the server binds it right after).
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("local addr").port()
+    loopback_port_with(&[])
+}
+
+/// A free loopback port, with `port + extra` free too for each `extra` (a cluster node's bus),
+/// below the kernel's ephemeral range (32768 and up by default). A port from that range can be
+/// handed, between the choice and the server's bind, or while a server is down to be restarted
+/// on it, to an outgoing connection as its local port; a client reconnecting to a port in the
+/// range can even connect to itself. Either way the server cannot bind. Ports are handed out
+/// once per process, from a start that differs between processes.
+pub fn loopback_port_with(extras: &[u16]) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 15000;
+    const SPAN: u32 = 7700; // LOW + SPAN + a cluster bus's 10000 stays below 32768
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id() % SPAN;
+    let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+    for _ in 0..SPAN {
+        let port = (LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
+        if free(port) && extras.iter().all(|e| free(port + e)) {
+            return port;
+        }
+    }
+    panic!("no free loopback port between {LOW} and {}", LOW + SPAN);
 }
 
 impl RedisServer {

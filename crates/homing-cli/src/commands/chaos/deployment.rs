@@ -201,10 +201,7 @@ impl Deployment {
         Backends::open(&d.broker_url, &d.store_url)
             .await
             .context("cannot open the deployment's backends")?;
-        let api_port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-            l.local_addr()?.port()
-        };
+        let api_port = super::services::free_port()?;
         // The network each worker slot can lose: Redis for Rust workers, the server's API for
         // Python ones.
         let upstream = match plan.kind {

@@ -19,9 +19,23 @@ fn on_path(name: &str) -> Option<PathBuf> {
     })
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+/// A free loopback port below the kernel's ephemeral range (32768 and up by default). The
+/// faults restart Redis and the API server on their ports while clients keep reconnecting; a
+/// port in that range can meanwhile become the local port of an outgoing connection (a client
+/// reconnecting to it can even connect to itself), and the restart then cannot bind.
+pub(super) fn free_port() -> anyhow::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 10000;
+    const SPAN: u32 = 22000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id() % SPAN;
+    for _ in 0..SPAN {
+        let port = (LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free loopback port between {LOW} and {}", LOW + SPAN)
 }
 
 /// A redis-server without persistence: its data lives only as long as the process.
