@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -28,14 +29,17 @@ def homing_bin() -> str:
 
 
 _next_port = itertools.count()
+# A random start: processes started together have nearly consecutive pids.
+_start_port = random.randrange(22000)
 
 
 def free_port() -> int:
     """A free loopback port below the kernel's ephemeral range (32768 and up by default): a
-    port from that range can become the local port of an outgoing connection between the choice
-    and the server's bind, or while a server is down to be restarted on it."""
+    port from that range can be taken by another process binding port 0, or as an outgoing
+    connection's local port, between the choice and the server's bind, or while a server is down
+    to be restarted on it."""
     low, span = 10000, 22000
-    start = os.getpid() % span
+    start = _start_port
     for _ in range(span):
         port = low + (start + next(_next_port)) % span
         with socket.socket() as s:

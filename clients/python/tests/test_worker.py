@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import pytest
 from homing import App, Fatal, Retry, Snooze
 from homing._worker import EXIT_CONFIG, EXIT_OK, Worker
 
+from .conftest import free_port
 from .fake_server import FakeServer
 
 RELEASE = threading.Event()
@@ -313,9 +313,7 @@ def test_bad_token_exits_with_the_reason(caplog: pytest.LogCaptureFixture) -> No
 
 
 def test_server_down_at_start_is_retried(caplog: pytest.LogCaptureFixture) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     caplog.set_level(logging.WARNING, logger="homing.worker")
     run = start(make_app(f"http://127.0.0.1:{port}"))
     deadline = time.monotonic() + 10

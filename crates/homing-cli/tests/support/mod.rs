@@ -683,16 +683,25 @@ pub fn kill9_pid(pid: u32) {
 }
 
 /// A free loopback port below the kernel's ephemeral range (32768 and up by default): a port
-/// from that range can be handed, between the choice and the server's bind, or while a server
-/// is down to be restarted on it, to an outgoing connection as its local port (a client
-/// reconnecting to it can even connect to itself), and the server then cannot bind. Ports are
-/// handed out once per process, from a start that differs between processes.
+/// from that range can be taken, between the choice and the server's bind, or while a server is
+/// down to be restarted on it, by another process binding port 0 or as an outgoing connection's
+/// local port (a client reconnecting to it can even connect to itself), and the server then
+/// cannot bind. Ports are handed out once per process, from a random start.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     const LOW: u32 = 10000;
     const SPAN: u32 = 22000;
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let start = std::process::id() % SPAN;
+    // A random start, once per process: processes started together have nearly consecutive
+    // pids, and counting up from `pid % SPAN` they would try each other's ports at once.
+    static START: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        (random % u64::from(SPAN)) as u32
+    });
     for _ in 0..SPAN {
         let port = (LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {

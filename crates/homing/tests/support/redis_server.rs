@@ -53,16 +53,25 @@ pub fn free_port() -> u16 {
 
 /// A free loopback port, with `port + extra` free too for each `extra` (a cluster node's bus),
 /// below the kernel's ephemeral range (32768 and up by default). A port from that range can be
-/// handed, between the choice and the server's bind, or while a server is down to be restarted
-/// on it, to an outgoing connection as its local port; a client reconnecting to a port in the
-/// range can even connect to itself. Either way the server cannot bind. Ports are handed out
-/// once per process, from a start that differs between processes.
+/// taken, between the choice and the server's bind, or while a server is down to be restarted
+/// on it, by another process binding port 0 or as an outgoing connection's local port (a client
+/// reconnecting to it can even connect to itself); the server then cannot bind. Ports are handed
+/// out once per process, from a random start.
 pub fn loopback_port_with(extras: &[u16]) -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     const LOW: u32 = 15000;
     const SPAN: u32 = 7700; // LOW + SPAN + a cluster bus's 10000 stays below 32768
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let start = std::process::id() % SPAN;
+    // A random start, once per process: processes started together have nearly consecutive
+    // pids, and counting up from `pid % SPAN` they would try each other's ports at once.
+    static START: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        (random % u64::from(SPAN)) as u32
+    });
     let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
     for _ in 0..SPAN {
         let port = (LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
