@@ -20,6 +20,10 @@ class Http:
             headers["Authorization"] = f"Bearer {token}"
         self.url = url.rstrip("/")
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        # Each path's whole URL, parsed once: a worker calls the same few paths (its session's
+        # complete, reserve and heartbeat) for every job, and parsing and joining a URL was a
+        # tenth of the Python time of a call.
+        self._urls: dict[str, httpx.URL] = {}
 
     def close(self) -> None:
         self._client.close()
@@ -36,10 +40,15 @@ class Http:
     ) -> Any:
         """Sends one request; returns the decoded JSON body (None for an empty one). Raises
         `Unreachable` when no answer came and `ApiError` for a non-2xx answer."""
+        url = self._urls.get(path)
+        if url is None:
+            if len(self._urls) >= 64:
+                self._urls.clear()
+            url = self._urls[path] = httpx.URL(self.url + path)
         try:
             resp = self._client.request(
                 method,
-                path,
+                url,
                 json=body,
                 params=params,
                 headers=headers,
