@@ -90,13 +90,9 @@ impl Gateway {
             return Ok(Some((results, Err(Self::expired(session)))));
         };
         let n = taken.len() as u32;
-        let mut jobs = if taken.is_empty() {
-            Vec::new()
-        } else {
-            match self.settle_taken(session, &remote, taken).await {
-                Ok(jobs) => jobs,
-                Err(e) => return Ok(Some((results, Err(e)))),
-            }
+        let mut jobs = match self.settle_taken(session, &remote, taken).await {
+            Ok(jobs) => jobs,
+            Err(e) => return Ok(Some((results, Err(e)))),
         };
         // What the round left room for: the long poll when it took nothing, the jobs its
         // commits made ready. The ordinary reservation; a failure of it must not hide the jobs
