@@ -171,6 +171,9 @@ class FakeServer:
                     return -1, None
                 return 200, {"results": answers}
             if call == "progress":
+                # As the real server: progress for a run that has ended is refused.
+                if body["job_id"] not in self.running:
+                    return 200, {"status": "stale"}
                 self.progress[body["job_id"]] = body["progress"]
                 return 200, {"status": "applied"}
         return 404, {"error": {"code": "not_found", "message": path}}

@@ -164,8 +164,33 @@ def test_success_result_and_progress(server: FakeServer) -> None:
     deadline = time.monotonic() + 5
     while jid not in server.progress and time.monotonic() < deadline:
         time.sleep(0.05)
-    # Progress reported just before the end is still sent, before the completion.
-    assert server.progress[jid] == {"step": 1}
+    # Progress reported just before the end is still sent, before the completion (the
+    # stand-in, as the server, refuses progress for a run that has ended).
+    assert server.progress.get(jid) == {"step": 1}
+
+
+def test_a_single_slot_sends_its_completions_from_the_task_thread(server: FakeServer) -> None:
+    """A plain function's completion is sent by its own thread when nothing else is waiting to
+    be sent (no hand-off to the sender and back), and progress reported just before the end
+    still reaches the server before it."""
+    sent_by: list[str] = []
+
+    class Recording(Worker):
+        def send_completions(self, done: list[tuple[Any, dict[str, Any]]]) -> None:
+            sent_by.append(threading.current_thread().name)
+            super().send_completions(done)
+
+    plain = [server.add("t.boom") for _ in range(5)]
+    with_progress = [server.add("t.ok", {"x": i}) for i in range(5)]
+    w = Recording(make_app(server.url), queues=["default"], concurrency=1,
+                  heartbeat_interval=0.2, grace=5.0, wait=0.3)
+    run = Running(w)
+    got = server.wait_outcomes(10)
+    run.stop()
+    assert all(got[j]["outcome"] == "error" for j in plain)
+    assert all(got[j]["outcome"] == "succeeded" for j in with_progress)
+    assert all(server.progress.get(j) == {"step": 1} for j in with_progress), server.progress
+    assert sent_by.count("homing-task-0") >= 5, sent_by
 
 
 def test_a_task_that_is_an_unhashable_callable_runs(server: FakeServer) -> None:
