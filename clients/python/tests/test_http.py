@@ -1,7 +1,7 @@
 """The connection to the server (_http.py) against small socket servers: a kept-alive connection
 the server closed while idle is made again, an answer that never comes ends in `Unreachable`
-at the call's timeout, errors are read from the server's JSON, and a proxy in the environment
-sends plain HTTP through httpx."""
+at the call's timeout, errors are read from the server's JSON (a 413 sent before the body was
+read included), and a proxy in the environment sends plain HTTP through httpx."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from homing import App
 from homing._errors import ApiError, Unreachable
-from homing._http import Http
+from homing._http import Http, readable
 
 
 class Server:
@@ -148,3 +149,58 @@ def test_a_proxy_in_the_environment_is_used(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     assert Http(f"http://127.0.0.1:{direct.port}", None).call("GET", "/") == {"via": "direct"}
     assert len(proxy.requests) == 1
+
+
+def test_a_refusal_before_the_body_was_read_is_its_answer() -> None:
+    """A server refuses a body over its limit from the declared length, and closes without
+    reading it: the caller gets the 413, not "unreachable" (which a worker would retry for
+    ever)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def refuse() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            conn.sendall(reply("413 Payload Too Large",
+                               b'{"error": {"code": "payload_too_large", "message": "over"}}'))
+            time.sleep(0.2)
+
+    threading.Thread(target=refuse, daemon=True).start()
+    http = Http(f"http://127.0.0.1:{listener.getsockname()[1]}", None)
+    with pytest.raises(ApiError) as e:
+        http.call("POST", "/v1/big", {"blob": "x" * (32 << 20)}, timeout=10)
+    assert (e.value.status, e.value.code) == (413, "payload_too_large")
+    listener.close()
+
+
+def test_a_token_that_cannot_go_into_a_header_is_refused_at_once() -> None:
+    assert App("http://127.0.0.1:1", token="secret\n").token == "secret"
+    with pytest.raises(ValueError, match="API token"):
+        App("http://127.0.0.1:1", token="sec\nret")
+
+
+def test_an_idle_connection_is_seen_closed_at_any_descriptor() -> None:
+    """`select` refuses descriptors from 1024 up; taking that for a closed connection made a new
+    connection for every call in a process with many files open."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    high = 1500
+    if soft <= high:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    a, b = socket.socketpair()
+    os.dup2(a.fileno(), high)
+    a.close()
+    idle = socket.socket(fileno=high)
+    try:
+        assert not readable(idle)
+        b.close()
+        assert readable(idle)
+    finally:
+        idle.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

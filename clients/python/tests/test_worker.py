@@ -73,6 +73,13 @@ def make_app(url: str, token: str | None = None) -> App:
         await asyncio.sleep(5)
         return "too late"
 
+    @app.task(name="t.surrogate")
+    def surrogate(ctx: Any, raise_it: bool) -> str:
+        name = b"caf\xe9.pdf".decode("utf-8", "surrogateescape")  # as os.listdir gives it
+        if raise_it:
+            raise ValueError(f"cannot read {name}")
+        return name
+
     @app.task(name="t.poll")
     def poll(ctx: Any) -> str:
         while not ctx.cancelled():
@@ -353,3 +360,20 @@ def test_server_down_at_start_is_retried(caplog: pytest.LogCaptureFixture) -> No
     finally:
         run.stop()
         s.stop()
+
+
+def test_text_utf8_cannot_carry_is_reported_and_the_worker_goes_on(server: FakeServer) -> None:
+    """A lone surrogate (a file name that is not UTF-8) cannot be sent: as a result the job
+    fails as not JSON, in an error it is written as an escape; either way the worker goes on
+    (before, the encoding error killed the thread sending completions, and every later job's
+    completion waited for ever)."""
+    returned = server.add("t.surrogate", {"raise_it": False})
+    raised = server.add("t.surrogate", {"raise_it": True})
+    later = [server.add("t.ok", {"x": i}) for i in range(3)]
+    run = start(make_app(server.url), concurrency=1)
+    got = server.wait_outcomes(5)
+    run.stop()
+    assert got[returned]["outcome"] == "fatal" and "not JSON" in got[returned]["error"]
+    assert got[raised]["outcome"] == "error"
+    assert "cannot read caf\\udce9.pdf" in got[raised]["error"]
+    assert all(got[j]["outcome"] == "succeeded" for j in later)

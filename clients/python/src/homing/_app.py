@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, TypeVar, Union, overload
 from urllib.parse import quote
 
 from ._errors import ApiError
-from ._http import Http
+from ._http import Http, check_token
 
 DEFAULT_URL = "http://127.0.0.1:8787"
 TERMINAL = frozenset({"succeeded", "failed", "dead", "cancelled"})
@@ -246,7 +246,10 @@ class App:
 
     def __init__(self, url: Optional[str] = None, *, token: Optional[str] = None) -> None:
         self.url = (url or os.environ.get("HOMING_URL") or DEFAULT_URL).rstrip("/")
-        self.token = token if token is not None else os.environ.get("HOMING_API_TOKEN")
+        token = token if token is not None else os.environ.get("HOMING_API_TOKEN")
+        # A token read from a file keeps its line break; inside a header it would be refused
+        # in whichever thread first called the server.
+        self.token = check_token(token.strip()) if token else None
         self.tasks: dict[str, Task] = {}
         self._local = threading.local()
 

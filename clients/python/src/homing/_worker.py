@@ -103,16 +103,25 @@ def gone(e: ApiError) -> bool:
     return e.status == 410 or (e.status == 404 and e.code == "unknown_session")
 
 
+def sendable(text: str) -> str:
+    """The text with anything UTF-8 cannot carry (lone surrogates, as from a file name that is
+    not UTF-8) written as escapes: an error message must reach the server whatever it says."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_text(e: BaseException) -> str:
     text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
     if len(text) > MAX_ERROR:
         text = "…" + text[-(MAX_ERROR - 1):]
-    return text
+    return sendable(text)
 
 
 def as_json(value: Any) -> Any:
-    """The value as plain JSON, or ValueError/TypeError saying why it is not."""
-    return json.loads(json.dumps(value, allow_nan=False))
+    """The value as plain JSON, or ValueError/TypeError saying why it is not (a lone surrogate
+    in a string is not: UTF-8 cannot carry it)."""
+    text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+    text.encode("utf-8")
+    return json.loads(text)
 
 
 class Worker:
@@ -464,11 +473,11 @@ class Worker:
 
     def raised(self, h: Held, e: BaseException) -> dict[str, Any]:
         if isinstance(e, Fatal):
-            return {"outcome": "fatal", "error": e.message}
+            return {"outcome": "fatal", "error": sendable(e.message)}
         if isinstance(e, Snooze):
             return {"outcome": "snooze", "delay_ms": round(e.delay * 1000)}
         if isinstance(e, Retry):
-            r: dict[str, Any] = {"outcome": "error", "error": e.message}
+            r: dict[str, Any] = {"outcome": "error", "error": sendable(e.message)}
             if e.delay is not None:
                 r["retry_delay_ms"] = round(e.delay * 1000)
             return r
@@ -516,13 +525,11 @@ class Worker:
         try:
             self.send_completions([(h, report)])
         except Exception:
-            # A mistake of this module, not the server's: the sender tries again (a repeat is
-            # answered `already_applied`), so the job is not left held for ever.
-            log.exception("job %s: sending its completion failed; the sender tries again",
-                          h.job_id)
+            # As in the sender: a mistake of this module would fail the same way again.
+            log.exception("job %s: sending its completion failed; dropping it (the server "
+                          "reclaims the job)", h.job_id)
             with self.lock:
-                if h.job_id in self.held:
-                    self.post("complete", h, report)
+                self.forget(h)
         finally:
             with self.lock:
                 self.sending -= 1
@@ -565,6 +572,16 @@ class Worker:
                     self.send_progress(h, value)
                 if done:
                     self.send_completions(done)
+            except Exception:
+                # A mistake of this module, not a failure to reach the server (those are
+                # retried inside): trying again would fail the same way, and a dead sender
+                # would leave every later completion unsent.
+                log.exception("sending %d item(s) failed; dropping them (the server reclaims "
+                              "their jobs)", len(items))
+                with self.lock:
+                    for kind, h, _ in items:
+                        if kind == "complete":
+                            self.forget(h)
             finally:
                 with self.lock:
                     self.sending -= 1
@@ -606,7 +623,8 @@ class Worker:
                 return
             if sid is None:
                 # Session presumed dead between the check and now: the loop above drops them.
-                self.finished.wait(0.1)
+                if self.finished.wait(0.1):
+                    return
                 continue
             body: dict[str, Any] = {"results": [
                 {"job_id": h.job_id, "epoch": h.epoch, "lease": h.job.get("lease"), **report}
@@ -639,7 +657,8 @@ class Worker:
                 attempt += 1
                 log.warning("completion of %d job(s) not acknowledged (%s); sending again in %.1fs",
                             len(done), e, delay)
-                self.finished.wait(delay)
+                if self.finished.wait(delay):
+                    return  # the worker has ended: its session goes with it
                 continue
             answers = {str(a.get("job_id")): a for a in (r or {}).get("results", [])}
             again = []
@@ -675,7 +694,8 @@ class Worker:
             delay = backoff(attempt)
             attempt += 1
             log.warning("%d completion(s) not stored yet; sending again in %.1fs", len(done), delay)
-            self.finished.wait(delay)
+            if self.finished.wait(delay):
+                return
 
     # ---- running and stopping --------------------------------------------------------------
 
