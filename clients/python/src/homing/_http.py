@@ -66,12 +66,23 @@ class Http:
     ) -> Any:
         """Sends one request; returns the decoded JSON body (None for an empty one). Raises
         `Unreachable` when no answer came and `ApiError` for a non-2xx answer."""
-        if self._plain is not None:
-            status, content, reason = self._call_plain(method, path, body, params, timeout,
-                                                       headers)
-        else:
-            status, content, reason = self._call_httpx(method, path, body, params, timeout,
-                                                       headers)
+        try:
+            if self._plain is not None:
+                status, content, reason = self._plain.request(
+                    method, target(path, params), *encoded(body, self._headers, headers),
+                    self.timeout if timeout is None else timeout)
+            else:
+                resp = self._httpx().request(
+                    method,
+                    self._url(path),
+                    json=body,
+                    params=params,
+                    headers=headers,
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )
+                status, content, reason = resp.status_code, resp.content, resp.reason_phrase
+        except (OSError, http.client.HTTPException, httpx.TransportError) as e:
+            raise Unreachable(f"homing server at {self.url} unreachable: {describe(e)}") from e
         if status >= 400:
             raise api_error(status, content, reason)
         if not content:
@@ -82,61 +93,37 @@ class Http:
             raise ApiError(status, "bad_response", f"the server's answer to {method} "
                            f"{path} is not JSON") from e
 
-    def _call_plain(
-        self,
-        method: str,
-        path: str,
-        body: Any,
-        params: Optional[dict[str, str]],
-        timeout: Optional[float],
-        headers: Optional[dict[str, str]],
-    ) -> tuple[int, bytes, str]:
-        assert self._plain is not None
-        sent = dict(self._headers)
-        content = None
-        if body is not None:
-            # As httpx 0.28 encodes `json=`: compact, UTF-8, and no NaN (not JSON).
-            content = json.dumps(body, ensure_ascii=False, separators=(",", ":"),
-                                 allow_nan=False).encode()
-            sent["Content-Type"] = "application/json"
-        if headers:
-            sent.update(headers)
-        target = path
-        if params:
-            target += "?" + urllib.parse.urlencode(params)
-        try:
-            return self._plain.request(method, target, content, sent,
-                                       self.timeout if timeout is None else timeout)
-        except (OSError, http.client.HTTPException) as e:
-            raise Unreachable(f"homing server at {self.url} unreachable: {describe(e)}") from e
-
-    def _call_httpx(
-        self,
-        method: str,
-        path: str,
-        body: Any,
-        params: Optional[dict[str, str]],
-        timeout: Optional[float],
-        headers: Optional[dict[str, str]],
-    ) -> tuple[int, bytes, str]:
+    def _httpx(self) -> httpx.Client:
         assert self._client is not None
+        return self._client
+
+    def _url(self, path: str) -> httpx.URL:
         url = self._urls.get(path)
         if url is None:
             if len(self._urls) >= 64:
                 self._urls.clear()
             url = self._urls[path] = httpx.URL(self.url + path)
-        try:
-            resp = self._client.request(
-                method,
-                url,
-                json=body,
-                params=params,
-                headers=headers,
-                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-            )
-        except httpx.TransportError as e:
-            raise Unreachable(f"homing server at {self.url} unreachable: {describe(e)}") from e
-        return resp.status_code, resp.content, resp.reason_phrase
+        return url
+
+
+def target(path: str, params: Optional[dict[str, str]]) -> str:
+    return path + "?" + urllib.parse.urlencode(params) if params else path
+
+
+def encoded(
+    body: Any, common: dict[str, str], extra: Optional[dict[str, str]],
+) -> tuple[Optional[bytes], dict[str, str]]:
+    """The request's body and headers on the http.client path."""
+    headers = dict(common)
+    content = None
+    if body is not None:
+        # As httpx 0.28 encodes `json=`: compact, UTF-8, and no NaN (not JSON).
+        content = json.dumps(body, ensure_ascii=False, separators=(",", ":"),
+                             allow_nan=False).encode()
+        headers["Content-Type"] = "application/json"
+    if extra:
+        headers.update(extra)
+    return content, headers
 
 
 class Plain:
