@@ -80,6 +80,17 @@ def make_app(url: str, token: str | None = None) -> App:
             raise ValueError(f"cannot read {name}")
         return name
 
+    @app.task(name="t.fatal_obj")
+    def fatal_obj(ctx: Any) -> None:
+        try:
+            int("nope")
+        except ValueError as e:
+            raise Fatal(e) from e  # type: ignore[arg-type]
+
+    @app.task(name="t.pair")
+    def pair(ctx: Any) -> str:
+        return "\ud83d\ude00"  # a pair written as two surrogates: one character
+
     @app.task(name="t.poll")
     def poll(ctx: Any) -> str:
         while not ctx.cancelled():
@@ -377,3 +388,53 @@ def test_text_utf8_cannot_carry_is_reported_and_the_worker_goes_on(server: FakeS
     assert got[raised]["outcome"] == "error"
     assert "cannot read caf\\udce9.pdf" in got[raised]["error"]
     assert all(got[j]["outcome"] == "succeeded" for j in later)
+
+
+def test_odd_messages_and_pairs_are_reported(server: FakeServer) -> None:
+    """`raise Fatal(err)` with an exception object is reported with its text (before, the
+    thread running it died and its job stayed held); a result holding a surrogate pair is the
+    one character it writes."""
+    fatal = server.add("t.fatal_obj")
+    pair = server.add("t.pair")
+    after = server.add("t.ok", {"x": 1})
+    run = start(make_app(server.url), concurrency=1)
+    got = server.wait_outcomes(3)
+    run.stop()
+    assert got[fatal]["outcome"] == "fatal" and "invalid literal" in got[fatal]["error"]
+    assert got[pair] == {**got[pair], "outcome": "succeeded", "result": "\U0001f600"}
+    assert got[after]["outcome"] == "succeeded"
+
+
+@pytest.mark.parametrize(("task", "outcome"), [("t.boom", "error"), ("t.async", "succeeded")])
+def test_a_failure_while_sending_drops_only_those_jobs(
+    server: FakeServer, task: str, outcome: str,
+) -> None:
+    """A mistake of this module while sending (not the server unreachable, which is retried)
+    drops the completions it was sending, and the server reclaims their jobs; the thread that
+    sent them lives on and later jobs complete (a plain function's from its own thread, an
+    async one's from the sender)."""
+    args = {"x": 0} if task == "t.async" else None
+    first = server.add(task, args)
+    calls: list[str] = []
+
+    class Failing(Worker):
+        def send_completions(self, done: list[tuple[Any, dict[str, Any]]]) -> None:
+            calls.append(threading.current_thread().name)
+            if len(calls) == 1:
+                raise RuntimeError("a bug in the sending")
+            super().send_completions(done)
+
+    w = Failing(make_app(server.url), queues=["default"], concurrency=1,
+                heartbeat_interval=0.2, grace=5.0, wait=0.3)
+    run = Running(w)
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.02)
+    later = [server.add(task, args) for _ in range(3)]
+    got = server.wait_outcomes(3)
+    run.stop()
+    assert first not in got
+    assert all(got[j]["outcome"] == outcome for j in later)
+    assert w.stats.dropped == 1 and w.busy == 0
+    expected = "homing-task-0" if task == "t.boom" else "homing-sender"
+    assert calls[0] == expected, calls

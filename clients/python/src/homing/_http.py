@@ -162,6 +162,8 @@ class Plain:
                 # The server may have answered before reading the whole body, and closed: a
                 # 413 refusing a body over its limit is answered from the declared length.
                 # That answer is what the caller needs, not "unreachable".
+                if conn.sock is None:
+                    raise
                 try:
                     resp = conn.getresponse()
                     data = resp.read()
@@ -183,8 +185,10 @@ class Plain:
 
 def check_token(token: str) -> str:
     """The token, or ValueError when it cannot go into a header."""
-    if not token.isprintable() or " " in token:
-        raise ValueError("the API token must not contain spaces or control characters")
+    # The server reads the header as visible ASCII; anything else could never match.
+    if not all("!" <= c <= "~" for c in token):
+        raise ValueError("the API token must be visible ASCII characters (no spaces, no "
+                         "control or non-ASCII characters)")
     return token
 
 

@@ -118,10 +118,13 @@ def error_text(e: BaseException) -> str:
 
 def as_json(value: Any) -> Any:
     """The value as plain JSON, or ValueError/TypeError saying why it is not (a lone surrogate
-    in a string is not: UTF-8 cannot carry it)."""
-    text = json.dumps(value, allow_nan=False, ensure_ascii=False)
-    text.encode("utf-8")
-    return json.loads(text)
+    in a string is not: UTF-8 cannot carry it; a pair written as two surrogates is one
+    character)."""
+    text = json.dumps(value, allow_nan=False)
+    plain = json.loads(text)
+    if "\\ud" in text:
+        json.dumps(plain, ensure_ascii=False).encode("utf-8")
+    return plain
 
 
 class Worker:
@@ -472,15 +475,19 @@ class Worker:
                     f"({type(value).__name__}): {e}"}
 
     def raised(self, h: Held, e: BaseException) -> dict[str, Any]:
-        if isinstance(e, Fatal):
-            return {"outcome": "fatal", "error": sendable(e.message)}
-        if isinstance(e, Snooze):
-            return {"outcome": "snooze", "delay_ms": round(e.delay * 1000)}
-        if isinstance(e, Retry):
-            r: dict[str, Any] = {"outcome": "error", "error": sendable(e.message)}
-            if e.delay is not None:
-                r["retry_delay_ms"] = round(e.delay * 1000)
-            return r
+        try:
+            if isinstance(e, Fatal):
+                # str(): `raise Fatal(err)` with an exception object is common.
+                return {"outcome": "fatal", "error": sendable(str(e.message))}
+            if isinstance(e, Snooze):
+                return {"outcome": "snooze", "delay_ms": round(e.delay * 1000)}
+            if isinstance(e, Retry):
+                r: dict[str, Any] = {"outcome": "error", "error": sendable(str(e.message))}
+                if e.delay is not None:
+                    r["retry_delay_ms"] = round(e.delay * 1000)
+                return r
+        except Exception:  # noqa: S110 - whatever is wrong with it, the failure is reported
+            pass
         return {"outcome": "error", "error": error_text(e)}
 
     def finish(
@@ -530,6 +537,7 @@ class Worker:
                           "reclaims the job)", h.job_id)
             with self.lock:
                 self.forget(h)
+                self.stats.dropped += 1
         finally:
             with self.lock:
                 self.sending -= 1
@@ -560,9 +568,9 @@ class Worker:
                     self.outbox_ready.wait()
                 items = [self.outbox.popleft() for _ in range(min(256, len(self.outbox)))]
                 self.sending += 1
+            latest: dict[str, tuple[Held, Any]] = {}
+            done: list[tuple[Held, dict[str, Any]]] = []
             try:
-                latest: dict[str, tuple[Held, Any]] = {}
-                done: list[tuple[Held, dict[str, Any]]] = []
                 for kind, h, payload in items:
                     if kind == "progress":
                         latest[h.job_id] = (h, payload)
@@ -576,12 +584,12 @@ class Worker:
                 # A mistake of this module, not a failure to reach the server (those are
                 # retried inside): trying again would fail the same way, and a dead sender
                 # would leave every later completion unsent.
-                log.exception("sending %d item(s) failed; dropping them (the server reclaims "
-                              "their jobs)", len(items))
+                log.exception("sending %d completion(s) failed; dropping them (the server "
+                              "reclaims their jobs)", len(done))
                 with self.lock:
-                    for kind, h, _ in items:
-                        if kind == "complete":
-                            self.forget(h)
+                    for h, _ in done:
+                        self.forget(h)
+                        self.stats.dropped += 1
             finally:
                 with self.lock:
                     self.sending -= 1
@@ -597,7 +605,8 @@ class Worker:
                 "POST", f"/v1/remote/sessions/{sid}/progress",
                 {"job_id": h.job_id, "epoch": h.epoch, "progress": value}, timeout=10,
             )
-        except (Unreachable, ApiError) as e:
+        except Exception as e:
+            # Progress is best effort: whatever went wrong, the completions behind it go on.
             log.warning("job %s: progress not recorded: %s", h.job_id, e)
             return
         if isinstance(r, dict) and r.get("status") == "stale":
