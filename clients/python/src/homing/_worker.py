@@ -529,15 +529,23 @@ class Worker:
         the job that refills its slot comes back in the answer and is usually run next by this
         same thread, with no hand-off. The slot stays held until the answer, as with the sender,
         so a thread busy sending takes no capacity a slot does not already account for."""
+        self.send_counted([(h, report)])
+
+    def send_counted(self, done: list[tuple[Held, dict[str, Any]]]) -> None:
+        """Sends completions whose send is counted in `sending`, and uncounts it. A mistake of
+        this module (not a failure to reach the server: those are retried inside) drops them,
+        and the server reclaims their jobs: trying again would fail the same way, and a dead
+        sending thread would leave every later completion unsent."""
         try:
-            self.send_completions([(h, report)])
+            if done:
+                self.send_completions(done)
         except Exception:
-            # As in the sender: a mistake of this module would fail the same way again.
-            log.exception("job %s: sending its completion failed; dropping it (the server "
-                          "reclaims the job)", h.job_id)
+            log.exception("sending %d completion(s) failed; dropping them (the server "
+                          "reclaims their jobs)", len(done))
             with self.lock:
-                self.forget(h)
-                self.stats.dropped += 1
+                for h, _ in done:
+                    self.forget(h)
+                    self.stats.dropped += 1
         finally:
             with self.lock:
                 self.sending -= 1
@@ -570,30 +578,14 @@ class Worker:
                 self.sending += 1
             latest: dict[str, tuple[Held, Any]] = {}
             done: list[tuple[Held, dict[str, Any]]] = []
-            try:
-                for kind, h, payload in items:
-                    if kind == "progress":
-                        latest[h.job_id] = (h, payload)
-                    else:
-                        done.append((h, payload))
-                for h, value in latest.values():
-                    self.send_progress(h, value)
-                if done:
-                    self.send_completions(done)
-            except Exception:
-                # A mistake of this module, not a failure to reach the server (those are
-                # retried inside): trying again would fail the same way, and a dead sender
-                # would leave every later completion unsent.
-                log.exception("sending %d completion(s) failed; dropping them (the server "
-                              "reclaims their jobs)", len(done))
-                with self.lock:
-                    for h, _ in done:
-                        self.forget(h)
-                        self.stats.dropped += 1
-            finally:
-                with self.lock:
-                    self.sending -= 1
-                    self.wake()
+            for kind, h, payload in items:
+                if kind == "progress":
+                    latest[h.job_id] = (h, payload)
+                else:
+                    done.append((h, payload))
+            for h, value in latest.values():
+                self.send_progress(h, value)
+            self.send_counted(done)
 
     def send_progress(self, h: Held, value: Any) -> None:
         with self.lock:
