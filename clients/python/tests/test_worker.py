@@ -123,11 +123,11 @@ class Running:
         return self.code
 
 
-def start(app: App, **kw: Any) -> Running:
+def start(app: App, kind: type[Worker] = Worker, **kw: Any) -> Running:
     opts: dict[str, Any] = {"queues": ["default"], "concurrency": 2,
                             "heartbeat_interval": 0.2, "grace": 5.0, "wait": 0.3}
     opts.update(kw)
-    return Running(Worker(app, **opts))
+    return Running(kind(app, **opts))
 
 
 def test_outcomes(server: FakeServer) -> None:
@@ -200,9 +200,7 @@ def test_a_single_slot_sends_its_completions_from_the_task_thread(server: FakeSe
 
     plain = [server.add("t.boom") for _ in range(5)]
     with_progress = [server.add("t.ok", {"x": i}) for i in range(5)]
-    w = Recording(make_app(server.url), queues=["default"], concurrency=1,
-                  heartbeat_interval=0.2, grace=5.0, wait=0.3)
-    run = Running(w)
+    run = start(make_app(server.url), Recording, concurrency=1)
     got = server.wait_outcomes(10)
     run.stop()
     assert all(got[j]["outcome"] == "error" for j in plain)
@@ -424,9 +422,8 @@ def test_a_failure_while_sending_drops_only_those_jobs(
                 raise RuntimeError("a bug in the sending")
             super().send_completions(done)
 
-    w = Failing(make_app(server.url), queues=["default"], concurrency=1,
-                heartbeat_interval=0.2, grace=5.0, wait=0.3)
-    run = Running(w)
+    run = start(make_app(server.url), Failing, concurrency=1)
+    w = run.worker
     deadline = time.monotonic() + 10
     while not calls and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -38,15 +38,15 @@ class Http:
         parts = urllib.parse.urlsplit(self.url)
         self._plain: Optional[Plain] = None
         self._client: Optional[httpx.Client] = None
+        # On the httpx path, each path's whole URL parsed once: a worker calls the same few
+        # paths (its session's complete, reserve and heartbeat) for every job, and parsing and
+        # joining a URL was a tenth of the Python time of a call through httpx.
+        self._urls: dict[str, httpx.URL] = {}
         if (parts.scheme == "http" and parts.hostname and parts.username is None
                 and not proxied(parts.hostname)):
             self._plain = Plain(parts.hostname, parts.port or 80, parts.path)
         else:
             self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
-        # Each path's whole URL, parsed once: a worker calls the same few paths (its session's
-        # complete, reserve and heartbeat) for every job, and parsing and joining a URL was a
-        # tenth of the Python time of a call through httpx.
-        self._urls: dict[str, httpx.URL] = {}
 
     def close(self) -> None:
         if self._plain is not None:
@@ -159,20 +159,11 @@ class Plain:
             try:
                 conn.request(method, self.prefix + target, body=content, headers=headers)
             except (BrokenPipeError, ConnectionResetError):
-                # The server may have answered before reading the whole body, and closed: a
-                # 413 refusing a body over its limit is answered from the declared length.
-                # That answer is what the caller needs, not "unreachable".
-                if conn.sock is None:
+                early = answer_already_sent(conn)
+                if early is None:
                     raise
-                try:
-                    resp = conn.getresponse()
-                    data = resp.read()
-                except (OSError, http.client.HTTPException):
-                    pass
-                else:
-                    self.close()
-                    return resp.status, data, resp.reason
-                raise
+                self.close()
+                return early
             resp = conn.getresponse()
             data = resp.read()
         except BaseException:
@@ -181,6 +172,22 @@ class Plain:
         if resp.will_close:
             self.close()
         return resp.status, data, resp.reason
+
+
+def answer_already_sent(
+    conn: http.client.HTTPConnection,
+) -> Optional[tuple[int, bytes, str]]:
+    """After a send failed because the server closed: the answer it sent before, if any. A
+    server may answer before reading the whole body (a 413 refusing a body over its limit is
+    answered from the declared length), and that answer is what the caller needs, not
+    "unreachable"."""
+    if conn.sock is None:
+        return None
+    try:
+        resp = conn.getresponse()
+        return resp.status, resp.read(), resp.reason
+    except (OSError, http.client.HTTPException):
+        return None
 
 
 def check_token(token: str) -> str:
