@@ -134,8 +134,8 @@ class Homing:
                module: str = "proc_tasks", cwd: Path = HERE,
                extra_env: Optional[dict[str, str]] = None) -> Proc:
         env = self.env()
-        env.update(extra_env or {})
         env["HOMING_URL"] = self.url
+        env.update(extra_env or {})
         tok = token if token is not None else self.token
         if tok:
             env["HOMING_API_TOKEN"] = tok

@@ -1,14 +1,19 @@
 """The connection to the server (_http.py) against small socket servers: a kept-alive connection
 the server closed while idle is made again, an answer that never comes ends in `Unreachable`
 at the call's timeout, errors are read from the server's JSON (a 413 sent before the body was
-read included), and a proxy in the environment sends plain HTTP through httpx."""
+read included), HTTPS is called the same way and trusts what httpx would, and a proxy in the
+environment sends the calls through httpx."""
 
 from __future__ import annotations
 
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,17 +21,21 @@ from homing import App
 from homing._errors import ApiError, Unreachable
 from homing._http import Http, readable
 
+from .tls import Certs, make_certs
+
 
 class Server:
     """Answers each request with `answer` and keeps the connection open; one idle for `linger`
     seconds it closes without saying so (as a server whose keep-alive ran out). `linger=None`
-    never answers."""
+    never answers. With `tls`, over TLS."""
 
-    def __init__(self, answer: bytes, linger: float | None) -> None:
+    def __init__(self, answer: bytes, linger: float | None,
+                 tls: ssl.SSLContext | None = None, host: str = "127.0.0.1") -> None:
         self.answer = answer
         self.linger = linger
+        self.tls = tls
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind((host, 0))
         self.sock.listen(16)
         self.port = self.sock.getsockname()[1]
         self.connections = 0
@@ -43,6 +52,12 @@ class Server:
             threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
 
     def handle(self, conn: socket.socket) -> None:
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except OSError:
+                conn.close()
+                return  # the client refused the certificate
         with conn:
             data = b""
             while True:
@@ -78,9 +93,15 @@ def reply(status: str, body: bytes) -> bytes:
 
 @pytest.fixture(autouse=True)
 def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY",
+                 "all_proxy", "NO_PROXY", "no_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR"):
         monkeypatch.delenv(name, raising=False)
     yield
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("tls"))
 
 
 def test_a_connection_closed_while_idle_is_made_again() -> None:
@@ -152,6 +173,10 @@ def test_a_proxy_in_the_environment_is_used(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_a_refusal_before_the_body_was_read_is_its_answer() -> None:
+    refusing(None)
+
+
+def refusing(tls: ssl.SSLContext | None) -> None:
     """A server refuses a body over its limit from the declared length, and closes without
     reading it: the caller gets the 413, not "unreachable" (which a worker would retry for
     ever)."""
@@ -161,6 +186,8 @@ def test_a_refusal_before_the_body_was_read_is_its_answer() -> None:
 
     def refuse() -> None:
         conn, _ = listener.accept()
+        if tls is not None:
+            conn = tls.wrap_socket(conn, server_side=True)
         with conn:
             data = b""
             while b"\r\n\r\n" not in data:
@@ -173,7 +200,8 @@ def test_a_refusal_before_the_body_was_read_is_its_answer() -> None:
             time.sleep(0.2)
 
     threading.Thread(target=refuse, daemon=True).start()
-    http = Http(f"http://127.0.0.1:{listener.getsockname()[1]}", None)
+    scheme = "https" if tls is not None else "http"
+    http = Http(f"{scheme}://127.0.0.1:{listener.getsockname()[1]}", None)
     try:
         with pytest.raises(ApiError) as e:
             http.call("POST", "/v1/big", {"blob": "x" * (32 << 20)}, timeout=10)
@@ -208,3 +236,74 @@ def test_an_idle_connection_is_seen_closed_at_any_descriptor(
         assert readable(a)
     finally:
         a.close()
+
+
+def test_https_is_called_directly_on_a_kept_alive_connection(
+    certs: Certs, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An HTTPS server (say a TLS terminator in front of `homing up`) is called through
+    http.client as plain HTTP is, not through httpx (which asks for compressed answers): one
+    connection for every call, made again after the server closed it while idle."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(certs.ca))
+    s = Server(reply("200 OK", b'{"ok": true}'), linger=0.3, tls=certs.server_context())
+    http = Http(f"https://127.0.0.1:{s.port}/prefix", "secret")
+    for _ in range(3):
+        assert http.call("POST", "/v1/x", {"n": 1}) == {"ok": True}
+    assert s.connections == 1
+    assert s.requests[0].startswith(b"POST /prefix/v1/x HTTP/1.1\r\n")
+    assert b"Authorization: Bearer secret\r\n" in s.requests[0]
+    assert b"Accept-Encoding: identity\r\n" in s.requests[0]
+    time.sleep(0.6)  # the server has closed the connection meanwhile, without a word
+    assert http.call("GET", "/v1/y") == {"ok": True}
+    assert s.connections == 2
+    http.close()
+
+
+def test_https_trusts_what_httpx_would(
+    certs: Certs, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """Without SSL_CERT_FILE the store is certifi's, which does not hold the tests' authority:
+    the call fails as unreachable, naming the certificate, on both paths. SSL_CERT_DIR is read
+    too, as httpx reads it."""
+    s = Server(reply("200 OK", b"{}"), linger=5, tls=certs.server_context())
+    with pytest.raises(Unreachable, match="CERTIFICATE_VERIFY_FAILED"):
+        Http(f"https://127.0.0.1:{s.port}", None).call("GET", "/")
+    # A name the certificate is not for: refused even with the authority trusted.
+    monkeypatch.setenv("SSL_CERT_FILE", str(certs.ca))
+    other = Server(reply("200 OK", b"{}"), linger=5, tls=certs.server_context(),
+                   host="127.0.0.2")
+    with pytest.raises(Unreachable, match="CERTIFICATE_VERIFY_FAILED"):
+        Http(f"https://127.0.0.2:{other.port}", None).call("GET", "/")
+    monkeypatch.delenv("SSL_CERT_FILE")
+    hashed = tmp_path / "certs"
+    hashed.mkdir()
+    shutil.copy(certs.ca, hashed / "ca.pem")
+    subprocess.run(["openssl", "rehash", str(hashed)], check=True, capture_output=True)
+    monkeypatch.setenv("SSL_CERT_DIR", str(hashed))
+    assert Http(f"https://127.0.0.1:{s.port}", None).call("GET", "/") == {}
+
+
+def test_a_refusal_before_the_body_was_read_is_its_answer_over_https(
+    certs: Certs, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SSL_CERT_FILE", str(certs.ca))
+    refusing(certs.server_context())
+
+
+def test_an_https_proxy_in_the_environment_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTPS_PROXY sends HTTPS calls through httpx, which asks the proxy for a tunnel; it does
+    not touch plain HTTP, and HTTP_PROXY does not touch HTTPS."""
+    proxy = Server(reply("403 Forbidden", b'{"error": {"code": "no", "message": "no"}}'),
+                   linger=5)
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{proxy.port}")
+    with pytest.raises((ApiError, Unreachable)):
+        Http("https://homing.invalid:8443", None).call("GET", "/v1/x")
+    assert proxy.requests[0].startswith(b"CONNECT homing.invalid:8443 HTTP/1.1\r\n")
+    direct = Server(reply("200 OK", b'{"via": "direct"}'), linger=5)
+    assert Http(f"http://127.0.0.1:{direct.port}", None).call("GET", "/") == {"via": "direct"}
+    monkeypatch.delenv("HTTPS_PROXY")
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+    with pytest.raises(Unreachable):
+        # Called directly: nothing listens there, and the proxy hears nothing of it.
+        Http("https://127.0.0.1:1", None).call("GET", "/")
+    assert len(proxy.requests) == 1

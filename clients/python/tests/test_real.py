@@ -15,6 +15,7 @@ import pytest
 from homing import ApiError, App
 
 from .conftest import Homing, Proc, eventually, free_port, homing_bin, worker_live
+from .tls import TlsRelay, make_certs
 
 
 @pytest.fixture(scope="module")
@@ -541,6 +542,34 @@ def test_server_down_at_start_then_up(tmp_path: Path) -> None:
         job = eventually("the task to be known", lambda: try_enqueue(app))
         assert app.wait(job.id, timeout=30).state == "succeeded"
     finally:
+        h.stop()
+
+
+def test_a_worker_and_a_client_over_https(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server behind a TLS terminator (a relay here): the worker and the client reach it
+    over HTTPS, trusting the authority SSL_CERT_FILE names, and keep their connections (a few
+    per worker thread, not one per call)."""
+    certs = make_certs(tmp_path)
+    h = Homing(tmp_path).start()
+    relay = TlsRelay(certs, h.port)
+    try:
+        h.worker("--concurrency", "2", extra_env={"HOMING_URL": relay.url,
+                                                   "SSL_CERT_FILE": str(certs.ca)})
+        monkeypatch.setenv("SSL_CERT_FILE", str(certs.ca))
+        app = App(relay.url)
+        eventually("a worker", lambda: worker_live(h.url))
+        jobs = [app.enqueue("py.add", {"a": i, "b": 1}, queue="py") for i in range(40)]
+        for i, job in enumerate(jobs):
+            done = app.wait(job.id, timeout=60)
+            assert done.state == "succeeded" and done.result["sum"] == i + 1, done
+        assert relay.connections < 20, relay.connections
+        # Not trusted without the authority: a clear error, nothing sent.
+        monkeypatch.delenv("SSL_CERT_FILE")
+        with pytest.raises(Exception, match="CERTIFICATE_VERIFY_FAILED"):
+            App(relay.url).enqueue("py.add", {"a": 1, "b": 1}, queue="py")
+    finally:
+        relay.close()
         h.stop()
 
 

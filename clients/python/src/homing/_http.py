@@ -1,11 +1,13 @@
 """One place that turns HTTP calls to the homing server into JSON values or `HomingError`s, so
 the client and the worker read errors the same way and never print the API token.
 
-A server reached over plain HTTP without a proxy (the usual worker beside its server) is
-called through the standard library's `http.client` on one kept-alive connection: httpx spent
-0.7-1.1 ms of CPU per call on this path against about 0.2 ms, and a single-slot worker makes
-one call per job. HTTPS servers, proxied ones and URLs with credentials go through httpx, which
-brings its certificate store, proxy handling and authentication."""
+A server reached without a proxy, over HTTP (the usual worker beside its server) or HTTPS (one
+behind a TLS terminator), is called through the standard library's `http.client` on one
+kept-alive connection: httpx spent 0.7-1.1 ms of CPU per call on this path against about
+0.2 ms, and a single-slot worker makes one call per job. HTTPS trusts what httpx would trust
+(its `create_ssl_context`: SSL_CERT_FILE or SSL_CERT_DIR when set, else certifi's store), so the
+path taken never changes which servers are accepted. Proxied servers and URLs with credentials
+go through httpx, which brings its proxy handling and authentication."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import http.client
 import json
 import select
 import socket
+import ssl
 import urllib.parse
 import urllib.request
 from typing import Any, Optional
@@ -36,21 +39,22 @@ class Http:
         self.timeout = timeout
         self._headers = headers
         parts = urllib.parse.urlsplit(self.url)
-        self._plain: Optional[Plain] = None
+        self._direct: Optional[Direct] = None
         self._client: Optional[httpx.Client] = None
         # On the httpx path, each path's whole URL parsed once: a worker calls the same few
         # paths (its session's complete, reserve and heartbeat) for every job, and parsing and
         # joining a URL was a tenth of the Python time of a call through httpx.
         self._urls: dict[str, httpx.URL] = {}
-        if (parts.scheme == "http" and parts.hostname and parts.username is None
-                and not proxied(parts.hostname)):
-            self._plain = Plain(parts.hostname, parts.port or 80, parts.path)
+        if (parts.scheme in ("http", "https") and parts.hostname and parts.username is None
+                and not proxied(parts.scheme, parts.hostname)):
+            self._direct = Direct(parts.scheme == "https", parts.hostname, parts.port,
+                                  parts.path)
         else:
             self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
     def close(self) -> None:
-        if self._plain is not None:
-            self._plain.close()
+        if self._direct is not None:
+            self._direct.close()
         if self._client is not None:
             self._client.close()
 
@@ -67,8 +71,8 @@ class Http:
         """Sends one request; returns the decoded JSON body (None for an empty one). Raises
         `Unreachable` when no answer came and `ApiError` for a non-2xx answer."""
         try:
-            if self._plain is not None:
-                status, content, reason = self._plain.request(
+            if self._direct is not None:
+                status, content, reason = self._direct.request(
                     method, target(path, params), *encoded(body, self._headers, headers),
                     self.timeout if timeout is None else timeout)
             else:
@@ -126,14 +130,19 @@ def encoded(
     return content, headers
 
 
-class Plain:
-    """One kept-alive HTTP/1.1 connection, made again when the server has closed it."""
+class Direct:
+    """One kept-alive HTTP/1.1 connection (over TLS for HTTPS), made again when the server has
+    closed it."""
 
-    def __init__(self, host: str, port: int, prefix: str) -> None:
+    def __init__(self, tls: bool, host: str, port: Optional[int], prefix: str) -> None:
+        self.tls = tls
         self.host = host
-        self.port = port
+        self.port = port or (443 if tls else 80)
         self.prefix = prefix.rstrip("/")
         self.conn: Optional[http.client.HTTPConnection] = None
+        # Made at the first connection, then kept: loading the certificate store takes
+        # milliseconds, and a resumed session needs the context that made it.
+        self.context: Optional[ssl.SSLContext] = None
 
     def close(self) -> None:
         if self.conn is not None:
@@ -151,14 +160,14 @@ class Plain:
             self.close()
             conn = None
         if conn is None:
-            conn = self.conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+            conn = self.conn = self.connection(timeout)
         elif conn.sock is not None:
             conn.sock.settimeout(timeout)
         conn.timeout = timeout
         try:
             try:
                 conn.request(method, self.prefix + target, body=content, headers=headers)
-            except (BrokenPipeError, ConnectionResetError):
+            except (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError):
                 early = answer_already_sent(conn)
                 if early is None:
                     raise
@@ -172,6 +181,14 @@ class Plain:
         if resp.will_close:
             self.close()
         return resp.status, data, resp.reason
+
+    def connection(self, timeout: float) -> http.client.HTTPConnection:
+        if not self.tls:
+            return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        if self.context is None:
+            self.context = httpx.create_ssl_context()
+        return http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
+                                           context=self.context)
 
 
 def answer_already_sent(
@@ -214,12 +231,12 @@ def readable(sock: socket.socket) -> bool:
         return True
 
 
-def proxied(host: str) -> bool:
-    """Whether plain HTTP to `host` may go through a proxy: one in the environment (HTTP_PROXY,
-    ALL_PROXY, less NO_PROXY) or, on macOS and Windows, in the system's settings, as the
-    standard library reads them. Such calls are left to httpx."""
+def proxied(scheme: str, host: str) -> bool:
+    """Whether a call to `host` over `scheme` may go through a proxy: one in the environment
+    (HTTP_PROXY or HTTPS_PROXY by scheme, ALL_PROXY, less NO_PROXY) or, on macOS and Windows, in
+    the system's settings, as the standard library reads them. Such calls are left to httpx."""
     proxies = urllib.request.getproxies()
-    if not (proxies.get("http") or proxies.get("all")):
+    if not (proxies.get(scheme) or proxies.get("all")):
         return False
     return not urllib.request.proxy_bypass(host)
 

@@ -1,0 +1,111 @@
+"""TLS for the tests: a certificate authority and a server certificate made with the `openssl`
+tool, and a relay that terminates TLS in front of a plain server (as a TLS-terminating proxy
+would in front of `homing up`)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+@dataclass
+class Certs:
+    ca: Path  # the authority a client is told to trust (SSL_CERT_FILE)
+    cert: Path  # the server's certificate, for 127.0.0.1 and localhost
+    key: Path
+
+    def server_context(self) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(self.cert, self.key)
+        return ctx
+
+
+def make_certs(tmp: Path) -> Certs:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.fail("the TLS tests need the openssl tool (Debian package openssl)")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=tmp, check=True, capture_output=True)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+        "-subj", "/CN=homing test authority")
+    run("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
+    (tmp / "server.ext").write_text(
+        "subjectAltName = IP:127.0.0.1, DNS:localhost\n"
+        "basicConstraints = critical, CA:FALSE\n"
+        "keyUsage = critical, digitalSignature\n"
+        "extendedKeyUsage = serverAuth\n"
+        "authorityKeyIdentifier = keyid\n"
+        "subjectKeyIdentifier = hash\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "server.ext")
+    return Certs(tmp / "ca.pem", tmp / "server.pem", tmp / "server.key")
+
+
+class TlsRelay:
+    """Accepts TLS connections on a loopback port and relays each, decrypted, to a plain
+    server on `target_port`; counts the connections it accepted."""
+
+    def __init__(self, certs: Certs, target_port: int) -> None:
+        self.ctx = certs.server_context()
+        self.target_port = target_port
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.connections = 0
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self.relay, args=(conn,), daemon=True).start()
+
+    def relay(self, raw: socket.socket) -> None:
+        try:
+            client = self.ctx.wrap_socket(raw, server_side=True)
+        except (OSError, ssl.SSLError):
+            raw.close()
+            return  # a client that refused our certificate
+        upstream = socket.create_connection(("127.0.0.1", self.target_port))
+        # As a TLS terminator does: a relayed answer split in two writes must not wait for the
+        # peer's delayed acknowledgement (40 ms a call).
+        for sock in (client, upstream):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+        pump(client, upstream)
+
+
+def pump(src: socket.socket, dst: socket.socket) -> None:
+    """Copies until `src` ends, then ends `dst`."""
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.close()
+            except OSError:
+                pass
