@@ -307,3 +307,56 @@ def test_an_https_proxy_in_the_environment_is_used(monkeypatch: pytest.MonkeyPat
         # Called directly: nothing listens there, and the proxy hears nothing of it.
         Http("https://127.0.0.1:1", None).call("GET", "/")
     assert len(proxy.requests) == 1
+
+
+class Recording:
+    """A socket that records what is written to it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.writes: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+        self.sock.sendall(data)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sock, name)
+
+
+def test_a_request_with_a_small_body_is_one_write() -> None:
+    """The head and a small body go in one write (http.client writes two, and the server
+    wakes twice to read one request); a large body is written apart, and a body-less request
+    is its head alone."""
+    s = Server(reply("200 OK", b"{}"), linger=5)
+    http = Http(f"http://127.0.0.1:{s.port}", None)
+    assert http.call("GET", "/first") == {}
+    conn = http._direct.conn if http._direct is not None else None
+    assert conn is not None and conn.sock is not None
+    rec = Recording(conn.sock)
+    conn.sock = rec
+    assert http.call("POST", "/small", {"n": 1}) == {}
+    assert len(rec.writes) == 1 and rec.writes[0].endswith(b'\r\n\r\n{"n":1}'), rec.writes
+    assert http.call("GET", "/none") == {}
+    assert len(rec.writes) == 2 and rec.writes[1].endswith(b"\r\n\r\n")
+    big = {"blob": "x" * (100 << 10)}
+    assert http.call("POST", "/big", big) == {}
+    assert len(rec.writes) == 4 and rec.writes[2].endswith(b"\r\n\r\n")
+    assert s.requests[3].endswith(b'x"}') and len(s.requests) == 4
+    http.close()
+
+
+def test_odd_host_names_and_certificate_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """A host name that is not ASCII goes through httpx, which encodes it as IDNA 2008 does
+    (the standard library would call `fass.de` for `faß.de`). A certificate file that cannot
+    be loaded is named in the error."""
+    assert Http("https://faß.invalid", None)._direct is None
+    assert Http("http://faß.invalid", None)._direct is None
+    assert Http("https://fass.invalid", None)._direct is not None
+    garbage = tmp_path / "ca.pem"
+    garbage.write_text("not a certificate\n")
+    monkeypatch.setenv("SSL_CERT_FILE", str(garbage))
+    with pytest.raises(Unreachable, match=f"SSL_CERT_FILE={garbage}"):
+        Http("https://127.0.0.1:1", None).call("GET", "/")

@@ -564,6 +564,12 @@ def test_a_worker_and_a_client_over_https(tmp_path: Path,
             done = app.wait(job.id, timeout=60)
             assert done.state == "succeeded" and done.result["sum"] == i + 1, done
         assert relay.connections < 20, relay.connections
+        # A body over the server's limit: its 413 arrives, whether or not the server read the
+        # body before it answered (it may close while the client still sends).
+        for size in (3 << 20, 40 << 20):
+            with pytest.raises(ApiError) as e:
+                app.enqueue("py.add", {"a": "x" * size, "b": 1}, queue="py")
+            assert e.value.status == 413, e.value
         # Not trusted without the authority: a clear error, nothing sent.
         monkeypatch.delenv("SSL_CERT_FILE")
         with pytest.raises(Exception, match="CERTIFICATE_VERIFY_FAILED"):

@@ -4,6 +4,7 @@ would in front of `homing up`)."""
 
 from __future__ import annotations
 
+import select
 import shutil
 import socket
 import ssl
@@ -36,8 +37,12 @@ def make_certs(tmp: Path) -> Certs:
         subprocess.run([openssl, *args], cwd=tmp, check=True, capture_output=True)
 
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    # Python 3.13 verifies strictly (VERIFY_X509_STRICT): an authority must say it signs
+    # certificates.
     run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-        "-subj", "/CN=homing test authority")
+        "-subj", "/CN=homing test authority",
+        "-addext", "basicConstraints = critical, CA:TRUE",
+        "-addext", "keyUsage = critical, keyCertSign, cRLSign")
     run("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
     (tmp / "server.ext").write_text(
         "subjectAltName = IP:127.0.0.1, DNS:localhost\n"
@@ -79,9 +84,14 @@ class TlsRelay:
             threading.Thread(target=self.relay, args=(conn,), daemon=True).start()
 
     def relay(self, raw: socket.socket) -> None:
+        """One thread per connection (an SSL socket is not to be used by two at once). When the
+        client has said all, the server is told so (half-close); when the server stops
+        reading, what the client still sends is read and dropped, so the server's answer (a
+        413 sent before the body was read) still reaches it; when the server closes, so does
+        the client's connection."""
         try:
             client = self.ctx.wrap_socket(raw, server_side=True)
-        except (OSError, ssl.SSLError):
+        except OSError:
             raw.close()
             return  # a client that refused our certificate
         upstream = socket.create_connection(("127.0.0.1", self.target_port))
@@ -89,23 +99,35 @@ class TlsRelay:
         # peer's delayed acknowledgement (40 ms a call).
         for sock in (client, upstream):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
-        pump(client, upstream)
-
-
-def pump(src: socket.socket, dst: socket.socket) -> None:
-    """Copies until `src` ends, then ends `dst`."""
-    try:
-        while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            try:
-                s.close()
-            except OSError:
-                pass
+        reading_client, forwarding = True, True
+        try:
+            while True:
+                waiting: list[socket.socket] = [upstream]
+                if reading_client:
+                    waiting.append(client)
+                ready: list[socket.socket]
+                if reading_client and client.pending():
+                    ready = [client]
+                else:
+                    ready = select.select(waiting, [], [])[0]
+                if upstream in ready:
+                    data = upstream.recv(65536)
+                    if not data:
+                        return
+                    client.sendall(data)
+                if client in ready:
+                    data = client.recv(65536)
+                    if not data:
+                        reading_client = False
+                        if forwarding:
+                            upstream.shutdown(socket.SHUT_WR)
+                    elif forwarding:
+                        try:
+                            upstream.sendall(data)
+                        except OSError:
+                            forwarding = False
+        except OSError:
+            pass
+        finally:
+            client.close()
+            upstream.close()
