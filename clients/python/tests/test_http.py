@@ -358,5 +358,7 @@ def test_odd_host_names_and_certificate_files(
     garbage = tmp_path / "ca.pem"
     garbage.write_text("not a certificate\n")
     monkeypatch.setenv("SSL_CERT_FILE", str(garbage))
-    with pytest.raises(Unreachable, match=f"SSL_CERT_FILE={garbage}"):
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path))  # not read while SSL_CERT_FILE is set
+    with pytest.raises(Unreachable, match=f"SSL_CERT_FILE={garbage}") as e:
         Http("https://127.0.0.1:1", None).call("GET", "/")
+    assert "SSL_CERT_DIR" not in str(e.value)

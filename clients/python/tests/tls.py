@@ -94,7 +94,11 @@ class TlsRelay:
         except OSError:
             raw.close()
             return  # a client that refused our certificate
-        upstream = socket.create_connection(("127.0.0.1", self.target_port))
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+        except OSError:
+            client.close()
+            return  # the server is down: the client sees its connection end
         # As a TLS terminator does: a relayed answer split in two writes must not wait for the
         # peer's delayed acknowledgement (40 ms a call).
         for sock in (client, upstream):

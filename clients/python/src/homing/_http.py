@@ -237,11 +237,12 @@ def trusted() -> ssl.SSLContext:
     try:
         ctx = httpx.create_ssl_context()
     except (OSError, ValueError) as e:
-        # Loading a file that is not there says only "No such file or directory".
-        named = [f"{k}={os.environ[k]}" for k in ("SSL_CERT_FILE", "SSL_CERT_DIR")
-                 if os.environ.get(k)]
-        raise OSError(f"cannot load the trusted certificates ({', '.join(named) or 'certifi'}"
-                      f"): {describe(e)}") from e
+        # Loading a file that is not there says only "No such file or directory". httpx 0.28
+        # reads SSL_CERT_FILE when set, else SSL_CERT_DIR, else certifi's store (before 0.28
+        # it skipped a file that was not there, so this is only reached for a broken one).
+        named = next((f"{k}={os.environ[k]}" for k in ("SSL_CERT_FILE", "SSL_CERT_DIR")
+                      if os.environ.get(k)), "certifi's store")
+        raise OSError(f"cannot load the trusted certificates ({named}): {describe(e)}") from e
     ctx.set_alpn_protocols(["http/1.1"])
     return ctx
 
@@ -250,7 +251,7 @@ def closed_by_server(e: OSError) -> bool:
     """Whether a failed send means the server closed the connection (and may have answered
     first). Not a timeout: reading an answer then would wait as long again."""
     return (isinstance(e, (ConnectionError, ssl.SSLEOFError))
-            or e.errno == getattr(errno, "EPROTOTYPE", None))  # macOS, a send racing a close
+            or e.errno == getattr(errno, "EPROTOTYPE", -1))  # macOS, a send racing a close
 
 
 def answer_already_sent(
