@@ -21,35 +21,23 @@ from homing import App
 from homing._errors import ApiError, Unreachable
 from homing._http import Http, readable
 
+from .listener import Listener
 from .tls import Certs, make_certs
 
 
-class Server:
+class Server(Listener):
     """Answers each request with `answer` and keeps the connection open; one idle for `linger`
     seconds it closes without saying so (as a server whose keep-alive ran out). `linger=None`
     never answers. With `tls`, over TLS."""
 
     def __init__(self, answer: bytes, linger: float | None,
                  tls: ssl.SSLContext | None = None, host: str = "127.0.0.1") -> None:
+        super().__init__(host)
         self.answer = answer
         self.linger = linger
         self.tls = tls
-        self.sock = socket.socket()
-        self.sock.bind((host, 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.connections = 0
         self.requests: list[bytes] = []
-        threading.Thread(target=self.serve, daemon=True).start()
-
-    def serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+        self.start()
 
     def handle(self, conn: socket.socket) -> None:
         if self.tls is not None:

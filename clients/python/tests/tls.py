@@ -9,11 +9,12 @@ import shutil
 import socket
 import ssl
 import subprocess
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from .listener import Listener
 
 
 @dataclass
@@ -56,32 +57,19 @@ def make_certs(tmp: Path) -> Certs:
     return Certs(tmp / "ca.pem", tmp / "server.pem", tmp / "server.key")
 
 
-class TlsRelay:
+class TlsRelay(Listener):
     """Accepts TLS connections on a loopback port and relays each, decrypted, to a plain
     server on `target_port`; counts the connections it accepted."""
 
     def __init__(self, certs: Certs, target_port: int) -> None:
+        super().__init__()
         self.ctx = certs.server_context()
         self.target_port = target_port
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
         self.url = f"https://127.0.0.1:{self.port}"
-        self.connections = 0
-        threading.Thread(target=self.serve, daemon=True).start()
+        self.start()
 
-    def close(self) -> None:
-        self.sock.close()
-
-    def serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self.relay, args=(conn,), daemon=True).start()
+    def handle(self, conn: socket.socket) -> None:
+        self.relay(conn)
 
     def relay(self, raw: socket.socket) -> None:
         """One thread per connection (an SSL socket is not to be used by two at once). When the
