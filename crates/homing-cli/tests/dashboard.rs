@@ -206,10 +206,13 @@ impl Browser {
         .await;
     }
 
-    /// Waits until `script` returns a truthy value in the page, and returns it.
+    /// Waits until `script` returns a truthy value in the page, and returns it. A script that
+    /// throws counts as not yet: while a page loads, the element it reads may not exist (a
+    /// wait for the login form failed once on `null.hidden`).
     async fn wait_for(&self, what: &str, script: &str) -> serde_json::Value {
+        let guarded = format!("try {{\n{script}\n}} catch (e) {{ return null; }}");
         eventually(Duration::from_secs(30), what, || async {
-            let v = self.eval(script).await;
+            let v = self.eval(&guarded).await;
             truthy(&v).then_some(v)
         })
         .await
