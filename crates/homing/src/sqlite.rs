@@ -162,6 +162,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0027_schedule_heads",
         sql: include_str!("sqlite/migrations/0027_schedule_heads.sql"),
     },
+    Migration {
+        version: 28,
+        name: "0028_schedule_changes",
+        sql: include_str!("sqlite/migrations/0028_schedule_changes.sql"),
+    },
 ];
 
 /// An open database file.

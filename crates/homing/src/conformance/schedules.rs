@@ -192,6 +192,52 @@ pub async fn schedule_pages_end_before_their_bytes(s: Arc<dyn Store>) {
     }
 }
 
+/// The count the periodic pass reads before deciding to read the heads again
+/// (`Store::schedule_changes`): moved by a schedule set, paused, resumed or deleted, by exactly
+/// one with a firing that moved the cursor (however many ticks it enqueued, and although it also
+/// records `last_tick`), and not by reads. The pass trusts the heads it keeps when the count
+/// moved by its own firings alone, so "exactly one" is what keeps it from missing a change.
+pub async fn schedule_changes_are_counted(s: Arc<dyn Store>) {
+    let count = |s: Arc<dyn Store>| async move { s.schedule_changes().await.expect("count") };
+    let name = unique_queue("chg");
+    let d = def(&name, &unique_queue("cq"), 1);
+    let n0 = count(s.clone()).await;
+    let set = s.put_schedule(&d, now()).await.unwrap();
+    let n1 = count(s.clone()).await;
+    assert!(n1 > n0, "a new schedule is counted");
+
+    s.schedule(&name).await.unwrap().expect("set");
+    s.schedule_heads().await.unwrap();
+    s.schedules_page(None, 10).await.unwrap();
+    assert_eq!(count(s.clone()).await, n1, "reads are not counted");
+
+    let c = set.cursor;
+    let one = firing(&d, c, &[c + 1_000_000]);
+    assert!(s.fire_schedule(&one, now()).await.unwrap().is_some());
+    let n2 = count(s.clone()).await;
+    assert_eq!(n2, n1 + 1, "a firing counts exactly one");
+    let two = firing(&d, c + 1_000_000, &[c + 2_000_000, c + 3_000_000]);
+    assert!(s.fire_schedule(&two, now()).await.unwrap().is_some());
+    let n3 = count(s.clone()).await;
+    assert_eq!(n3, n2 + 1, "a firing of two ticks counts exactly one");
+
+    s.pause_schedule(&name, true, now()).await.unwrap();
+    let n4 = count(s.clone()).await;
+    assert!(n4 > n3, "a pause is counted");
+    s.pause_schedule(&name, false, now()).await.unwrap();
+    let n5 = count(s.clone()).await;
+    assert!(n5 > n4, "a resume is counted");
+    let mut other = d.clone();
+    other.spec = Spec::Every {
+        interval: Duration::from_secs(7),
+    };
+    s.put_schedule(&other, now()).await.unwrap();
+    let n6 = count(s.clone()).await;
+    assert!(n6 > n5, "a new spec is counted");
+    assert!(s.delete_schedule(&name).await.unwrap());
+    assert!(count(s.clone()).await > n6, "a deletion is counted");
+}
+
 pub async fn schedule_ticks_get_one_job_each(s: Arc<dyn Store>) {
     let name = unique_queue("tick");
     let queue = unique_queue("tq");

@@ -29,7 +29,7 @@ macro_rules! store_conformance {
             batches_decide_as_one_by_one, purge_deletes_only_old_history,
             pruner_passes_delete_old_finished_jobs_and_nothing_unfinished,
             schedules_are_set_read_paused_and_deleted, schedule_ticks_get_one_job_each,
-            schedule_pages_end_before_their_bytes,
+            schedule_pages_end_before_their_bytes, schedule_changes_are_counted,
             completions_record_their_epoch, running_under_lists_one_workers_jobs,
             remote_worker_info_round_trips, traceparent_goes_with_the_job_and_its_follow_ups,
             workflow_step_runs_once_after_its_parents,
@@ -78,8 +78,8 @@ async fn run_one(s: &dyn Store, id: crate::job::JobId, worker: &str) -> crate::j
 }
 
 pub use super::schedules::{
-    schedule_pages_end_before_their_bytes, schedule_ticks_get_one_job_each,
-    schedules_are_set_read_paused_and_deleted,
+    schedule_changes_are_counted, schedule_pages_end_before_their_bytes,
+    schedule_ticks_get_one_job_each, schedules_are_set_read_paused_and_deleted,
 };
 
 pub async fn insert_and_get(s: Arc<dyn Store>) {

@@ -1136,6 +1136,14 @@ pub trait Store: Send + Sync + 'static {
     /// left out (logged).
     async fn schedule_heads(&self) -> Result<Vec<crate::schedule::ScheduleHead>>;
 
+    /// How many times what [`Store::schedule_heads`] reads has changed: a count that moves with
+    /// every schedule created or deleted and every change of a name, spec, cursor or paused
+    /// flag, however it is written (triggers in the store), and by exactly one with a firing
+    /// that moved a cursor ([`Store::fire_schedule`] answering `Some`). It includes every change
+    /// committed before it is read. The periodic pass reads the heads again only when it moved
+    /// by more than its own firings.
+    async fn schedule_changes(&self) -> Result<u64>;
+
     /// Deletes a schedule; `false` when there was none. Its jobs stay.
     async fn delete_schedule(&self, name: &str) -> Result<bool>;
 

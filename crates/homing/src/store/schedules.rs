@@ -144,6 +144,14 @@ pub(crate) mod sqlite {
         Ok(out)
     }
 
+    /// See [`crate::store::Store::schedule_changes`] (migration 28).
+    pub(crate) fn changes(c: &rusqlite::Connection) -> rusqlite::Result<u64> {
+        let n: i64 = c
+            .prepare_cached("SELECT n FROM schedule_changes")?
+            .query_row([], |r| r.get(0))?;
+        Ok(n.unsigned_abs())
+    }
+
     /// The pass's read never touches the table, whose rows carry the args (migration 27):
     /// SQLite answers it from the covering index alone.
     #[test]
@@ -337,6 +345,14 @@ pub(crate) mod postgres {
             ));
         }
         Ok(out)
+    }
+
+    /// See [`crate::store::Store::schedule_changes`] (migration 27).
+    pub(crate) async fn changes(c: &mut PgConnection) -> sqlx::Result<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT n FROM homing_schedule_changes")
+            .fetch_one(c)
+            .await?;
+        Ok(n.unsigned_abs())
     }
 
     pub(crate) async fn put(

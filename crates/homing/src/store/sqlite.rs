@@ -2954,6 +2954,10 @@ impl Store for SqliteStore {
         self.db.read(super::schedules::sqlite::heads).await
     }
 
+    async fn schedule_changes(&self) -> Result<u64> {
+        self.db.read(super::schedules::sqlite::changes).await
+    }
+
     async fn schedule(&self, name: &str) -> Result<Option<crate::schedule::Schedule>> {
         let name = name.to_string();
         self.db

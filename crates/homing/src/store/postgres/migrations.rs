@@ -136,6 +136,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0026_schedule_names_bytewise",
         sql: include_str!("migrations/0026_schedule_names_bytewise.sql"),
     },
+    Migration {
+        version: 27,
+        name: "0027_schedule_changes",
+        sql: include_str!("migrations/0027_schedule_changes.sql"),
+    },
 ];
 
 /// The advisory lock that serialises migrations: "homing" in ASCII. Advisory locks are

@@ -4037,6 +4037,14 @@ impl Store for PgStore {
         .await
     }
 
+    async fn schedule_changes(&self) -> Result<u64> {
+        self.call(async {
+            let mut c = self.pool.acquire().await?;
+            super::schedules::postgres::changes(&mut c).await
+        })
+        .await
+    }
+
     async fn schedule(&self, name: &str) -> Result<Option<crate::schedule::Schedule>> {
         self.call(async {
             let mut c = self.pool.acquire().await?;
