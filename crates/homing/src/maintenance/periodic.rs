@@ -85,12 +85,13 @@ fn tick_job(s: &Schedule, tick: Micros, now: Micros) -> NewJob {
 /// every process; a pass now reads one count, and the heads only when it moved by more than
 /// this loop's own firings (each moves it by exactly one, and the cursor it wrote, with the
 /// next tick after it, is put in the head kept here). Whatever else happened (another process
-/// fired or set a schedule, a firing here lost its race or failed, the pass failed), the heads
-/// are read again next time.
+/// fired or set a schedule), the count has moved by more and the heads are read again next
+/// time, as they are after a pass that failed.
 #[derive(Debug, Default)]
 pub struct Known {
     heads: Vec<Kept>,
-    /// The count the heads are good for; `None`: read them again.
+    /// The count the heads are good for; `None`: read them again (also every pass on a store
+    /// that keeps no count).
     changes: Option<u64>,
     ticks: NextTicks,
 }
@@ -106,6 +107,11 @@ struct Kept {
 thread_local! {
     /// How many times this thread's passes read the schedules' heads, for the tests.
     static HEAD_READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Run once right after a pass of this thread has read the heads: where a test makes the
+    /// change another process could make during a pass.
+    #[allow(clippy::type_complexity)]
+    static AFTER_HEADS: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// Each schedule's next tick as a loop last worked it out, with the spec and cursor it was
@@ -162,16 +168,20 @@ pub async fn fire_due(
     known: &mut Known,
 ) -> Result<usize> {
     let mut total = 0;
+    // Read before the heads: a change committed in between is in the heads and counted later,
+    // so at worst they are read once more; read after them, it could be counted and missing.
     let changes = store.schedule_changes().await?;
     if known.ticks.since.elapsed() > NextTicks::KEPT {
         // Every tick searched afresh, on heads read afresh.
         known.ticks = NextTicks::default();
         known.changes = None;
     }
-    if known.changes != Some(changes) {
+    if changes.is_none() || known.changes != changes {
         let heads = store.schedule_heads().await?;
         #[cfg(test)]
         HEAD_READS.with(|n| n.set(n.get() + 1));
+        #[cfg(test)]
+        AFTER_HEADS.with(|f| f.borrow_mut().take().map(|f| f()));
         // Schedules deleted or paused since the last read are forgotten.
         let listed: HashSet<&str> = heads.iter().map(|h| h.name.as_str()).collect();
         known
@@ -190,36 +200,31 @@ pub async fn fire_due(
             known.heads.push(Kept { head, next });
         }
     }
-    // Read again next time unless this pass ends with nothing but its own firings counted.
+    // A pass that fails reads the heads again next time.
     known.changes = None;
-    let (mut own, mut intact) = (0u64, true);
+    let mut own = 0u64;
     let Known { heads, ticks, .. } = &mut *known;
     for kept in heads.iter_mut() {
         if kept.next.is_none_or(|t| t > now) {
             continue;
         }
         let head = &mut kept.head;
-        // Changed or deleted since the heads were read: decided as it stands now.
+        // Read whole, and decided as it stands now. If it differs from the head kept (or is
+        // gone, or another scheduler fires it first), a change was made after the count above
+        // was read, so the count will have moved by more than this pass's own firings.
         let Some(s) = store.schedule(&head.name).await? else {
-            intact = false;
             continue;
         };
-        if s.paused || s.cursor != head.cursor || s.def.spec != head.spec {
-            intact = false;
-        }
-        match fire_one(broker, store, &s, now).await? {
-            Some((cursor, jobs)) => {
-                total += jobs;
-                own += 1;
-                head.cursor = cursor;
-                kept.next = ticks.of(head).0;
-            }
-            None => intact = false,
+        if let Some((cursor, jobs)) = fire_one(broker, store, &s, now).await? {
+            total += jobs;
+            own += 1;
+            head.cursor = cursor;
+            kept.next = ticks.of(head).0;
         }
     }
-    if intact {
-        known.changes = Some(changes + own);
-    }
+    // The count as of the read above, the value it had before this pass's firings moved it:
+    // read again now, it could include another process's change that the heads lack.
+    known.changes = changes.map(|c| c + own);
     Ok(total)
 }
 
@@ -518,6 +523,65 @@ mod tests {
             page.jobs.len(),
             8,
             "ticks 1-6 of one schedule, 6 and 7 of the other"
+        );
+    }
+
+    /// A change made elsewhere while a pass runs (right after it read the heads, so they lack
+    /// it) is seen by the next pass. Fails if the count is read after the heads, or read again
+    /// at the end of the pass: either would count the change as if the heads held it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_change_made_during_a_pass_is_seen_by_the_next() {
+        let (dir, b) = embedded().await;
+        let def = crate::conformance::schedules::def;
+        let t0 = crate::schedule::whole_second(now());
+        const S: Micros = 1_000_000;
+        let (broker, store) = (&*b.broker, &*b.store);
+        store
+            .put_schedule(&def("hourly", "periodic-q", 3600), t0)
+            .await
+            .unwrap();
+        store
+            .put_schedule(&def("every", "periodic-q", 1), t0)
+            .await
+            .unwrap();
+        // Another process on the same file sets `hourly` to every second.
+        let url = format!("sqlite://{}", dir.path().join("h.db").display());
+        AFTER_HEADS.with(|f| {
+            *f.borrow_mut() = Some(Box::new(move || {
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    rt.block_on(async {
+                        let other = crate::backend::Backends::open(&url, &url).await.unwrap();
+                        other
+                            .store
+                            .put_schedule(&def("hourly", "periodic-q", 1), t0)
+                            .await
+                            .unwrap();
+                    });
+                })
+                .join()
+                .unwrap();
+            }));
+        });
+        let mut known = Known::default();
+        let fired = fire_due(broker, store, t0 + S, &mut known).await.unwrap();
+        assert_eq!(
+            fired, 1,
+            "`every` fired; `hourly` was hourly in the heads read"
+        );
+        assert!(
+            AFTER_HEADS.with(|f| f.borrow().is_none()),
+            "the change was made"
+        );
+        let fired = fire_due(broker, store, t0 + 2 * S, &mut known)
+            .await
+            .unwrap();
+        assert_eq!(
+            fired, 3,
+            "`every`'s next tick, and `hourly`'s two under its new spec"
         );
     }
 }

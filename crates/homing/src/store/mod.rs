@@ -1141,8 +1141,11 @@ pub trait Store: Send + Sync + 'static {
     /// flag, however it is written (triggers in the store), and by exactly one with a firing
     /// that moved a cursor ([`Store::fire_schedule`] answering `Some`). It includes every change
     /// committed before it is read. The periodic pass reads the heads again only when it moved
-    /// by more than its own firings.
-    async fn schedule_changes(&self) -> Result<u64>;
+    /// by more than its own firings. `None` (the default): this store keeps no count, and the
+    /// pass reads the heads every time.
+    async fn schedule_changes(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
 
     /// Deletes a schedule; `false` when there was none. Its jobs stay.
     async fn delete_schedule(&self, name: &str) -> Result<bool>;

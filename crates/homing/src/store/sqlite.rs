@@ -2954,8 +2954,11 @@ impl Store for SqliteStore {
         self.db.read(super::schedules::sqlite::heads).await
     }
 
-    async fn schedule_changes(&self) -> Result<u64> {
-        self.db.read(super::schedules::sqlite::changes).await
+    async fn schedule_changes(&self) -> Result<Option<u64>> {
+        self.db
+            .read(super::schedules::sqlite::changes)
+            .await
+            .map(Some)
     }
 
     async fn schedule(&self, name: &str) -> Result<Option<crate::schedule::Schedule>> {

@@ -4037,12 +4037,13 @@ impl Store for PgStore {
         .await
     }
 
-    async fn schedule_changes(&self) -> Result<u64> {
+    async fn schedule_changes(&self) -> Result<Option<u64>> {
         self.call(async {
             let mut c = self.pool.acquire().await?;
             super::schedules::postgres::changes(&mut c).await
         })
         .await
+        .map(Some)
     }
 
     async fn schedule(&self, name: &str) -> Result<Option<crate::schedule::Schedule>> {

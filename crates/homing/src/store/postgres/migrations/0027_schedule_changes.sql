@@ -1,31 +1,38 @@
 -- Version 27: a count of changes to what the periodic pass reads of the schedules (their names,
 -- specs, cursors and paused flags), kept by a trigger so that no write path can forget it. Each
--- process's pass reads this one row four times a second and reads the schedules' heads again
--- only when it moved (Store::schedule_changes): with 20,000 schedules the heads took tens of
+-- process's pass reads the count four times a second and reads the schedules' heads again only
+-- when it moved (Store::schedule_changes): with 20,000 schedules the heads took tens of
 -- milliseconds of every pass.
 --
--- One row, so a writer holds its lock until it commits and schedule writes take turns; they are
--- few (a firing, a set, a pause, a delete), unlike the jobs' writes, whose counts are deltas
--- (migration 17). A count a reader sees therefore includes every change committed before it.
--- The trigger runs BEFORE each statement, so a writer takes this lock before any schedule's row
--- lock, in every transaction in the same order: no deadlock between two writers. It counts each
--- statement once, even one that changed no row (a firing that lost its compare-and-set): a
--- reader only ever reads the heads once too often. `last_tick`/`last_job`, written by every
--- firing after its cursor, are not among the columns, so a firing that moved a cursor counts
--- exactly one.
+-- Deltas, as the queue counts are (migration 17): each counted statement inserts a row of 1, a
+-- reader sums the rows, and a fold (`homing_fold_schedule_changes`) replaces them with their sum
+-- now and then. One row updated by every writer would be locked by each until its commit, so
+-- one firing stalled mid-transaction in one process would hold up every schedule write in every
+-- other; inserts never wait. The sum a reader sees includes every change committed before its
+-- read. Statement-level: a statement counts once however many rows it changed (an upsert
+-- counts twice, as PostgreSQL runs both its INSERT and UPDATE statement triggers; a DELETE of a
+-- missing row once): more only makes a reader read the heads once too often. `last_tick` and
+-- `last_job`, written by every firing after its cursor, are not among the columns, so a firing
+-- that moved a cursor counts exactly one.
 CREATE TABLE homing_schedule_changes (
-    one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
     n BIGINT NOT NULL
 );
-INSERT INTO homing_schedule_changes (one, n) VALUES (TRUE, 0);
 
 CREATE FUNCTION homing_schedules_changed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE homing_schedule_changes SET n = n + 1;
+    INSERT INTO homing_schedule_changes (n) VALUES (1);
     RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER homing_schedules_changed
-    BEFORE INSERT OR UPDATE OF name, spec, cursor, paused OR DELETE OR TRUNCATE ON homing_schedules
+    AFTER INSERT OR UPDATE OF name, spec, cursor, paused OR DELETE OR TRUNCATE ON homing_schedules
     FOR EACH STATEMENT EXECUTE FUNCTION homing_schedules_changed();
+
+-- Replaces the deltas visible now with their sum, in one statement, so a concurrent reader sums
+-- the same before or after. Deltas inserted meanwhile are not deleted and still count; two folds
+-- at once each fold only the rows they deleted.
+CREATE FUNCTION homing_fold_schedule_changes() RETURNS void LANGUAGE sql AS $$
+    WITH gone AS (DELETE FROM homing_schedule_changes RETURNING n)
+    INSERT INTO homing_schedule_changes (n) SELECT sum(n) FROM gone HAVING count(*) > 0;
+$$;
