@@ -1584,11 +1584,17 @@ async fn schedule_changes_count_each_head_column_and_fold() {
             .await
             .unwrap();
     }
+    let rows = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM homing_schedule_changes")
+            .fetch_one(s.pool())
+            .await
+            .unwrap()
+    };
+    assert!(rows().await > 64, "one delta a statement");
     assert_eq!(count().await, before + 100, "read before any fold");
+    assert_eq!(rows().await, 1, "the read folded the deltas");
     assert_eq!(count().await, before + 100, "read after a fold");
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM homing_schedule_changes")
-        .fetch_one(s.pool())
-        .await
-        .unwrap();
-    assert_eq!(rows, 1, "the read folded the deltas");
+    let before = count().await;
+    sql("DELETE FROM homing_schedules").await.unwrap();
+    assert_eq!(count().await, before + 1, "a deletion by hand");
 }
